@@ -1,0 +1,152 @@
+"""API objects -> slim frozen types. The only place that reads the pydantic models."""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+
+from . import model
+from .types import (
+    EndpointInfo,
+    EndpointPortInfo,
+    NodeInfo,
+    PortSpec,
+    ServiceInfo,
+    ServiceName,
+    SliceInfo,
+)
+
+_intern = sys.intern
+
+
+def canonical_ip(address: str) -> str:
+    """The canonical text of an IP (``fd00::0001`` -> ``fd00::1``); unchanged if not an IP."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address
+
+
+def service_info(svc: model.Service) -> ServiceInfo:
+    spec = svc.spec
+    meta = svc.metadata
+    headless = spec.headless
+    cluster_ips: tuple[str, ...] = ()
+    if spec.type != "ExternalName" and not headless:
+        cluster_ips = tuple(canonical_ip(ip) for ip in (spec.cluster_ips or ()) if ip and ip != "None")
+    annotations = meta.annotations
+    # The deprecated annotation wins when present (EndpointSlice controller's hintsEnabled).
+    topology_mode = annotations.get(model.ANNOTATION_TOPOLOGY_AWARE_HINTS)
+    if topology_mode is None:
+        topology_mode = annotations.get(model.ANNOTATION_TOPOLOGY_MODE)
+    return ServiceInfo(
+        name=ServiceName(_intern(meta.namespace), _intern(meta.name)),
+        uid=meta.uid or "",
+        type=spec.type,
+        cluster_ips=cluster_ips,
+        headless=headless,
+        external_name=spec.external_name if spec.type == "ExternalName" else None,
+        ports=tuple(
+            PortSpec(
+                name=_intern(p.name or ""),
+                protocol=p.protocol,
+                port=p.port,
+                target_port=p.target_port if p.target_port is not None else p.port,
+                node_port=p.node_port or 0,
+                app_protocol=p.app_protocol,
+            )
+            for p in spec.ports
+        ),
+        external_ips=tuple(canonical_ip(ip) for ip in spec.external_ips),
+        load_balancer_ips=tuple(
+            canonical_ip(ingress.ip)
+            for ingress in svc.status.load_balancer.ingress
+            if ingress.ip and ingress.ip_mode in (None, "VIP")
+        ),
+        load_balancer_source_ranges=tuple(spec.load_balancer_source_ranges),
+        affinity_timeout=spec.affinity_timeout_seconds,
+        external_policy_local=spec.external_traffic_policy == "Local",
+        internal_policy_local=spec.internal_traffic_policy == "Local",
+        health_check_node_port=spec.health_check_node_port or 0,
+        traffic_distribution=spec.traffic_distribution,
+        topology_mode=topology_mode,
+        publish_not_ready_addresses=spec.publish_not_ready_addresses,
+        proxy_name=meta.labels.get(model.LABEL_SERVICE_PROXY_NAME),
+    )
+
+
+def _names(items: list[model.ForZone] | list[model.ForNode] | None) -> frozenset[str] | None:
+    if not items:
+        return None
+    return frozenset(_intern(item.name) for item in items)
+
+
+def endpoint_info(endpoint: model.Endpoint, address_type: str) -> EndpointInfo | None:
+    if not endpoint.addresses:
+        return None  # kube-proxy skips endpoints without an address
+    address = endpoint.addresses[0]
+    if address_type != "FQDN":
+        address = canonical_ip(address)
+    conditions = endpoint.conditions
+    hints = endpoint.hints
+    ref = endpoint.target_ref
+    return EndpointInfo(
+        address=address,
+        ready=conditions.ready is not False,
+        serving=conditions.serving is not False,
+        terminating=conditions.terminating is True,
+        hostname=endpoint.hostname or None,
+        node_name=_intern(endpoint.node_name) if endpoint.node_name else None,
+        zone=_intern(endpoint.zone) if endpoint.zone else None,
+        zone_hints=_names(hints.for_zones) if hints else None,
+        node_hints=_names(hints.for_nodes) if hints else None,
+        pod_name=ref.name if ref is not None and ref.kind == "Pod" and ref.name else None,
+    )
+
+
+def slice_info(eps: model.EndpointSlice) -> SliceInfo:
+    ports: tuple[EndpointPortInfo, ...] | None = None
+    if eps.ports is not None:
+        ports = tuple(
+            EndpointPortInfo(_intern(p.name or ""), p.protocol or "TCP", p.port or 0) for p in eps.ports
+        )
+    endpoints = []
+    for endpoint in eps.endpoints:
+        info = endpoint_info(endpoint, eps.address_type)
+        if info is not None:
+            endpoints.append(info)
+    return SliceInfo(
+        name=eps.metadata.name,
+        address_type=eps.address_type,
+        ports=ports,
+        endpoints=tuple(endpoints),
+    )
+
+
+def _cpu_millis(quantity: str | None) -> int:
+    """A Kubernetes CPU quantity ("2", "1500m", "0.5") in millicores; 0 if unparseable."""
+    if not quantity:
+        return 0
+    try:
+        if quantity.endswith("m"):
+            return int(float(quantity[:-1]))
+        return int(float(quantity) * 1000)
+    except ValueError:
+        return 0
+
+
+def node_info(node: model.Node) -> NodeInfo:
+    labels = node.metadata.labels
+    taints = node.spec.taints
+    ready_conditions = [c for c in node.status.conditions if c.type == "Ready"]
+    return NodeInfo(
+        name=node.metadata.name,
+        zone=labels.get(model.LABEL_ZONE) or None,
+        addresses=tuple((a.type, canonical_ip(a.address)) for a in node.status.addresses),
+        eligible=node.metadata.deletion_timestamp is None
+        and not any(t.key == model.TAINT_TO_BE_DELETED for t in taints),
+        ready=all(c.status == "True" for c in ready_conditions),
+        allocatable_cpu_millis=_cpu_millis(node.status.allocatable.get("cpu")),
+        control_plane="node-role.kubernetes.io/control-plane" in labels
+        or "node-role.kubernetes.io/master" in labels,
+    )

@@ -1,0 +1,249 @@
+"""ClusterState: merges what the sources report into immutable, versioned snapshots.
+
+Sources call ``upsert``/``delete``/``mark_synced`` (cheap: convert and record which
+services are now dirty), then ``commit`` once per batch. ``commit`` rebuilds only the
+dirty services, publishes a new :class:`Snapshot` if anything really changed, and wakes
+the subscribers (proxy, DNS). A no-op update publishes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from types import MappingProxyType
+from typing import Callable, Iterable, Mapping
+
+from . import convert, model
+from .types import NodeInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
+
+log = logging.getLogger(__name__)
+
+#: Rewrites a service's slices before publication (manifest mode fills topology hints
+#: the way the EndpointSlice controller would). Must be pure.
+SliceTransform = Callable[[ServiceInfo, tuple[SliceInfo, ...], Mapping[str, NodeInfo]], tuple[SliceInfo, ...]]
+
+#: The kinds that must complete a first list before the state is "synced".
+REQUIRED_KINDS = frozenset({"Service", "EndpointSlice"})
+
+
+class ClusterState:
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        implicit_namespaces: bool = False,
+        slice_transform: SliceTransform | None = None,
+        required_kinds: Iterable[str] = REQUIRED_KINDS,
+    ) -> None:
+        """
+        :param node_name: this node (its Node object gives zone and addresses).
+        :param implicit_namespaces: a namespace exists as soon as any object lives in it
+            (manifest mode, where nobody writes Namespace objects).
+        :param slice_transform: applied to every service's slices when building its state.
+        """
+        self.node_name = node_name
+        self._implicit_namespaces = implicit_namespaces
+        self._slice_transform = slice_transform
+        self._required_kinds = frozenset(required_kinds)
+        self._synced_kinds: set[str] = set()
+
+        self._services: dict[ServiceName, ServiceInfo] = {}
+        #: (namespace, slice name) -> (owning service, slim slice)
+        self._slices: dict[tuple[str, str], tuple[ServiceName | None, SliceInfo]] = {}
+        self._slices_by_service: dict[ServiceName, dict[str, SliceInfo]] = {}
+        self._nodes: dict[str, NodeInfo] = {}
+        self._explicit_namespaces: set[str] = set()
+        self._namespace_refs: Counter[str] = Counter()
+
+        self._states: dict[ServiceName, ServiceState] = {}
+        self._dirty: set[ServiceName] = set()
+        self._nodes_dirty = False
+        self._namespaces_dirty = False
+
+        self._snapshot = Snapshot(generation=0)
+        self._published = asyncio.Event()
+
+    # --- reading ----------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    async def wait_newer(self, generation: int) -> Snapshot:
+        """The latest snapshot once its generation is greater than ``generation``."""
+        while self._snapshot.generation <= generation:
+            event = self._published
+            await event.wait()
+        return self._snapshot
+
+    # --- writing (sources) --------------------------------------------------------
+
+    def upsert(self, obj: model.KubeObject) -> None:
+        if isinstance(obj, model.Service):
+            self._upsert_service(convert.service_info(obj))
+        elif isinstance(obj, model.EndpointSlice):
+            self._upsert_slice(obj.metadata.namespace, obj.service_name, convert.slice_info(obj))
+        elif isinstance(obj, model.Node):
+            info = convert.node_info(obj)
+            if self._nodes.get(info.name) != info:
+                self._nodes[info.name] = info
+                self._nodes_dirty = True
+        elif isinstance(obj, model.Namespace):
+            if obj.metadata.name not in self._explicit_namespaces:
+                self._explicit_namespaces.add(obj.metadata.name)
+                self._namespaces_dirty = True
+        else:  # pragma: no cover - the type union is closed
+            raise TypeError(f"unsupported object {type(obj).__name__}")
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        if kind == "Service":
+            key = ServiceName(namespace, name)
+            if self._services.pop(key, None) is not None:
+                self._unref_namespace(namespace)
+                self._dirty.add(key)
+        elif kind == "EndpointSlice":
+            held = self._slices.pop((namespace, name), None)
+            if held is not None:
+                owner, _ = held
+                self._unref_namespace(namespace)
+                if owner is not None:
+                    self._detach_slice(owner, name)
+        elif kind == "Node":
+            if self._nodes.pop(name, None) is not None:
+                self._nodes_dirty = True
+        elif kind == "Namespace":
+            if name in self._explicit_namespaces:
+                self._explicit_namespaces.discard(name)
+                self._namespaces_dirty = True
+
+    def keys(self, kind: str) -> set[tuple[str, str]]:
+        """(namespace, name) of every held object of a kind ("" namespace if cluster-scoped)."""
+        if kind == "Service":
+            return {(k.namespace, k.name) for k in self._services}
+        if kind == "EndpointSlice":
+            return set(self._slices)
+        if kind == "Node":
+            return {("", n) for n in self._nodes}
+        if kind == "Namespace":
+            return {("", n) for n in self._explicit_namespaces}
+        raise ValueError(kind)
+
+    def mark_synced(self, kind: str) -> None:
+        self._synced_kinds.add(kind)
+
+    @property
+    def synced(self) -> bool:
+        return self._required_kinds <= self._synced_kinds
+
+    def commit(self) -> Snapshot | None:
+        """Publish the pending changes as a new snapshot; None if nothing changed."""
+        previous = self._snapshot
+        synced = self.synced
+        if self._nodes_dirty and self._slice_transform is not None:
+            # Hints may depend on every node's zone and CPU: recompute services that use them.
+            self._dirty.update(
+                name
+                for name, info in self._services.items()
+                if info.traffic_distribution is not None or info.topology_mode is not None
+            )
+        changed = set()
+        for name in self._dirty:
+            state = self._build(name)
+            held = self._states.get(name)
+            if state == held:
+                continue
+            if state is None:
+                del self._states[name]
+            else:
+                self._states[name] = state
+            changed.add(name)
+        self._dirty.clear()
+
+        node = self._nodes.get(self.node_name)
+        node_changed = node != previous.node
+        nodes_dirty, self._nodes_dirty = self._nodes_dirty, False
+        namespaces = previous.namespaces
+        if self._namespaces_dirty:
+            namespaces = frozenset(self._explicit_namespaces | set(self._namespace_refs))
+            self._namespaces_dirty = False
+        if not changed and not node_changed and not nodes_dirty and namespaces == previous.namespaces \
+                and synced == previous.synced:
+            return None
+        services = previous.services
+        if changed:
+            services = MappingProxyType(dict(self._states))
+        self._snapshot = Snapshot(
+            generation=previous.generation + 1,
+            services=services,
+            namespaces=namespaces,
+            node=node,
+            nodes=MappingProxyType(dict(self._nodes)) if nodes_dirty else previous.nodes,
+            synced=synced,
+            changed=frozenset(changed),
+            node_changed=node_changed,
+        )
+        self._published.set()
+        self._published = asyncio.Event()
+        return self._snapshot
+
+    # --- internals ------------------------------------------------------------------
+
+    def _build(self, name: ServiceName) -> ServiceState | None:
+        info = self._services.get(name)
+        if info is None:
+            return None
+        by_name = self._slices_by_service.get(name, {})
+        slices = tuple(by_name[k] for k in sorted(by_name))
+        if self._slice_transform is not None:
+            slices = self._slice_transform(info, slices, self._nodes)
+        held = self._states.get(name)
+        if held is not None and held.service == info and held.slices == slices:
+            return held  # keep identity: "unchanged" is an `is` check downstream
+        return ServiceState(info, slices)
+
+    def _upsert_service(self, info: ServiceInfo) -> None:
+        held = self._services.get(info.name)
+        if held == info:
+            return
+        if held is None:
+            self._ref_namespace(info.name.namespace)
+        self._services[info.name] = info
+        self._dirty.add(info.name)
+
+    def _upsert_slice(self, namespace: str, service: str | None, info: SliceInfo) -> None:
+        key = (namespace, info.name)
+        owner = ServiceName(namespace, service) if service else None
+        held = self._slices.get(key)
+        if held == (owner, info):
+            return
+        if held is None:
+            self._ref_namespace(namespace)
+        elif held[0] is not None and held[0] != owner:
+            self._detach_slice(held[0], info.name)  # relabelled to another service
+        self._slices[key] = (owner, info)
+        if owner is not None:
+            self._slices_by_service.setdefault(owner, {})[info.name] = info
+            self._dirty.add(owner)
+
+    def _detach_slice(self, owner: ServiceName, slice_name: str) -> None:
+        by_name = self._slices_by_service.get(owner)
+        if by_name is not None and by_name.pop(slice_name, None) is not None:
+            if not by_name:
+                del self._slices_by_service[owner]
+            self._dirty.add(owner)
+
+    def _ref_namespace(self, namespace: str) -> None:
+        if not self._implicit_namespaces:
+            return
+        self._namespace_refs[namespace] += 1
+        if self._namespace_refs[namespace] == 1:
+            self._namespaces_dirty = True
+
+    def _unref_namespace(self, namespace: str) -> None:
+        if not self._implicit_namespaces:
+            return
+        self._namespace_refs[namespace] -= 1
+        if self._namespace_refs[namespace] <= 0:
+            del self._namespace_refs[namespace]
+            self._namespaces_dirty = True

@@ -1,0 +1,256 @@
+"""Slim, frozen internal types: what the proxy and the DNS server see.
+
+API objects are converted into these once, at ingest (:mod:`kubeport.endpoints.convert`).
+Nothing downstream reads raw API dicts or pydantic models. Unchanged services keep
+the *same* ``ServiceState`` object from one snapshot to the next, so "did this
+service change?" is an identity check.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceName:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PortSpec:
+    """One entry of a Service's spec.ports."""
+
+    name: str  # "" when unnamed
+    protocol: str  # TCP | UDP | SCTP
+    port: int
+    target_port: int | str
+    node_port: int = 0  # 0: none
+    app_protocol: str | None = None
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServicePortName:
+    """kube-proxy's key for everything per service port (affinity, endpoint sets)."""
+
+    service: ServiceName
+    port: str
+    protocol: str
+
+    def __str__(self) -> str:
+        port = f":{self.port}" if self.port else ""
+        return f"{self.service}{port}/{self.protocol}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceInfo:
+    name: ServiceName
+    uid: str
+    type: str  # ClusterIP | NodePort | LoadBalancer | ExternalName
+    cluster_ips: tuple[str, ...]  # () for headless, ExternalName, or not yet allocated
+    headless: bool
+    external_name: str | None
+    ports: tuple[PortSpec, ...]
+    external_ips: tuple[str, ...] = ()
+    #: status.loadBalancer.ingress IPs with ipMode VIP or unset (kube-proxy's IsVIPMode).
+    load_balancer_ips: tuple[str, ...] = ()
+    load_balancer_source_ranges: tuple[str, ...] = ()
+    #: ClientIP session affinity timeout in seconds; 0 means no affinity.
+    affinity_timeout: int = 0
+    #: spec.externalTrafficPolicy == Local (only meaningful for externally reachable ports).
+    external_policy_local: bool = False
+    #: spec.internalTrafficPolicy == Local.
+    internal_policy_local: bool = False
+    health_check_node_port: int = 0
+    traffic_distribution: str | None = None
+    #: the topology-mode (or deprecated topology-aware-hints) annotation value.
+    topology_mode: str | None = None
+    publish_not_ready_addresses: bool = False
+    #: label service.kubernetes.io/service-proxy-name: such services are not ours to proxy.
+    proxy_name: str | None = None
+
+    @property
+    def proxied(self) -> bool:
+        """kube-proxy's ShouldSkipService, inverted, plus the service-proxy-name rule."""
+        return (
+            self.type != "ExternalName"
+            and not self.headless
+            and bool(self.cluster_ips)
+            and self.proxy_name is None
+        )
+
+    def port_name(self, port: PortSpec) -> ServicePortName:
+        return ServicePortName(self.name, port.name, port.protocol)
+
+    def externally_accessible(self, port: PortSpec) -> bool:
+        """kube-proxy's per-port rule (serviceport.go), not the Service type."""
+        return bool(port.node_port or self.load_balancer_ips or self.external_ips)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    """One endpoint of an EndpointSlice (only addresses[0] is used, like kube-proxy)."""
+
+    address: str
+    ready: bool = True  # nil counts as true
+    serving: bool = True  # nil counts as true
+    terminating: bool = False  # nil counts as false
+    hostname: str | None = None
+    node_name: str | None = None
+    zone: str | None = None
+    #: hints.forZones names; None when absent or empty.
+    zone_hints: frozenset[str] | None = None
+    #: hints.forNodes names; None when absent or empty.
+    node_hints: frozenset[str] | None = None
+    #: targetRef.name when targetRef.kind is Pod (CoreDNS endpoint_pod_names).
+    pod_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPortInfo:
+    name: str
+    protocol: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class SliceInfo:
+    name: str
+    address_type: str  # IPv4 | IPv6 | FQDN
+    #: None when the slice's ports are nil ("no ports"), as distinct from empty.
+    ports: tuple[EndpointPortInfo, ...] | None
+    endpoints: tuple[EndpointInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PortEndpoint:
+    """An endpoint as one service port sees it: an address, the resolved port, the conditions."""
+
+    endpoint: EndpointInfo
+    port: int
+
+    @property
+    def ip(self) -> str:
+        return self.endpoint.address
+
+    @property
+    def key(self) -> str:
+        """kube-proxy's endpoint identity, "IP:port" ("[v6]:port")."""
+        if ":" in self.endpoint.address:
+            return f"[{self.endpoint.address}]:{self.port}"
+        return f"{self.endpoint.address}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceState:
+    """A Service and every EndpointSlice labelled with its name, merged."""
+
+    service: ServiceInfo
+    slices: tuple[SliceInfo, ...] = ()  # sorted by slice name
+
+    def endpoints_for_port(self, port: PortSpec) -> tuple[PortEndpoint, ...]:
+        return endpoints_for_port(self.slices, port.name, port.protocol)
+
+
+def endpoints_for_port(
+    slices: tuple[SliceInfo, ...], port_name: str, protocol: str
+) -> tuple[PortEndpoint, ...]:
+    """The endpoints of one service port, as kube-proxy's endpointslicecache builds them.
+
+    The slice port whose name and protocol match the service port gives the port
+    number (so a named targetPort can resolve to a different number per slice).
+    Slices without a matching port contribute nothing; FQDN slices are not proxied.
+    Endpoints are keyed by IP:port; if the same key appears twice, the
+    non-terminating copy wins. The result is sorted by the key string.
+    """
+    by_key: dict[str, PortEndpoint] = {}
+    for slice_ in slices:
+        if slice_.address_type == "FQDN" or not slice_.ports:
+            continue
+        number = 0
+        for slice_port in slice_.ports:
+            if slice_port.name == port_name and slice_port.protocol == protocol and slice_port.port:
+                number = slice_port.port
+                break
+        if not number:
+            continue
+        for endpoint in slice_.endpoints:
+            candidate = PortEndpoint(endpoint, number)
+            held = by_key.get(candidate.key)
+            if held is None or (held.endpoint.terminating and not endpoint.terminating):
+                by_key[candidate.key] = candidate
+    return tuple(by_key[key] for key in sorted(by_key))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """This node, as read from its Node object."""
+
+    name: str
+    zone: str | None = None  # label topology.kubernetes.io/zone; "" is None
+    #: (type, address) pairs from status.addresses, in order.
+    addresses: tuple[tuple[str, str], ...] = ()
+    #: False while the node is being deleted or carries ToBeDeletedByClusterAutoscaler
+    #: (kube-proxy's /healthz "nodeEligible", KEP-3836).
+    eligible: bool = True
+    #: The Ready condition is True (or the object has no conditions, as in hand-written manifests).
+    ready: bool = True
+    #: status.allocatable.cpu in millicores; 0 when unknown.
+    allocatable_cpu_millis: int = 0
+    #: labelled node-role.kubernetes.io/control-plane or .../master.
+    control_plane: bool = False
+
+    @property
+    def internal_ips(self) -> tuple[str, ...]:
+        return tuple(address for kind, address in self.addresses if kind == "InternalIP")
+
+    def primary_ips(self) -> tuple[str, ...]:
+        """The first non-loopback InternalIP per family (kube-proxy's `primary`)."""
+        found: dict[int, str] = {}
+        for address in self.internal_ips:
+            try:
+                ip = ipaddress.ip_address(address)
+            except ValueError:
+                continue
+            if not ip.is_loopback:
+                found.setdefault(ip.version, str(ip))
+        return tuple(found[v] for v in sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent, immutable view of the cluster, published by ClusterState."""
+
+    generation: int
+    services: Mapping[ServiceName, ServiceState] = field(default_factory=lambda: MappingProxyType({}))
+    namespaces: frozenset[str] = frozenset()
+    node: NodeInfo | None = None
+    #: False until every source kind has completed its first list.
+    synced: bool = False
+    #: every Node object (topology-mode Auto hints need them all), by name.
+    nodes: Mapping[str, NodeInfo] = field(default_factory=lambda: MappingProxyType({}))
+    #: services added, changed or removed since generation - 1.
+    changed: frozenset[ServiceName] = frozenset()
+    #: the Node object changed since generation - 1.
+    node_changed: bool = False
+
+    def changed_since(self, older: "Snapshot | None") -> frozenset[ServiceName]:
+        """Services that differ between ``older`` and this snapshot.
+
+        A subscriber that skipped snapshots still gets an exact answer: unchanged
+        services are the same objects, so the fallback is an identity scan.
+        """
+        if older is None:
+            return frozenset(self.services)
+        if older.generation == self.generation:
+            return frozenset()
+        if older.generation == self.generation - 1:
+            return self.changed
+        names = set(self.services) | set(older.services)
+        return frozenset(n for n in names if self.services.get(n) is not older.services.get(n))
