@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import sys
+from datetime import datetime, timezone
 
 from . import model
 from .types import (
@@ -72,7 +73,15 @@ def service_info(svc: model.Service) -> ServiceInfo:
         topology_mode=topology_mode,
         publish_not_ready_addresses=spec.publish_not_ready_addresses,
         proxy_name=meta.labels.get(model.LABEL_SERVICE_PROXY_NAME),
+        created=_rfc3339(meta.creation_timestamp),
+        selector=",".join(f"{k}={v}" for k, v in sorted((spec.selector or {}).items())),
     )
+
+
+def _rfc3339(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _names(items: list[model.ForZone] | list[model.ForNode] | None) -> frozenset[str] | None:

@@ -74,6 +74,10 @@ class ServiceInfo:
     publish_not_ready_addresses: bool = False
     #: label service.kubernetes.io/service-proxy-name: such services are not ours to proxy.
     proxy_name: str | None = None
+    #: metadata.creationTimestamp (RFC 3339), for `kubeport get` only.
+    created: str | None = None
+    #: spec.selector as "k=v,k2=v2" ("" when none), for `kubeport get -o wide` only.
+    selector: str = ""
 
     @property
     def proxied(self) -> bool:

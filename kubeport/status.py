@@ -1,0 +1,125 @@
+"""The daemon's HTTP surface.
+
+- healthz server (``--healthz-bind-address``, kube-proxy's 10256): /healthz, /livez, /readyz
+- metrics server (``--metrics-bind-address``, kube-proxy's 10249): /metrics, /healthz,
+  /proxyMode, and the status API that `kubeport get` reads (/api/v1/...).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from kubeport.endpoints.types import Snapshot
+
+from . import printers
+from .config import split_host_port
+
+log = logging.getLogger(__name__)
+
+
+class DaemonView(Protocol):
+    """What the status server reads from the running daemon."""
+
+    def snapshot(self) -> Snapshot: ...
+
+    def pending(self) -> list[str]:
+        """What readiness still waits for; empty when ready."""
+        ...
+
+    def problems(self) -> list[str]: ...
+
+    def proxy_health(self, include_node: bool) -> tuple[bool, dict[str, Any]]:
+        """(healthy, kube-proxy-style JSON body) for /healthz (include_node) and /livez."""
+        ...
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, indent=2) + "\n", content_type="application/json")
+
+
+class StatusServer:
+    def __init__(
+        self,
+        view: DaemonView,
+        *,
+        healthz_bind: str,
+        metrics_bind: str,
+        registry: CollectorRegistry,
+        on_request: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._view = view
+        self._healthz_bind = healthz_bind
+        self._metrics_bind = metrics_bind
+        self._registry = registry
+        self._on_request = on_request or (lambda path, code: None)
+        self._runners: list[web.AppRunner] = []
+
+    async def start(self) -> None:
+        healthz = web.Application()
+        healthz.router.add_get("/healthz", self._healthz)
+        healthz.router.add_get("/livez", self._livez)
+        healthz.router.add_get("/readyz", self._readyz)
+        metrics = web.Application()
+        metrics.router.add_get("/metrics", self._metrics)
+        metrics.router.add_get("/healthz", self._plain_ok)
+        metrics.router.add_get("/proxyMode", self._proxy_mode)
+        metrics.router.add_get("/readyz", self._readyz)
+        metrics.router.add_get("/api/v1/{kind}", self._list)
+        metrics.router.add_get("/api/v1/namespaces/{namespace}/{kind}", self._list)
+        metrics.router.add_get("/api/v1/problems", self._problems)
+        for app, bind in ((healthz, self._healthz_bind), (metrics, self._metrics_bind)):
+            host, port = split_host_port(bind)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await runner.setup()
+            await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=True).start()
+            self._runners.append(runner)
+            log.info("serving http on %s", bind)
+
+    async def stop(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        healthy, body = self._view.proxy_health(include_node=True)
+        code = 200 if healthy else 503
+        self._on_request("healthz", code)
+        return _json(body, code)
+
+    async def _livez(self, request: web.Request) -> web.Response:
+        healthy, body = self._view.proxy_health(include_node=False)
+        code = 200 if healthy else 503
+        self._on_request("livez", code)
+        return _json(body, code)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        pending = self._view.pending()
+        body = {"ready": not pending, "pending": pending, "problems": self._view.problems()}
+        return _json(body, 503 if pending else 200)
+
+    async def _plain_ok(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _proxy_mode(self, request: web.Request) -> web.Response:
+        return web.Response(text="userspace-splice")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _list(self, request: web.Request) -> web.Response:
+        kind = request.match_info["kind"]
+        if kind not in printers.HEADERS:
+            return _json({"kind": "Status", "status": "Failure", "reason": "NotFound",
+                          "message": f"the server doesn't have a resource type \"{kind}\""}, 404)
+        listing = printers.list_objects(self._view.snapshot(), kind, request.match_info.get("namespace"))
+        listing["problems"] = self._view.problems()
+        return _json(listing)
+
+    async def _problems(self, request: web.Request) -> web.Response:
+        return _json({"problems": self._view.problems()})
