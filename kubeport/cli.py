@@ -10,10 +10,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pydantic import ValidationError
+from typing import Any
 
 from . import __version__, printers
-from .config import ConfigError, KubeportConfiguration, parse_cidrs, parse_port_range
+from . import config as config_module
+from .config import ConfigError, KubeportConfiguration
+from .logs import configure_logging
 
 log = logging.getLogger("kubeport")
 
@@ -40,7 +42,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--healthz-bind-address", metavar="IP:PORT")
     run.add_argument("--metrics-bind-address", metavar="IP:PORT")
     run.add_argument("--vip-interface", metavar="LINK", help="link that carries service addresses (default lo)")
-    run.add_argument("--udp-idle-timeout", type=float, metavar="SECONDS")
+    run.add_argument("--udp-idle-timeout", metavar="DURATION", help="UDP flow idle timeout (e.g. 30s)")
+    run.add_argument("--shutdown-grace-period", metavar="DURATION", help="connection drain time on SIGTERM")
+    run.add_argument("--log-format", choices=["text", "json"])
+    run.add_argument("--write-config-to", metavar="FILE", help="write the effective configuration and exit")
     run.add_argument("-v", "--verbose", action="count", default=0)
 
 
@@ -63,52 +68,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configuration_from_args(args: argparse.Namespace) -> KubeportConfiguration:
-    """Flags -> configuration. Only flags that were given override the defaults."""
-    values: dict = {}
-    dns: dict = {}
-    source: dict = {}
-    if args.manifests:
-        source["manifests"] = Path(args.manifests)
-    if args.kubeconfig:
-        source["kubeconfig"] = Path(args.kubeconfig)
-    if args.in_cluster:
-        source["in_cluster"] = True
-    if source:
-        values["source"] = source
-    simple = {
-        "hostname_override": args.hostname_override,
-        "state_dir": args.state_dir,
-        "healthz_bind_address": args.healthz_bind_address,
-        "metrics_bind_address": args.metrics_bind_address,
-        "vip_interface": args.vip_interface,
-        "udp_idle_timeout": args.udp_idle_timeout,
-    }
-    values.update({k: v for k, v in simple.items() if v is not None})
-    if args.service_cluster_ip_range:
-        values["service_cluster_ip_range"] = parse_cidrs(args.service_cluster_ip_range, "--service-cluster-ip-range")
-    if args.service_node_port_range:
-        values["service_node_port_range"] = parse_port_range(args.service_node_port_range)
-    if args.nodeport_addresses:
-        values["node_port_addresses"] = [p.strip() for p in args.nodeport_addresses.split(",") if p.strip()]
-    if args.cluster_cidr:
-        values["cluster_cidr"] = parse_cidrs(args.cluster_cidr, "--cluster-cidr")
-    for key, value in (("cluster_domain", args.cluster_domain), ("addresses", args.dns_address),
-                       ("port", args.dns_port), ("ttl", args.dns_ttl), ("pods", args.pods),
-                       ("upstreams", args.upstream)):
-        if value is not None:
-            dns[key] = value
-    if dns:
-        values["dns"] = dns
-    return KubeportConfiguration.model_validate(values)
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that were given, as configuration-file fields (camelCase, nested)."""
+    values: dict[str, Any] = {}
+
+    def put(path: str, value: Any) -> None:
+        if value is None:
+            return
+        *parents, leaf = path.split(".")
+        node = values
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+
+    put("manifests", args.manifests)
+    put("clientConnection.kubeconfig", args.kubeconfig)
+    put("inCluster", True if args.in_cluster else None)
+    put("hostnameOverride", args.hostname_override)
+    put("stateDir", args.state_dir)
+    put("healthzBindAddress", args.healthz_bind_address)
+    put("metricsBindAddress", args.metrics_bind_address)
+    put("vipInterface", args.vip_interface)
+    put("conntrack.udpStreamTimeout", args.udp_idle_timeout)
+    put("serviceClusterIPRange", args.service_cluster_ip_range)
+    put("serviceNodePortRange", args.service_node_port_range)
+    put("nodePortAddresses", _csv(args.nodeport_addresses))
+    put("clusterCIDR", args.cluster_cidr)
+    put("shutdownGracePeriod", args.shutdown_grace_period)
+    put("logFormat", args.log_format)
+    put("verbosity", args.verbose or None)
+    put("dns.clusterDomain", args.cluster_domain)
+    put("dns.addresses", args.dns_address)
+    put("dns.port", args.dns_port)
+    put("dns.ttl", args.dns_ttl)
+    put("dns.pods", args.pods)
+    put("dns.upstreams", args.upstream)
+    return values
 
 
-def _format_validation_error(exc: ValidationError) -> str:
-    lines = []
-    for error in exc.errors():
-        field = ".".join(str(p) for p in error["loc"])
-        lines.append(f"{field}: {error['msg']}")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+def _csv(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _configure_logging(verbosity: int) -> None:
@@ -117,22 +116,27 @@ def _configure_logging(verbosity: int) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    _configure_logging(args.verbose)
     try:
-        config = configuration_from_args(args)
+        config = build_configuration(args)
     except ConfigError as exc:
-        print(f"kubeport: {exc}", file=sys.stderr)
+        print(f"kubeport: invalid configuration:\n{exc}", file=sys.stderr)
         return 2
-    except ValidationError as exc:
-        print(f"kubeport: {_format_validation_error(exc)}", file=sys.stderr)
-        return 2
+    if args.write_config_to:
+        Path(args.write_config_to).write_text(config.to_yaml())
+        print(f"kubeport: wrote the effective configuration to {args.write_config_to}", file=sys.stderr)
+        return 0
+    configure_logging(config.log_format, config.verbosity)
     from .daemon import DaemonError, run
 
     try:
-        return run(config)
+        return run(config, config_file=Path(args.config) if args.config else None, flags=flag_values(args))
     except DaemonError as exc:
         log.error("%s", exc)
         return 1
+
+
+def build_configuration(args: argparse.Namespace) -> KubeportConfiguration:
+    return config_module.build(Path(args.config) if args.config else None, flag_values(args))
 
 
 def cmd_get(args: argparse.Namespace) -> int:
@@ -162,12 +166,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"kubeport: {directory}: not a directory", file=sys.stderr)
         return 2
     try:
-        cidrs = parse_cidrs(args.service_cluster_ip_range, "--service-cluster-ip-range")
-        node_ports = parse_port_range(args.service_node_port_range)
+        config = config_module.build(None, {"serviceClusterIPRange": args.service_cluster_ip_range,
+                                            "serviceNodePortRange": args.service_node_port_range})
     except ConfigError as exc:
         print(f"kubeport: {exc}", file=sys.stderr)
         return 2
-    problems = check_directory(directory, service_cidrs=cidrs, node_port_range=node_ports)
+    problems = check_directory(directory, service_cidrs=list(config.service_cluster_ip_range),
+                               node_port_range=config.service_node_port_range)
     for problem in problems:
         print(problem)
     if problems:

@@ -1,0 +1,106 @@
+"""Configuration: file + flags, KubeProxyConfiguration names, errors naming the field."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from kubeport import config as cfg
+from kubeport.cli import build_parser, flag_values
+
+HEADER = "apiVersion: kubeport.io/v1alpha1\nkind: KubeportConfiguration\n"
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(HEADER + body)
+    return path
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("30s", 30.0), ("1m30s", 90.0), ("500ms", 0.5), ("2h", 7200.0), ("0", 0.0), (15, 15.0), ("1.5s", 1.5)],
+)
+def test_go_durations(text, seconds):
+    assert cfg.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["30", "1x", "s", "", "1m 30s", None])
+def test_bad_durations(text):
+    with pytest.raises(ValueError):
+        cfg.parse_duration(text)
+
+
+def test_defaults_are_kube_proxy_and_kubeadm_defaults():
+    config = cfg.build(None, {})
+    assert config.healthz_bind_address == "0.0.0.0:10256"
+    assert config.metrics_bind_address == "127.0.0.1:10249"
+    assert config.service_node_port_range == (30000, 32767)
+    assert config.node_port_addresses == ["primary"]
+    assert config.dns_addresses == ["10.96.0.10"]
+    assert config.dns.ttl == 5
+    assert config.source_kind == "manifests"
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        pytest.param("foo: 1\n", "foo: unknown field", id="unknown_top_level_field"),
+        pytest.param("dns:\n  tll: 5\n", "dns.tll: unknown field", id="unknown_nested_field"),
+        pytest.param("dns:\n  ttl: 4000\n", "dns.ttl: Input should be less than or equal to 3600", id="ttl_range"),
+        pytest.param("healthzBindAddress: localhost\n", "healthzBindAddress:", id="bind_address_shape"),
+        pytest.param("serviceNodePortRange: 30000\n", "serviceNodePortRange:", id="port_range_shape"),
+        pytest.param("conntrack:\n  udpStreamTimeout: forever\n", "conntrack.udpStreamTimeout:", id="duration"),
+        pytest.param("nodePortAddresses: [somewhere]\n", "nodePortAddresses:", id="nodeport_addresses"),
+        pytest.param("serviceClusterIPRange: 10.96.0.0/12,10.100.0.0/16\n", "different IP families",
+                     id="dual_stack_needs_two_families"),
+    ],
+)
+def test_errors_name_the_file_and_field(tmp_path, body, field):
+    path = write(tmp_path, body)
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.build(path, {})
+    assert str(info.value).startswith(f"{path}: ")
+    assert field in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [("apiVersion: v1\nkind: KubeportConfiguration\n", "apiVersion/kind must be"),
+     ("[1, 2]\n", "expected a KubeportConfiguration document"),
+     ("a: [\n", "not valid YAML")],
+)
+def test_file_shape_errors(tmp_path, header, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(header)
+    with pytest.raises(cfg.ConfigError, match=message):
+        cfg.build(path, {})
+
+
+def test_flags_override_the_file(tmp_path):
+    path = write(tmp_path, "hostnameOverride: from-file\ndns:\n  ttl: 30\n  pods: insecure\n")
+    args = build_parser().parse_args(["run", "--config", str(path), "--dns-ttl", "7", "--hostname-override", "n1"])
+    config = cfg.build(path, flag_values(args))
+    assert (config.hostname_override, config.dns.ttl, config.dns.pods) == ("n1", 7, "insecure")
+
+
+def test_cluster_cidr_comma_string_like_kube_proxy(tmp_path):
+    config = cfg.build(write(tmp_path, "clusterCIDR: 10.244.0.0/16,fd00:10:244::/56\n"), {})
+    assert config.cluster_cidr == [ipaddress.ip_network("10.244.0.0/16"), ipaddress.ip_network("fd00:10:244::/56")]
+
+
+def test_written_defaults_load_back_identically(tmp_path):
+    config = cfg.build(None, {"manifests": "examples", "hostnameOverride": "node-a"})
+    path = tmp_path / "written.yaml"
+    path.write_text(config.to_yaml())
+    assert cfg.build(path, {}) == config
+
+
+@pytest.mark.parametrize(
+    "argv, source",
+    [(["run"], "manifests"), (["run", "--kubeconfig", "/k"], "kubeconfig"), (["run", "--in-cluster"], "in-cluster")],
+)
+def test_source_kind_from_flags(argv, source):
+    assert cfg.build(None, flag_values(build_parser().parse_args(argv))).source_kind == source
