@@ -1,0 +1,205 @@
+"""Health-check node ports for ``externalTrafficPolicy: Local`` LoadBalancers (reference F.1).
+
+Restated from ``pkg/proxy/healthcheck/service_health.go``. A cloud load balancer probes
+``healthCheckNodePort`` on every node and only sends traffic to nodes answering 200,
+i.e. nodes with a local ready endpoint (so the client IP can be kept).
+
+* Pure part: :func:`desired_health_checks` turns a snapshot into
+  ``{port: (service, localEndpoints)}``; :func:`service_health_response` is the answer.
+* Shell: :class:`HealthCheckServers` reconciles one HTTP server per port against that
+  map (opens new ports, closes gone ones, leaves the rest alone; counts change in place).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+from aiohttp import web
+
+from kubeport.endpoints.types import ServiceInfo, ServiceName, ServiceState
+
+from .health import JSON_HEADERS, HealthResponse
+
+log = logging.getLogger(__name__)
+
+#: {healthCheckNodePort: (service, number of local ready endpoint IPs)}
+DesiredHealthChecks = Mapping[int, tuple[ServiceName, int]]
+
+#: How long closing a port waits for in-flight probes.
+SHUTDOWN_TIMEOUT = 1.0
+
+
+# --- pure ---------------------------------------------------------------------------------
+
+
+def needs_health_check(info: ServiceInfo) -> bool:
+    """NeedsHealthCheck (LoadBalancer + eTP=Local) with a port allocated, on a proxied service."""
+    return (
+        info.proxied
+        and info.type == "LoadBalancer"
+        and info.external_policy_local
+        and info.health_check_node_port != 0
+    )
+
+
+def local_ready_endpoints(state: ServiceState, node_name: str) -> int:
+    """Distinct IPs of this node's READY endpoints over all the service's ports.
+
+    Terminating endpoints never count, so a node whose pods are draining fails the
+    check while still serving them (KEP-1669's intended LB drain).
+    """
+    if not node_name:
+        return 0
+    ips = set()
+    for port in state.service.ports:
+        for candidate in state.endpoints_for_port(port):
+            if candidate.endpoint.ready and candidate.endpoint.node_name == node_name:
+                ips.add(candidate.ip)
+    return len(ips)
+
+
+def desired_health_checks(
+    services: Mapping[ServiceName, ServiceState], node_name: str
+) -> dict[int, tuple[ServiceName, int]]:
+    """The health-check ports this node must serve (ports are cluster-unique: the
+    nodePort allocator hands them out; on a clash the first service by name wins)."""
+    desired: dict[int, tuple[ServiceName, int]] = {}
+    for name in sorted(services):
+        _add(desired, services[name], node_name)
+    return desired
+
+
+def update_health_checks(
+    previous: DesiredHealthChecks,
+    services: Mapping[ServiceName, ServiceState],
+    changed: Iterable[ServiceName],
+    node_name: str,
+) -> dict[int, tuple[ServiceName, int]]:
+    """:func:`desired_health_checks` recomputed for the ``changed`` services only."""
+    changed = set(changed)
+    desired = {port: entry for port, entry in previous.items() if entry[0] not in changed}
+    for name in sorted(changed):
+        state = services.get(name)
+        if state is not None:
+            _add(desired, state, node_name)
+    return desired
+
+
+def _add(desired: dict[int, tuple[ServiceName, int]], state: ServiceState, node_name: str) -> None:
+    info = state.service
+    if needs_health_check(info):
+        desired.setdefault(info.health_check_node_port, (info.name, local_ready_endpoints(state, node_name)))
+
+
+def service_health_response(service: ServiceName, local_endpoints: int, proxy_healthy: bool) -> HealthResponse:
+    """200 iff there is a local endpoint and the proxy is healthy; kube-proxy's body, byte for byte."""
+    body = (
+        "{\n"
+        '\t"service": {\n'
+        f'\t\t"namespace": {json.dumps(service.namespace)},\n'
+        f'\t\t"name": {json.dumps(service.name)}\n'
+        "\t},\n"
+        f'\t"localEndpoints": {local_endpoints},\n'
+        f'\t"serviceProxyHealthy": {"true" if proxy_healthy else "false"}\n'
+        "}"
+    )
+    headers = JSON_HEADERS + (("X-Load-Balancing-Endpoint-Weight", str(local_endpoints)),)
+    status = 200 if local_endpoints and proxy_healthy else 503
+    return HealthResponse(status, body.encode(), headers)
+
+
+# --- shell --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Listener:
+    handler: web.Server
+    server: asyncio.Server
+
+
+class HealthCheckServers:
+    """One HTTP server per health-check node port, reconciled by :meth:`sync`."""
+
+    def __init__(self, proxy_healthy: Callable[[], bool]) -> None:
+        """
+        :param proxy_healthy: the proxy's own health at request time, ignoring node
+            eligibility (e.g. ``lambda: proxy_health.healthy(time.time())``).
+        """
+        self._proxy_healthy = proxy_healthy
+        self._records: dict[int, tuple[ServiceName, int]] = {}
+        self._listeners: dict[int, _Listener] = {}
+        self._addresses: tuple[str, ...] = ()
+        self._lock = asyncio.Lock()
+        #: ports that failed to open at the last sync -> error text (retried next sync).
+        self.failures: dict[int, str] = {}
+
+    @property
+    def ports(self) -> frozenset[int]:
+        """Ports currently listening."""
+        return frozenset(self._listeners)
+
+    async def sync(self, desired: DesiredHealthChecks, addresses: Sequence[str] = ()) -> dict[int, str]:
+        """Serve exactly the ports of ``desired`` on ``addresses`` (empty: all addresses).
+
+        Counts and names of open ports change in place; new addresses reopen every port.
+        A port that cannot be opened is reported (``{port: error}``) and retried next sync.
+        """
+        async with self._lock:
+            addresses = tuple(addresses)
+            if addresses != self._addresses:
+                await self._close(list(self._listeners))
+                self._addresses = addresses
+            self._records = dict(desired)
+            await self._close([port for port in self._listeners if port not in desired])
+            failures: dict[int, str] = {}
+            for port in sorted(desired):
+                if port not in self._listeners:
+                    error = await self._open(port)
+                    if error is not None:
+                        failures[port] = error
+            self.failures = failures
+            return failures
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._close(list(self._listeners))
+            self._records = {}
+
+    def response(self, port: int) -> HealthResponse:
+        """What a probe of ``port`` gets right now."""
+        record = self._records.get(port)
+        if record is None:  # a probe racing the port's removal
+            return HealthResponse(503, b"", JSON_HEADERS)
+        service, count = record
+        return service_health_response(service, count, self._proxy_healthy())
+
+    async def _open(self, port: int) -> str | None:
+        async def handle(_request: web.BaseRequest) -> web.Response:
+            answer = self.response(port)
+            return web.Response(status=answer.status, body=answer.body, headers=dict(answer.headers))
+
+        handler = web.Server(handle, access_log=None)
+        try:
+            server = await asyncio.get_running_loop().create_server(
+                handler, host=list(self._addresses) or None, port=port, reuse_address=True
+            )
+        except OSError as err:
+            service = self._records[port][0]
+            message = f"failed to start healthcheck {str(service)!r} on port {port}: {err}"
+            log.warning("FailedToStartServiceHealthcheck: %s", message)
+            return message
+        self._listeners[port] = _Listener(handler, server)
+        log.debug("opened health check port %d for %s", port, self._records[port][0])
+        return None
+
+    async def _close(self, ports: list[int]) -> None:
+        for port in ports:
+            listener = self._listeners.pop(port)
+            listener.server.close()
+            await listener.handler.shutdown(SHUTDOWN_TIMEOUT)
+            await listener.server.wait_closed()
+            log.debug("closed health check port %d", port)
