@@ -10,9 +10,11 @@ Checks that need the allocators (nodePort inside the node-port range, clusterIP 
 the service range, already allocated) live in :mod:`kubeport.endpoints.registry`.
 Enum fields (type, protocol, sessionAffinity, ...) are checked by the pydantic model.
 
-Where kubeport is stricter than the API server, it says so: port names follow the
-IANA service-name rule (at most 15 characters, at least one letter), and endpoint
-addresses may not be multicast or a ClusterIP.
+Service and EndpointSlice port names are DNS-1123 labels, as the API server checks
+them; the IANA service-name rule (at most 15 characters, at least one letter, no
+'--') applies to named targetPorts, which name container ports. Where kubeport is
+stricter than the API server, it says so: endpoint addresses may not be multicast
+or a ClusterIP.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def _validate_ports(spec: model.ServiceSpec) -> list[FieldError]:
             if require_name:
                 errors.append(required(f"{path}.name"))
         else:
-            errors += [invalid(f"{path}.name", port.name, msg) for msg in names.is_valid_port_name(port.name)]
+            errors += [invalid(f"{path}.name", port.name, msg) for msg in names.is_dns1123_label(port.name)]
             if port.name in seen_names:
                 errors.append(duplicate(f"{path}.name", port.name))
             seen_names.add(port.name)
@@ -330,7 +332,7 @@ def _validate_slice_ports(ports: list[model.EndpointPort]) -> list[FieldError]:
         path = f"ports[{i}]"
         name = port.name or ""
         if name:
-            errors += [invalid(f"{path}.name", name, msg) for msg in names.is_valid_port_name(name)]
+            errors += [invalid(f"{path}.name", name, msg) for msg in names.is_dns1123_label(name)]
         if name in seen:
             errors.append(duplicate(f"{path}.name", name))
         seen.add(name)
