@@ -1,0 +1,169 @@
+"""The kubeport daemon and CLI, run inside a network namespace (contract: /work/notes/CLI.md)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness_proc import (
+    CommandFailed,
+    WaitTimeout,
+    current_scope,
+    run_in,
+    spawn_in,
+    stop_process,
+    wait_until,
+)
+
+KUBEPORT_BIN = Path(sys.executable).parent / "kubeport"
+DEFAULT_HEALTHZ = "127.0.0.1:10256"
+
+# Every daemon made in this process, for the failure report (conftest prints their log tails).
+DAEMONS: list[KubeportDaemon] = []
+
+
+class DaemonExited(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Readyz:
+    status: int  # 0: nothing answered
+    body: str
+
+    def __bool__(self) -> bool:
+        return self.status == 200
+
+
+def kubeport_bin() -> Path:
+    if not KUBEPORT_BIN.exists():
+        raise FileNotFoundError(f"kubeport console script not found at {KUBEPORT_BIN}; "
+                                f"install the project into this venv (pip install -e .)")
+    return KUBEPORT_BIN
+
+
+def kubeport(ns: str | None, *args: Any, timeout: float = 30.0) -> str:
+    """Run the kubeport CLI in `ns` (None: root namespace); its stdout, or CommandFailed."""
+    return run_in(ns, kubeport_bin(), *args, timeout=timeout).stdout
+
+
+def node_name_from_ns(ns: str) -> str:
+    for name in ("node-a", "node-b"):
+        if ns.endswith(f"-{name}"):
+            return name
+    raise ValueError(f"can't tell the node name of namespace {ns!r}; pass node_name=")
+
+
+def probe_address(extra_args: tuple[str, ...]) -> str:
+    """Where /readyz answers inside the namespace, from --healthz-bind-address if given."""
+    bind = DEFAULT_HEALTHZ
+    for i, arg in enumerate(extra_args):
+        if arg == "--healthz-bind-address" and i + 1 < len(extra_args):
+            bind = extra_args[i + 1]
+        elif arg.startswith("--healthz-bind-address="):
+            bind = arg.split("=", 1)[1]
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class KubeportDaemon:
+    """`kubeport run --manifests DIR --hostname-override NODE --state-dir DIR ...` in `ns`.
+
+    Starts at construction. stdout and stderr are appended to `log_path` (default: next to the
+    state dir, `<ns>.kubeport.log`). Owned like any spawned process: a daemon made in a test is
+    stopped when the test ends; `restart()` keeps the original owner. `program` replaces the
+    kubeport executable (the harness's own tests run a stand-in)."""
+
+    def __init__(self, ns: str, manifests_dir: Path | str, state_dir: Path | str, *extra_args: str,
+                 node_name: str | None = None, log_path: Path | str | None = None,
+                 program: Sequence[str] | None = None):
+        self.ns = ns
+        self.manifests_dir = Path(manifests_dir)
+        self.state_dir = Path(state_dir)
+        self.extra_args = tuple(str(arg) for arg in extra_args)
+        self.node_name = node_name or node_name_from_ns(ns)
+        self.log_path = Path(log_path) if log_path else self.state_dir.parent / f"{ns}.kubeport.log"
+        self.readyz_url = f"http://{probe_address(self.extra_args)}/readyz"
+        self.program = [str(part) for part in program] if program else [str(kubeport_bin())]
+        self.proc: subprocess.Popen | None = None
+        self._scope = current_scope()
+        DAEMONS.append(self)
+        self.start()
+
+    @property
+    def command(self) -> list[str]:
+        return [*self.program, "run", "--manifests", str(self.manifests_dir),
+                "--hostname-override", self.node_name, "--state-dir", str(self.state_dir), *self.extra_args]
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError(f"kubeport in {self.ns} is already running (pid {self.proc.pid})")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"=== {time.strftime('%H:%M:%S')} start: {shlex.join(self.command)}\n".encode())
+            log.flush()
+            self.proc = spawn_in(self.ns, *self.command, scope=self._scope, stdout=log, stderr=subprocess.STDOUT)
+
+    def readyz(self) -> Readyz:
+        """/readyz now: status 0 when nothing answers; a 503 body names what is pending."""
+        done = run_in(self.ns, "curl", "-s", "-w", "\n%{http_code}", "--noproxy", "*", "-g", "--max-time", "1",
+                      self.readyz_url, timeout=10, check=False)
+        body, _, code = done.stdout.rpartition("\n")
+        return Readyz(int(code or 0), body.strip())
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Wait until /readyz answers 200; raise at once if the daemon exits."""
+        def ready() -> Readyz:
+            if not self.running:
+                code = None if self.proc is None else self.proc.returncode
+                raise DaemonExited(f"kubeport in {self.ns} exited ({code}) before ready; log tail:\n"
+                                   f"{self.log_tail()}")
+            return self.readyz()
+
+        try:
+            wait_until(ready, timeout, interval=0.1, message=f"GET {self.readyz_url} == 200 in {self.ns}")
+        except WaitTimeout as err:
+            raise WaitTimeout(f"{err}\nkubeport log tail ({self.log_path}):\n{self.log_tail()}") from None
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM, wait up to `grace`, then SIGKILL. Returns the exit code (None if never started)."""
+        return None if self.proc is None else stop_process(self.proc, grace)
+
+    def restart(self, grace: float = 10.0) -> None:
+        self.stop(grace)
+        self.start()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def __enter__(self) -> KubeportDaemon:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.proc.pid}" if self.running else "stopped"
+        return f"KubeportDaemon({self.ns!r}, node={self.node_name!r}, {state})"
+
+
+__all__ = ["DAEMONS", "CommandFailed", "DaemonExited", "KubeportDaemon", "Readyz", "kubeport", "kubeport_bin"]
