@@ -1,1 +1,11 @@
+"""kubeport.dns: the node-local cluster DNS server (CoreDNS kubernetes plugin behaviour).
 
+The daemon uses :class:`DnsServer` with a :class:`DnsConfig`; everything else is the pure
+core (names, records, lookup, answer, wire) and its I/O shell (server, upstream).
+"""
+
+from .config import DnsConfig, DnsConfigError, default_upstreams, parse_upstream
+from .server import DnsServer
+from .stats import DnsStats
+
+__all__ = ["DnsConfig", "DnsConfigError", "DnsServer", "DnsStats", "default_upstreams", "parse_upstream"]

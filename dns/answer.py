@@ -1,0 +1,294 @@
+"""The sans-IO answerer: query bytes -> reply bytes, or a Forward for the shell to resolve.
+
+Cluster answers are encoded once (dnslib) and kept per question in an
+:class:`AnswerCache`; a repeated question costs a slice, a dict lookup and the ID patch.
+Entries remember which services they depend on: an update drops the answers of the
+services that changed plus every "volatile" one (negative answers carry the SOA serial,
+PTR/NS/pod answers span services), so no answer outlives the generation it was built
+from, while the answers of untouched services stay encoded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass
+from typing import Iterable
+
+from dnslib import RR, DNSHeader, DNSLabel, DNSQuestion, DNSRecord
+from dnslib.label import DNSBuffer
+
+from kubeport.endpoints.types import ServiceName
+
+from .config import DnsConfig
+from .lookup import Lookup, Resolution, not_synced, qtype_name, reverse_records, soa_record
+from .names import Zone, classify, reverse_address
+from .records import IndexChange, RecordIndex
+from .stats import DnsStats
+from .wire import (
+    HEADER,
+    NOERROR,
+    RCODE_NAMES,
+    REFUSED,
+    SERVFAIL,
+    TC,
+    Ignored,
+    Query,
+    QueryError,
+    encode_name,
+    opt_record,
+    parse_query,
+    question_reply,
+    reply_flags,
+    with_opt,
+)
+
+T_PTR, T_AXFR, T_IXFR = 12, 252, 251
+MAX_TCP_MESSAGE = 65535
+
+#: (UDP reply, TCP reply) without the ID, then the stats cells to count a hit in:
+#: requests (udp, qtype), requests (tcp, qtype), responses (rcode)
+Entry = tuple[bytes, bytes, list[int], list[int], list[int]]
+
+
+class AnswerCache:
+    """Encoded answers by cache key, with the services each depends on."""
+
+    __slots__ = ("entries", "capacity", "_volatile", "_by_service")
+
+    def __init__(self, capacity: int):
+        self.entries: dict[bytes, Entry] = {}
+        self.capacity = capacity
+        self._volatile: set[bytes] = set()
+        self._by_service: dict[ServiceName, set[bytes]] = {}
+
+    def put(self, key: bytes, entry: Entry, deps: Iterable[ServiceName] | None) -> None:
+        if len(self.entries) >= self.capacity:
+            self.clear()
+        self.entries[key] = entry
+        if deps is None:
+            self._volatile.add(key)
+        else:
+            for name in deps:
+                self._by_service.setdefault(name, set()).add(key)
+
+    def invalidate(self, services: Iterable[ServiceName]) -> None:
+        """Drop the answers of these services and every volatile answer. Keys may sit in
+        stale sets after a re-put; dropping too much only costs a re-encode."""
+        entries = self.entries
+        for name in services:
+            for key in self._by_service.pop(name, ()):
+                entries.pop(key, None)
+        for key in self._volatile:
+            entries.pop(key, None)
+        self._volatile.clear()
+
+    def clear(self) -> None:
+        self.entries.clear()  # the same dict object: the hot path holds a reference
+        self._volatile.clear()
+        self._by_service.clear()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A question to ask upstream before the client can be answered."""
+
+    query: Query
+    tcp: bool
+    #: the name to ask (labels, sent as is) and its type
+    labels: tuple[bytes, ...]
+    qtype: int
+    #: ExternalName: the CNAME chain to put before the upstream answer; None: plain forward
+    chain: tuple[RR, ...] | None = None
+
+    @property
+    def question(self) -> bytes:
+        return encode_name(self.labels) + struct.pack("!HH", self.qtype, self.query.qclass)
+
+
+class Answerer:
+    def __init__(self, config: DnsConfig, index: RecordIndex, stats: DnsStats | None = None):
+        self.config = config
+        self.index = index
+        self.stats = stats if stats is not None else DnsStats()
+        self.cache = AnswerCache(config.answer_cache_size)
+        self._entries = self.cache.entries
+        self._hits = self.stats.answer_cache_hits_cell
+
+    def answer(self, packet: bytes, tcp: bool = False) -> bytes | Forward | None:
+        """The reply to one query (bytes in, bytes out), a Forward, or None (no header:
+        drop; TCP: close the connection)."""
+        # wire.cache_key inlined: this is the whole cost of a cached answer.
+        end = packet.find(b"\x00", 12) + 5
+        size = len(packet)
+        if size == end:
+            entry = self._entries.get(packet[2:end])
+        elif end >= 17 and size >= end + 11 and packet[end : end + 3] == b"\x00\x00\x29" \
+                and size == end + 11 + ((packet[end + 9] << 8) | packet[end + 10]):
+            entry = self._entries.get(packet[2:end] + packet[end + 3 : end + 9])
+        else:
+            entry = None
+        if entry is not None:
+            self._hits[0] += 1
+            entry[2 + tcp][0] += 1
+            entry[4][0] += 1
+            return packet[:2] + entry[tcp]
+        return self._answer(packet, tcp)
+
+    def invalidate(self, change: IndexChange) -> None:
+        if change.namespaces or change.synced:
+            self.cache.clear()
+        elif change:
+            self.cache.invalidate(change.services)
+
+    def reconfigure(self, config: DnsConfig, index: RecordIndex) -> None:
+        self.config = config
+        self.index = index
+        self.cache.capacity = config.answer_cache_size
+        self.cache.clear()
+
+    # --- the slow path ---------------------------------------------------------------
+
+    def _answer(self, packet: bytes, tcp: bool) -> bytes | Forward | None:
+        proto = "tcp" if tcp else "udp"
+        try:
+            query = parse_query(packet)
+        except Ignored:
+            self.stats.dropped += 1
+            return None
+        except QueryError as error:
+            self.stats.count(proto, "invalid", RCODE_NAMES.get(error.rcode, str(error.rcode)))
+            return error.reply(self.config.edns_udp_size)
+        qtype = query.qtype
+        if qtype in (T_AXFR, T_IXFR):  # no zone transfers (CoreDNS without `transfer`)
+            return self.reply_raw(query, tcp, question_reply(query, REFUSED, self.config.edns_udp_size,
+                                                             authoritative=False), REFUSED)
+        lower = query.lower_labels
+        where = classify(lower, self.index.zone_labels)
+        if where is Zone.OTHER:
+            return Forward(query, tcp, query.labels, qtype)
+        if where is Zone.REVERSE:
+            # Unknown reverse names fall through to upstream (CoreDNS `fallthrough in-addr.arpa ip6.arpa`);
+            # so does a reverse zone's apex itself (CoreDNS answers NODATA there).
+            address = reverse_address(lower) if qtype == T_PTR else None
+            records = reverse_records(self.index, query.labels, address, self.config.ttl) if address else []
+            if not records:
+                return Forward(query, tcp, query.labels, qtype)
+            return self._reply(query, tcp, Resolution(answer=records, deps=None))
+        if not self.index.synced:
+            result = not_synced()
+        else:
+            lookup = Lookup(self.index, ttl=self.config.ttl, pods=self.config.pods,
+                            local_addresses=self.config.addresses, labels=query.labels)
+            result = lookup.resolve(qtype)
+        if result.forward is not None:
+            target = tuple(label.encode() for label in result.forward.split(".") if label)
+            return Forward(query, tcp, target, qtype, chain=tuple(result.answer))
+        return self._reply(query, tcp, result)
+
+    def _reply(self, query: Query, tcp: bool, result: Resolution) -> bytes:
+        self.stats.answer_cache_misses += 1
+        udp, full = self._encode(query, result)
+        rcode = RCODE_NAMES.get(result.rcode, str(result.rcode))
+        qtype = qtype_name(query.qtype)
+        stats = self.stats
+        entry: Entry = (udp, full, stats.request_cell("udp", qtype), stats.request_cell("tcp", qtype),
+                        stats.response_cell(rcode))
+        if query.cache_key is not None:
+            self.cache.put(query.cache_key, entry, result.deps)
+        stats.count("tcp" if tcp else "udp", qtype, rcode)
+        return query.id.to_bytes(2, "big") + entry[tcp]
+
+    def reply_raw(self, query: Query, tcp: bool, reply: bytes, rcode: int) -> bytes:
+        """Count and return a reply built elsewhere (relayed upstream answers, REFUSED...)."""
+        self.stats.count("tcp" if tcp else "udp", qtype_name(query.qtype), RCODE_NAMES.get(rcode, str(rcode)))
+        return reply
+
+    def _encode(self, query: Query, result: Resolution) -> tuple[bytes, bytes]:
+        """(UDP reply, TCP reply), both without the 2-byte ID."""
+        flags = reply_flags(query.flags, result.rcode, authoritative=True)
+        authority: list[RR] = []
+        if result.negative:
+            zone = query.labels[len(query.labels) - len(self.index.zone_labels):]
+            authority.append(soa_record(self.index, zone, self.config.ttl))
+        sections = (result.answer, authority, result.additional)
+        packed, ends = _pack(flags, query, sections)
+        full = self._fit(query, flags, sections, packed, ends, MAX_TCP_MESSAGE)
+        limit = query.udp_limit()
+        udp = full if len(full) <= limit else self._fit(query, flags, sections, packed, ends, limit)
+        return udp[2:], full[2:]
+
+    def _fit(self, query: Query, flags: int, sections: tuple[list[RR], list[RR], list[RR]], packed: bytes,
+             ends: list[int], limit: int) -> bytes:
+        """The packed message, or if too big the longest prefix of records (answer,
+        authority, additional) that fits, with TC (CoreDNS/miekg Msg.Truncate). Compression
+        pointers only point backwards, so a prefix of a packed message is a valid message."""
+        opt = opt_record(self.config.edns_udp_size, query.edns.do) if query.edns else b""
+        budget = limit - len(opt)
+        if len(packed) > budget:
+            kept = bisect.bisect_right(ends, budget) - 1  # ends[0] is the end of the question
+            counts = [0, 0, 0]
+            remaining = kept
+            for position, records in enumerate(sections):
+                counts[position] = min(remaining, len(records))
+                remaining -= counts[position]
+            packed = HEADER.pack(0, flags | TC, 1, *counts) + packed[12 : ends[kept]]
+        return with_opt(packed, query, self.config.edns_udp_size) if opt else packed
+
+    # --- completing forwards -------------------------------------------------------------
+
+    def relay(self, forward: Forward, message: bytes | None) -> bytes:
+        """The client's reply from an upstream message (ID 0, no OPT), or SERVFAIL."""
+        query = forward.query
+        if forward.chain is not None:
+            return self.complete_chain(forward, message)
+        if message is None:
+            return self.reply_raw(query, forward.tcp, question_reply(
+                query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL)
+        flags = struct.unpack_from("!H", message, 2)[0]
+        rd = query.flags & 0x0100
+        flags = (flags & ~0x0100) | rd
+        reply = query.id.to_bytes(2, "big") + flags.to_bytes(2, "big") + message[4:]
+        reply = with_opt(reply, query, self.config.edns_udp_size)
+        limit = MAX_TCP_MESSAGE if forward.tcp else query.udp_limit()
+        if len(reply) > limit:  # too big for this client: TC and the question only
+            reply = question_reply(query, flags & 0xF, self.config.edns_udp_size, authoritative=False,
+                                   truncated=True)
+        return self.reply_raw(query, forward.tcp, reply, flags & 0xF)
+
+    def complete_chain(self, forward: Forward, message: bytes | None) -> bytes:
+        """CNAME chain + upstream answer, NOERROR whatever upstream said, TC copied; NODATA
+        when upstream could not be asked (CoreDNS A() for an out-of-zone CNAME target)."""
+        query = forward.query
+        answer: list[RR] = []
+        truncated = False
+        if message is not None:
+            try:
+                upstream = DNSRecord.parse(message)
+            except Exception:  # dnslib raises many types on garbage; treat as no answer
+                upstream = None
+            if upstream is not None:
+                answer = list(forward.chain or ()) + list(upstream.rr)
+                truncated = bool(upstream.header.tc)
+        result = Resolution(rcode=NOERROR, answer=answer, negative=not answer, deps=None)
+        udp, full = self._encode(query, result)
+        reply = udp if not forward.tcp else full
+        if truncated:
+            reply = (((reply[0] << 8) | reply[1]) | TC).to_bytes(2, "big") + reply[2:]
+        return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR)
+
+
+def _pack(flags: int, query: Query, sections: tuple[list[RR], list[RR], list[RR]]) -> tuple[bytes, list[int]]:
+    """The packed message (ID 0) and the offset after the question and after each record."""
+    buffer = DNSBuffer()
+    DNSHeader(id=0, bitmap=flags, q=1, a=len(sections[0]), auth=len(sections[1]), ar=len(sections[2])).pack(buffer)
+    DNSQuestion(DNSLabel(list(query.labels)), query.qtype, query.qclass).pack(buffer)
+    ends = [buffer.offset]
+    for records in sections:
+        for record in records:
+            record.pack(buffer)
+            ends.append(buffer.offset)
+    return bytes(buffer.data), ends

@@ -1,0 +1,168 @@
+"""Configuration of the cluster DNS server, validated once at construction."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from dataclasses import dataclass, replace
+from typing import Iterable, Literal
+
+log = logging.getLogger(__name__)
+
+PodsMode = Literal["disabled", "insecure", "verified"]
+PODS_MODES = ("disabled", "insecure", "verified")
+
+Upstream = tuple[str, int]
+
+
+class DnsConfigError(ValueError):
+    """A DnsConfig field has an invalid value; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class DnsConfig:
+    #: The cluster domain (``--cluster-domain``), without trailing dot; matched case-insensitively.
+    zone: str = "cluster.local"
+    #: TTL of every record the server makes (CoreDNS ``ttl``, default 5, 0..3600);
+    #: ``dns-version`` is always 28800.
+    ttl: int = 5
+    #: CoreDNS ``pods``: disabled (NXDOMAIN), insecure (decode the IP from the label) or
+    #: verified (only addresses known from EndpointSlices in that namespace).
+    pods: PodsMode = "disabled"
+    #: CoreDNS ``endpoint_pod_names``: name endpoints without hostname after their pod.
+    endpoint_pod_names: bool = False
+    #: (ip, port) of the upstream resolvers for names outside the cluster zone, tried in
+    #: order (failover). None: the host's /etc/resolv.conf, see :func:`default_upstreams`.
+    upstreams: tuple[Upstream, ...] | None = None
+    #: Addresses to listen on, UDP and TCP (already local addresses of the node).
+    addresses: tuple[str, ...] = ("10.96.0.10",)
+    #: Port on every address; 0 picks one free port (tests), the same for every listener.
+    port: int = 53
+    #: Seconds a TCP connection may stay idle (no query, nothing pending) before it is closed.
+    tcp_idle_timeout: float = 10.0
+    #: Concurrent TCP connections; new ones beyond this are closed at once.
+    max_tcp_connections: int = 1000
+    #: Seconds to wait for one upstream before failing over to the next (CoreDNS read_timeout).
+    upstream_timeout: float = 2.0
+    #: Forwarded queries in flight; beyond this, REFUSED (CoreDNS forward ``max_concurrent``).
+    max_concurrent_forwards: int = 1000
+    #: Entries of the upstream answer cache (CoreDNS cache: 9984).
+    cache_size: int = 9984
+    #: TTL caps of cached upstream answers: positive, and negative (NXDOMAIN/NODATA).
+    cache_max_ttl: int = 3600
+    cache_max_negative_ttl: int = 1800
+    #: Entries of the cache of encoded cluster answers (cleared when full).
+    answer_cache_size: int = 100_000
+    #: UDP payload size this server advertises in its OPT record (DNS flag day 2020).
+    edns_udp_size: int = 1232
+
+    def __post_init__(self) -> None:
+        zone = self.zone.strip().rstrip(".").lower()
+        if not zone or any(not label or len(label) > 63 for label in zone.split(".")):
+            raise DnsConfigError(f"DnsConfig.zone: {self.zone!r} is not a domain name")
+        object.__setattr__(self, "zone", zone)
+        if not 0 <= self.ttl <= 3600:
+            raise DnsConfigError(f"DnsConfig.ttl: {self.ttl} is outside 0..3600")
+        if self.pods not in PODS_MODES:
+            raise DnsConfigError(f"DnsConfig.pods: {self.pods!r} is not one of {', '.join(PODS_MODES)}")
+        if self.upstreams is not None:
+            object.__setattr__(self, "upstreams", tuple(_upstream(u) for u in self.upstreams))
+        addresses = tuple(self.addresses)
+        for address in addresses:
+            _ip(address, "DnsConfig.addresses")
+        if not addresses:
+            raise DnsConfigError("DnsConfig.addresses: at least one address is needed")
+        object.__setattr__(self, "addresses", tuple(str(ipaddress.ip_address(a)) for a in addresses))
+        if not 0 <= self.port <= 65535:
+            raise DnsConfigError(f"DnsConfig.port: {self.port} is outside 0..65535")
+        for name in ("tcp_idle_timeout", "upstream_timeout"):
+            if getattr(self, name) <= 0:
+                raise DnsConfigError(f"DnsConfig.{name}: must be > 0")
+        for name in ("max_tcp_connections", "max_concurrent_forwards", "answer_cache_size"):
+            if getattr(self, name) < 1:
+                raise DnsConfigError(f"DnsConfig.{name}: must be >= 1")
+        for name in ("cache_size", "cache_max_ttl", "cache_max_negative_ttl"):
+            if getattr(self, name) < 0:
+                raise DnsConfigError(f"DnsConfig.{name}: must be >= 0")
+        if not 512 <= self.edns_udp_size <= 65535:
+            raise DnsConfigError(f"DnsConfig.edns_udp_size: {self.edns_udp_size} is outside 512..65535")
+
+    def with_changes(self, **changes: object) -> "DnsConfig":
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _ip(text: str, field_name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        raise DnsConfigError(f"{field_name}: {text!r} is not an IP address") from None
+
+
+def _upstream(value: object) -> Upstream:
+    if isinstance(value, str):
+        return parse_upstream(value)
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        host, port = value
+        ip = _ip(str(host), "DnsConfig.upstreams")
+        if not isinstance(port, int) or not 0 < port <= 65535:
+            raise DnsConfigError(f"DnsConfig.upstreams: port {port!r} of {host} is outside 1..65535")
+        return (str(ip), port)
+    raise DnsConfigError(f"DnsConfig.upstreams: {value!r} is not (ip, port)")
+
+
+def parse_upstream(text: str) -> Upstream:
+    """``IP``, ``IP:PORT``, ``[IPv6]:PORT`` or a bare IPv6 address -> (ip, port)."""
+    text = text.strip()
+    host, port = text, 53
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                raise DnsConfigError(f"upstream {text!r}: expected [IPv6]:PORT")
+            port = _port(rest[1:], text)
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+        port = _port(port_text, text)
+    ip = _ip(host, f"upstream {text!r}")
+    return (str(ip), port)
+
+
+def _port(text: str, whole: str) -> int:
+    if not text.isdigit() or not 0 < int(text) <= 65535:
+        raise DnsConfigError(f"upstream {whole!r}: port {text!r} is outside 1..65535")
+    return int(text)
+
+
+def default_upstreams(resolv_conf_path: str = "/etc/resolv.conf") -> tuple[Upstream, ...]:
+    """The nameservers of a resolv.conf, port 53, skipping loopback stubs.
+
+    A loopback nameserver (systemd-resolved's 127.0.0.53, a local dnsmasq) would send
+    pod queries back to the node's stub, which may forward to us: CoreDNS's famous
+    ``loop`` crash. A missing or unreadable file gives no upstreams (forwarding then
+    answers SERVFAIL), logged once here.
+    """
+    try:
+        with open(resolv_conf_path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError as error:
+        log.warning("dns: cannot read %s for upstream nameservers: %s", resolv_conf_path, error)
+        return ()
+    return tuple(_nameservers(lines))
+
+
+def _nameservers(lines: Iterable[str]) -> Iterable[Upstream]:
+    seen: set[str] = set()
+    for line in lines:
+        fields = line.split("#", 1)[0].split(";", 1)[0].split()
+        if len(fields) < 2 or fields[0] != "nameserver":
+            continue
+        text = fields[1].split("%", 1)[0]  # drop an IPv6 zone index
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            continue
+        if ip.is_loopback or ip.is_unspecified or str(ip) in seen:
+            continue
+        seen.add(str(ip))
+        yield (str(ip), 53)
+

@@ -1,0 +1,366 @@
+"""Answers for names in the cluster zone, as CoreDNS's kubernetes plugin gives them. Pure.
+
+Follows ``plugin/kubernetes/{handler,kubernetes,parse}.go`` and ``plugin/backend_lookup.go``:
+``services()`` is CoreDNS's Services/Records/findServices/findPods (a list of candidates or
+NoSuchName), and one method per qtype builds the records from the candidates. The result
+also says what the answer depends on, so the encoded-answer cache can keep answers of
+services that did not change.
+
+One deliberate difference: an NS query at the apex is answered whatever its letter case
+(CoreDNS compares a lowercased name to the query-cased zone and answers NODATA for
+``Cluster.local. NS``; DNS names are case-insensitive, RFC 4343).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass, field
+
+from dnslib import AAAA, CNAME, NS, PTR, QTYPE, RR, SOA, SRV, TXT, A, DNSLabel
+
+from kubeport.endpoints.types import ServiceName
+
+from .names import POD, InvalidName, Request, match, parse_request, pod_address
+from .records import NO_PORT, RecordIndex, ServiceRecords
+from .wire import NOERROR, NXDOMAIN, SERVFAIL
+
+DNS_SCHEMA_VERSION = "1.1.0"  # kubernetes/dns docs/specification.md
+DNS_VERSION_TTL = 28800
+MAX_CNAME_CHAIN = 7  # CoreDNS: "len(previousRecords) > 7" stops chasing
+
+T_A, T_NS, T_CNAME, T_SOA, T_PTR, T_MX, T_TXT, T_AAAA, T_SRV = 1, 2, 5, 6, 12, 15, 16, 28, 33
+
+
+class NoSuchName(Exception):
+    """CoreDNS's errNoItems/errInvalidRequest/errNsNotExposed: the answer is NXDOMAIN."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """CoreDNS's msg.Service: an address (with port and SRV target) or a CNAME target."""
+
+    host: str
+    port: int = NO_PORT
+    #: owner labels of SRV targets and glue, without the zone
+    target: tuple[str, ...] = ()
+    cname: bool = False
+
+
+@dataclass(slots=True)
+class Resolution:
+    rcode: int = NOERROR
+    answer: list[RR] = field(default_factory=list)
+    additional: list[RR] = field(default_factory=list)
+    #: SOA in the authority section (every NXDOMAIN, NODATA and SERVFAIL)
+    negative: bool = False
+    #: services the answer depends on; None: it may change with any change (volatile)
+    deps: set[ServiceName] | None = field(default_factory=set)
+    #: an ExternalName chain leaving the zone: ask upstream for this name, put ``answer``
+    #: (the CNAMEs) first
+    forward: str | None = None
+
+
+def _name(labels: tuple[bytes, ...]) -> DNSLabel:
+    return DNSLabel(list(labels))
+
+
+def _labels(text: str) -> tuple[bytes, ...]:
+    return tuple(label.encode() for label in text.rstrip(".").split(".") if label)
+
+
+def soa_record(index: RecordIndex, zone: tuple[bytes, ...], ttl: int) -> RR:
+    """``<zone>. min(ttl,300) IN SOA ns.dns.<zone>. hostmaster.<zone>. <serial> 7200 1800 86400 <ttl>``,
+    the zone spelled as in the query (CoreDNS plugin.SOA)."""
+    rdata = SOA(_name((b"ns", b"dns") + zone), _name((b"hostmaster",) + zone),
+                (index.serial & 0xFFFFFFFF, 7200, 1800, 86400, ttl))
+    return RR(_name(zone), T_SOA, rdata=rdata, ttl=min(ttl, 300))
+
+
+class Lookup:
+    """One question about the cluster zone."""
+
+    def __init__(self, index: RecordIndex, *, ttl: int, pods: str, local_addresses: tuple[str, ...],
+                 labels: tuple[bytes, ...]):
+        self.index = index
+        self.ttl = ttl
+        self.pods = pods
+        self.local_addresses = local_addresses
+        self.qname = labels
+        self.lower = tuple(label.lower().decode("latin-1") for label in labels)
+        zone_length = len(index.zone_labels)
+        self.zone = labels[len(labels) - zone_length :]
+        self.result = Resolution()
+
+    def resolve(self, qtype: int) -> Resolution:
+        result = self.result
+        base = self.lower[: len(self.lower) - len(self.zone)]
+        try:
+            if qtype in (T_A, T_AAAA):
+                result.answer, result.forward = self._addresses(self.qname, base, qtype, [])
+            elif qtype == T_TXT:
+                result.answer = self._txt(base)
+            elif qtype == T_CNAME:
+                result.answer = self._cname(base)
+            elif qtype == T_SRV:
+                result.answer, result.additional = self._srv(base)
+            elif qtype == T_SOA:
+                if not base:
+                    result.answer = [soa_record(self.index, self.zone, self.ttl)]
+                    result.deps = None
+            elif qtype == T_NS and not base:
+                result.answer, result.additional = self._ns()
+            elif qtype == T_PTR:
+                self._records(base)  # a forward name has no PTR: NODATA or NXDOMAIN
+            else:
+                self._services(base, T_A)  # CoreDNS's fake A lookup: NODATA or NXDOMAIN
+        except NoSuchName:
+            result.rcode = NXDOMAIN
+            result.answer, result.additional, result.forward = [], [], None
+        if not result.answer and result.forward is None:
+            result.negative = True
+            result.deps = None  # the SOA serial changes with every change
+        return result
+
+    # --- candidates (CoreDNS Services / Records / findServices / findPods) -----------
+
+    def _services(self, base: tuple[str, ...], qtype: int) -> list[Candidate]:
+        if base == ("ns", "dns"):
+            self.result.deps = None
+            family = {T_A: 4, T_AAAA: 6}.get(qtype)
+            return [c for c in self._ns_candidates(base) if ipaddress.ip_address(c.host).version == family]
+        candidates = self._records(base)
+        if qtype == T_SRV:
+            return [c for c in candidates if not c.cname]
+        return candidates
+
+    def _records(self, base: tuple[str, ...]) -> list[Candidate]:
+        try:
+            request = parse_request(base)
+        except InvalidName:
+            raise NoSuchName from None
+        if not request.pod_or_svc:
+            return []
+        if request.namespace not in self.index.namespaces:
+            raise NoSuchName
+        if request.pod_or_svc == POD:
+            return self._pods(request)
+        return self._find_services(request)
+
+    def _find_services(self, request: Request) -> list[Candidate]:
+        if not request.service:
+            return []  # <ns>.svc.<zone>: an existing namespace is NODATA
+        name = ServiceName(request.namespace, request.service)
+        if self.result.deps is not None:
+            self.result.deps.add(name)
+        service = self.index.services.get(name)
+        if service is None:
+            raise NoSuchName
+        if service.kind == "ExternalName":
+            # Nothing lives below an ExternalName, not even _port._proto (coredns #5734, #6162).
+            if request.endpoint or request.port or request.protocol or service.external_target is None:
+                raise NoSuchName
+            return [Candidate(service.external_target, cname=True)]
+        if service.kind == "Headless" or request.endpoint:
+            found = self._endpoint_candidates(service, request)
+        else:
+            found = self._cluster_ip_candidates(service, request)
+        if found is None:
+            raise NoSuchName
+        return found
+
+    def _endpoint_candidates(self, service: ServiceRecords, request: Request) -> list[Candidate] | None:
+        found = []
+        for slice_ in service.slices:
+            for endpoint in slice_.endpoints:
+                if request.endpoint and request.endpoint != endpoint.name:
+                    continue
+                target = (endpoint.name,) + service.fqdn_labels
+                for port in slice_.ports:
+                    if match(request.port, port.name) and match(request.protocol, port.protocol):
+                        found.append(Candidate(endpoint.address, port.port, target))
+        return found or None
+
+    def _cluster_ip_candidates(self, service: ServiceRecords, request: Request) -> list[Candidate] | None:
+        found: list[Candidate] | None = None
+        for port in service.ports:
+            if match(request.port, port.name) and match(request.protocol, port.protocol):
+                found = found or []  # a matching port makes the name exist, IPs or not
+                found.extend(Candidate(ip, port.port, service.fqdn_labels) for ip in service.cluster_ips)
+        return found
+
+    def _pods(self, request: Request) -> list[Candidate]:
+        if self.pods == "disabled":
+            raise NoSuchName
+        if not request.service:
+            return []  # <ns>.pod.<zone>
+        address = pod_address(request.service)
+        if self.pods == "insecure":
+            try:
+                return [Candidate(str(ipaddress.ip_address(address)))]
+            except ValueError:
+                raise NoSuchName from None
+        self.result.deps = None
+        if not self.index.knows_pod(request.namespace, address):
+            raise NoSuchName
+        return [Candidate(address)]
+
+    def _ns_candidates(self, base: tuple[str, ...]) -> list[Candidate]:
+        """CoreDNS nsAddrs: our own (non-loopback) addresses, named after the service they
+        belong to (as an endpoint, or — for a node-local server on the kube-dns IP — as its
+        ClusterIP), else ``ns.dns.<zone>``."""
+        found: list[Candidate] = []
+        local = [a for a in self.local_addresses if not _loopback(a)]
+        for address in local:
+            owners = self.index.cluster_ip_owners.get(address)
+            if owners:
+                service = self.index.services[min(owners)]
+                found.extend(Candidate(ip, target=service.fqdn_labels) for ip in service.cluster_ips)
+                continue
+            for owner, names in sorted(self.index.endpoint_owners.get(address, {}).items()):
+                service = self.index.services[owner]
+                if service.kind == "Headless":
+                    found.extend(Candidate(address, target=(n,) + service.fqdn_labels) for n in sorted(names))
+                else:
+                    found.extend(Candidate(ip, target=service.fqdn_labels) for ip in service.cluster_ips)
+        if found:
+            return found
+        return [Candidate(address, target=("ns", "dns")) for address in local]
+
+    # --- records per qtype (CoreDNS plugin/backend_lookup.go) -----------------------
+
+    def _addresses(self, qname: tuple[bytes, ...], base: tuple[str, ...], qtype: int,
+                   previous: list[RR]) -> tuple[list[RR], str | None]:
+        """CoreDNS A()/AAAA(): addresses of the family, CNAMEs chased in the zone; a CNAME
+        leaving the zone returns (the CNAME chain, the target to ask upstream)."""
+        records: list[RR] = []
+        seen: set[str] = set()
+        family = 4 if qtype == T_A else 6
+        lower_qname = tuple(label.lower() for label in qname)
+        for candidate in self._services(base, qtype):
+            if candidate.cname:
+                target = _labels(candidate.host)
+                if target[len(target) - len(lower_qname):] == lower_qname:
+                    continue  # x CNAME x (or below x) is a direct loop
+                if len(previous) > MAX_CNAME_CHAIN:
+                    continue
+                cname = RR(_name(qname), T_CNAME, rdata=CNAME(_name(target)), ttl=self.ttl)
+                if any(_same_cname(cname, held) for held in previous):
+                    continue
+                zone = tuple(label.lower() for label in self.zone)
+                if target[len(target) - len(zone):] != zone:
+                    return [cname], candidate.host
+                inner_base = tuple(label.decode("latin-1") for label in target[: len(target) - len(zone)])
+                try:
+                    inner, forward = self._addresses(target, inner_base, qtype, previous + [cname])
+                except NoSuchName:
+                    continue
+                if forward is not None:
+                    return [cname] + inner, forward
+                if inner:
+                    records += [cname] + inner
+                continue
+            ip = ipaddress.ip_address(candidate.host)
+            if ip.version == family and candidate.host not in seen:
+                seen.add(candidate.host)
+                rdata = A(candidate.host) if family == 4 else AAAA(candidate.host)
+                records.append(RR(_name(qname), qtype, rdata=rdata, ttl=self.ttl))
+        return records, None
+
+    def _txt(self, base: tuple[str, ...]) -> list[RR]:
+        if base == ("dns-version",):
+            return [RR(_name(self.qname), T_TXT, rdata=TXT(DNS_SCHEMA_VERSION), ttl=DNS_VERSION_TTL)]
+        try:
+            exists = bool(self._records(base))
+        except NoSuchName:
+            exists = False
+        if not exists:
+            raise NoSuchName  # even on the apex and <ns>.svc (CoreDNS's TXT quirk)
+        return []
+
+    def _cname(self, base: tuple[str, ...]) -> list[RR]:
+        candidates = self._services(base, T_CNAME)
+        if candidates and candidates[0].cname:
+            target = _name(_labels(candidates[0].host))
+            return [RR(_name(self.qname), T_CNAME, rdata=CNAME(target), ttl=self.ttl)]
+        return []
+
+    def _srv(self, base: tuple[str, ...]) -> tuple[list[RR], list[RR]]:
+        """CoreDNS SRV(): priority 0, weight floor(100/N) over every candidate before
+        de-duplication, SRV de-duplicated on (target, port), glue on (target, address)."""
+        candidates = self._services(base, T_SRV)
+        if not candidates:
+            return [], []
+        weight = max(1, math.floor(100.0 / (100 * len(candidates)) * 100))
+        records: list[RR] = []
+        extra: list[RR] = []
+        seen: set[tuple[tuple[str, ...], str | int]] = set()
+        for candidate in candidates:
+            if candidate.port == NO_PORT:
+                continue
+            target = tuple(t.encode() for t in candidate.target) + self.zone
+            if (candidate.target, candidate.port) not in seen:
+                seen.add((candidate.target, candidate.port))
+                rdata = SRV(priority=0, weight=weight, port=candidate.port, target=_name(target))
+                records.append(RR(_name(self.qname), T_SRV, rdata=rdata, ttl=self.ttl))
+            if (candidate.target, candidate.host) not in seen:
+                seen.add((candidate.target, candidate.host))
+                extra.append(_address_record(target, candidate.host, self.ttl))
+        return records, extra
+
+    def _ns(self) -> tuple[list[RR], list[RR]]:
+        self.result.deps = None
+        records: list[RR] = []
+        extra: list[RR] = []
+        names: set[tuple[str, ...]] = set()
+        for candidate in self._ns_candidates(()):
+            target = tuple(t.encode() for t in candidate.target) + self.zone
+            extra.append(_address_record(target, candidate.host, self.ttl))
+            if candidate.target not in names:
+                names.add(candidate.target)
+                records.append(RR(_name(self.qname), T_NS, rdata=NS(_name(target)), ttl=self.ttl))
+        if not records:  # no routable address of ours: still name the zone's server
+            records.append(RR(_name(self.qname), T_NS, rdata=NS(_name((b"ns", b"dns") + self.zone)), ttl=self.ttl))
+        return records, extra
+
+
+def not_synced() -> Resolution:
+    """Before the first synced snapshot nothing in the zone is known: SERVFAIL + SOA
+    (never an empty answer from an empty index)."""
+    return Resolution(rcode=SERVFAIL, negative=True, deps=None)
+
+
+def reverse_records(index: RecordIndex, qname: tuple[bytes, ...], address: str, ttl: int) -> list[RR]:
+    """PTR records for an IP (CoreDNS PTR/serviceRecordForIP), targets in the primary zone."""
+    zone = tuple(label.encode() for label in index.zone_labels)
+    records = []
+    for target in index.ptr_targets(address):
+        labels = tuple(t.encode() for t in target) + zone
+        records.append(RR(_name(qname), T_PTR, rdata=PTR(_name(labels)), ttl=ttl))
+    return records
+
+
+def _address_record(owner: tuple[bytes, ...], address: str, ttl: int) -> RR:
+    if ipaddress.ip_address(address).version == 4:
+        return RR(_name(owner), T_A, rdata=A(address), ttl=ttl)
+    return RR(_name(owner), T_AAAA, rdata=AAAA(address), ttl=ttl)
+
+
+def _same_cname(a: RR, b: RR) -> bool:
+    return (b.rtype == T_CNAME and str(a.rname).lower() == str(b.rname).lower()
+            and str(a.rdata.label).lower() == str(b.rdata.label).lower())
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or ip.is_unspecified
+
+
+QTYPE_NAMES: dict[int, str] = {}
+
+
+def qtype_name(qtype: int) -> str:
+    name = QTYPE_NAMES.get(qtype)
+    if name is None:
+        name = QTYPE_NAMES[qtype] = str(QTYPE.get(qtype, f"TYPE{qtype}"))
+    return name

@@ -1,0 +1,318 @@
+"""DnsServer: asyncio UDP and TCP listeners around the sans-IO answerer.
+
+The listeners are thin: a datagram or a TCP frame goes to :meth:`Answerer.answer`; a
+cached answer is written back from the same callback, and only questions that need an
+upstream become tasks (owned by the server, cancelled on stop). TCP follows RFC 7766:
+pipelined queries answered as they complete, an idle timeout, a cap on connections,
+reading paused while the client does not read its answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import logging
+import socket
+import time
+from typing import Callable
+
+from kubeport.endpoints.types import Snapshot
+
+from .answer import Answerer, Forward
+from .config import DnsConfig, default_upstreams
+from .records import RecordIndex
+from .stats import DnsStats
+from .upstream import Forwarder, UpstreamCache
+from .wire import CD, REFUSED, question_reply
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[bytes], None]
+
+#: binding with port 0 retries when the free UDP port is taken for TCP
+PORT_ATTEMPTS = 20
+
+
+class DnsServer:
+    def __init__(self, config: DnsConfig, *, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.stats = DnsStats()
+        self._clock = clock
+        self._monotonic = monotonic
+        self._index = RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names, now=clock())
+        self._snapshot: Snapshot | None = None
+        self.answerer = Answerer(config, self._index, self.stats)
+        self.forwarder = self._make_forwarder(config)
+        self._udp: list[asyncio.DatagramTransport] = []
+        self._tcp: list[asyncio.Server] = []
+        self._connections: set[_TcpConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = config.port
+
+    def _make_forwarder(self, config: DnsConfig) -> Forwarder:
+        upstreams = config.upstreams if config.upstreams is not None else default_upstreams()
+        own = {(address, config.port) for address in config.addresses}
+        looping = [u for u in upstreams if u in own]
+        if looping:
+            log.warning("dns: ignoring upstreams %s: they are this server (a forwarding loop)", looping)
+        cache = UpstreamCache(config.cache_size, config.cache_max_ttl, config.cache_max_negative_ttl)
+        return Forwarder(tuple(u for u in upstreams if u not in own), timeout=config.upstream_timeout,
+                         cache=cache, stats=self.stats, max_concurrent=config.max_concurrent_forwards,
+                         udp_size=config.edns_udp_size)
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind UDP and TCP on every address (port 0: one free port shared by all)."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                await self._bind_all()
+                break
+            except OSError as error:
+                await self.stop()
+                if self.config.port != 0 or error.errno != errno.EADDRINUSE or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.port = 0  # the free UDP port was taken for TCP: pick another
+            except BaseException:
+                await self.stop()
+                raise
+        log.info("dns: listening on %s port %d (udp, tcp)", ", ".join(self.config.addresses), self.port)
+
+    async def _bind_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        for address in self.config.addresses:
+            family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _UdpListener(self), local_addr=(address, self.port), family=family)
+            self._udp.append(transport)
+            if self.port == 0:
+                self.port = transport.get_extra_info("sockname")[1]
+            _enlarge_receive_buffer(transport.get_extra_info("socket"))
+            server = await loop.create_server(lambda: _TcpConnection(self), address, self.port,
+                                              family=family, reuse_address=True)
+            self._tcp.append(server)
+
+    async def stop(self, lame_duck: float = 0.0) -> None:
+        """Keep answering for ``lame_duck`` seconds (clients move on), then stop accepting,
+        close connections, cancel forwards."""
+        if lame_duck > 0:
+            await asyncio.sleep(lame_duck)
+        for server in self._tcp:
+            server.close()
+        for transport in self._udp:
+            transport.close()
+        for connection in list(self._connections):
+            connection.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for server in self._tcp:
+            await server.wait_closed()
+        self._tcp.clear()
+        self._udp.clear()
+        self.forwarder.close()
+
+    # --- data -----------------------------------------------------------------------
+
+    def apply(self, snapshot: Snapshot) -> None:
+        """Take a snapshot; only services changed since the previous one are rebuilt, and
+        their cached answers dropped before this returns (fresh at once)."""
+        changed = snapshot.changed_since(self._snapshot)
+        change = self._index.apply(snapshot, changed, now=self._clock())
+        self._snapshot = snapshot
+        self.answerer.invalidate(change)
+
+    @property
+    def synced(self) -> bool:
+        return self._index.synced
+
+    def set_ttl(self, ttl: int) -> None:
+        self._reconfigure_data(self.config.with_changes(ttl=ttl))
+
+    async def reconfigure(self, config: DnsConfig) -> None:
+        """Apply a new configuration; listeners are rebound only if addresses/port changed."""
+        rebind = (config.addresses, config.port) != (self.config.addresses, self.config.port)
+        if rebind:
+            await self.stop()
+        if _forwarding(config) != _forwarding(self.config):
+            self.forwarder.close()
+            self.forwarder = self._make_forwarder(config)
+        self._reconfigure_data(config)
+        if rebind:
+            self.port = config.port
+            await self.start()
+
+    def _reconfigure_data(self, config: DnsConfig) -> None:
+        if (config.zone, config.endpoint_pod_names) != (self.config.zone, self.config.endpoint_pod_names):
+            self._index = RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names,
+                                      now=self._clock())
+            if self._snapshot is not None:
+                self._index.apply(self._snapshot, None, now=self._clock())
+        self.config = config
+        self.answerer.reconfigure(config, self._index)
+
+    # --- per query --------------------------------------------------------------------
+
+    def _forward(self, forward: Forward, send: Send) -> None:
+        query = forward.query
+        do = bool(query.edns and query.edns.do)
+        cd = bool(query.flags & CD)
+        key = Forwarder.cache_key(forward.question, do=do, cd=cd)
+        message = self.forwarder.cached(key, self._monotonic())
+        if message is not None:
+            send(self.answerer.relay(forward, message))
+            return
+        if self.forwarder.busy:
+            self.stats.forward_refused += 1
+            send(self.answerer.reply_raw(query, forward.tcp, question_reply(
+                query, REFUSED, self.config.edns_udp_size, authoritative=False), REFUSED))
+            return
+        task = asyncio.get_running_loop().create_task(self._resolve(forward, send, do=do, cd=cd))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resolve(self, forward: Forward, send: Send, *, do: bool, cd: bool) -> None:
+        try:
+            message = await self.forwarder.resolve(forward.question, do=do, cd=cd, now=self._monotonic())
+        except Exception:  # a bug must cost one SERVFAIL, not the client's silence
+            log.exception("dns: forwarding %s failed", forward.labels)
+            message = None
+        send(self.answerer.relay(forward, message))
+
+
+def _forwarding(config: DnsConfig) -> tuple[object, ...]:
+    return (config.upstreams, config.upstream_timeout, config.cache_size, config.cache_max_ttl,
+            config.cache_max_negative_ttl, config.max_concurrent_forwards, config.edns_udp_size)
+
+
+UDP_RECEIVE_BUFFER = 1 << 20
+
+
+def _enlarge_receive_buffer(sock: socket.socket | None) -> None:
+    """Room for bursts (the kernel default drops queries after ~200 KiB); best effort,
+    capped by net.core.rmem_max."""
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)
+        except OSError as error:
+            log.debug("dns: cannot enlarge the UDP receive buffer: %s", error)
+
+
+class _UdpListener(asyncio.DatagramProtocol):
+    def __init__(self, server: DnsServer):
+        self.server = server
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        reply = self.server.answerer.answer(data)
+        if reply.__class__ is bytes:
+            self.transport.sendto(reply, addr)  # type: ignore[union-attr, arg-type]
+        elif reply is not None:
+            transport = self.transport
+            self.server._forward(reply, lambda answer: _send_udp(transport, answer, addr))  # type: ignore[arg-type]
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("dns: udp error: %s", exc)
+
+
+def _send_udp(transport: asyncio.DatagramTransport | None, reply: bytes, addr: tuple[str, int]) -> None:
+    if transport is not None and not transport.is_closing():
+        transport.sendto(reply, addr)
+
+
+class _TcpConnection(asyncio.Protocol):
+    """One client connection: 2-byte length framed queries, answered as they complete."""
+
+    def __init__(self, server: DnsServer):
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.pending = 0
+        self.last_activity = 0.0
+        self.idle_handle: asyncio.TimerHandle | None = None
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        server = self.server
+        if len(server._connections) >= server.config.max_tcp_connections:
+            server.stats.tcp_rejected += 1
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        server._connections.add(self)
+        loop = asyncio.get_running_loop()
+        self.last_activity = loop.time()
+        self.idle_handle = loop.call_later(server.config.tcp_idle_timeout, self._check_idle)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_activity = asyncio.get_running_loop().time()
+        buffer = self.buffer + data if self.buffer else data
+        answerer = self.server.answerer
+        offset = 0
+        while len(buffer) - offset >= 2:
+            size = (buffer[offset] << 8) | buffer[offset + 1]
+            if len(buffer) - offset - 2 < size:
+                break
+            message = buffer[offset + 2 : offset + 2 + size]
+            offset += 2 + size
+            reply = answerer.answer(message, True)
+            if reply.__class__ is bytes:
+                self._write(reply)  # type: ignore[arg-type]
+            elif reply is None:
+                self.close()  # no header: the stream cannot be trusted any more
+                return
+            else:
+                self.pending += 1
+                self.server._forward(reply, self._write_forwarded)  # type: ignore[arg-type]
+        self.buffer = buffer[offset:]
+
+    def _write(self, reply: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(len(reply).to_bytes(2, "big") + reply)
+
+    def _write_forwarded(self, reply: bytes) -> None:
+        self.pending -= 1
+        self._write(reply)
+        if self.transport is not None:
+            self.last_activity = asyncio.get_running_loop().time()
+            if self.eof and not self.pending:
+                self.close()
+
+    def _check_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self.server.config.tcp_idle_timeout
+        idle_for = loop.time() - self.last_activity
+        if idle_for >= timeout and not self.pending:
+            self.close()
+            return
+        self.idle_handle = loop.call_later(max(timeout - idle_for, timeout / 10), self._check_idle)
+
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()  # the client is not reading its answers
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def eof_received(self) -> bool:
+        # A client may half-close after its last query: finish the answers in flight first.
+        self.eof = True
+        return self.pending > 0
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.idle_handle is not None:
+            self.idle_handle.cancel()
+        self.server._connections.discard(self)
+        self.transport = None

@@ -1,0 +1,69 @@
+"""Counters of the DNS server, named after the CoreDNS metrics the daemon exports them as.
+
+Per-query counters are one-element lists ("cells") that cached answers hold directly,
+so counting a cached answer is ``cell[0] += 1`` rather than a Counter update (which
+would cost more than the answer itself). Read them through the properties.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+Cell = list[int]
+
+
+@dataclass(slots=True)
+class DnsStats:
+    _requests: dict[tuple[str, str], Cell] = field(default_factory=dict)
+    _responses: dict[str, Cell] = field(default_factory=dict)
+    #: cluster-zone answers served pre-encoded / built (CoreDNS has no such cache)
+    answer_cache_hits_cell: Cell = field(default_factory=lambda: [0])
+    answer_cache_misses: int = 0
+    #: upstream answers from the cache, by "success"|"denial": coredns_cache_hits_total{type}
+    cache_hits: Counter[str] = field(default_factory=Counter)
+    #: coredns_cache_misses_total
+    cache_misses: int = 0
+    #: upstream "ip:port" -> queries sent: coredns_forward_requests_total{to}
+    forward_requests: Counter[str] = field(default_factory=Counter)
+    #: (upstream, rcode name) -> responses: coredns_forward_responses_total{to,rcode}
+    forward_responses: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: upstream queries without an answer in time (per attempt)
+    forward_timeouts: Counter[str] = field(default_factory=Counter)
+    #: forwarded queries refused over max_concurrent_forwards:
+    #: coredns_forward_max_concurrent_rejects_total
+    forward_refused: int = 0
+    #: packets not answered: no complete header, or a response sent to us
+    dropped: int = 0
+    #: TCP connections closed at once because max_tcp_connections were open
+    tcp_rejected: int = 0
+
+    def request_cell(self, proto: str, qtype: str) -> Cell:
+        cell = self._requests.get((proto, qtype))
+        if cell is None:
+            cell = self._requests[(proto, qtype)] = [0]
+        return cell
+
+    def response_cell(self, rcode: str) -> Cell:
+        cell = self._responses.get(rcode)
+        if cell is None:
+            cell = self._responses[rcode] = [0]
+        return cell
+
+    def count(self, proto: str, qtype: str, rcode: str) -> None:
+        self.request_cell(proto, qtype)[0] += 1
+        self.response_cell(rcode)[0] += 1
+
+    @property
+    def requests(self) -> Counter[tuple[str, str]]:
+        """(proto "udp"|"tcp", qtype name) -> count: coredns_dns_requests_total{proto,type}"""
+        return Counter({key: cell[0] for key, cell in self._requests.items() if cell[0]})
+
+    @property
+    def responses(self) -> Counter[str]:
+        """rcode name -> count: coredns_dns_responses_total{rcode}"""
+        return Counter({key: cell[0] for key, cell in self._responses.items() if cell[0]})
+
+    @property
+    def answer_cache_hits(self) -> int:
+        return self.answer_cache_hits_cell[0]

@@ -1,0 +1,137 @@
+"""Upstream answers: the TTL-honouring cache (sans-IO, time passed in) and relaying them to
+clients (ID, RD, OPT, truncation), and ExternalName chains completed from upstream."""
+
+from __future__ import annotations
+
+import pytest
+from dnslib import EDNS0, QTYPE, RCODE, RR, SOA, A, DNSRecord
+
+from kubeport.dns.answer import Answerer, Forward
+from kubeport.dns.config import DnsConfig
+from kubeport.dns.records import RecordIndex
+from kubeport.dns.testing import question, read_reply, service, snapshot_of
+from kubeport.dns.upstream import UpstreamCache, without_opt
+from kubeport.dns.wire import parse_query
+
+
+def upstream_reply(name: str = "www.example.com.", *, answers: int = 1, ttl: int = 300, rcode: int = 0,
+                   soa: tuple[int, int] | None = None, tc: bool = False, opt: bool = True) -> bytes:
+    record = DNSRecord.question(name, "A")
+    record.header.id = 999
+    reply = record.reply()
+    reply.header.rcode = rcode
+    reply.header.tc = int(tc)
+    for i in range(answers):
+        reply.add_answer(RR(name, QTYPE.A, rdata=A(f"203.0.113.{i + 1}"), ttl=ttl))
+    if soa is not None:
+        soa_ttl, minimum = soa
+        reply.add_auth(RR("example.com.", QTYPE.SOA, ttl=soa_ttl, rdata=SOA(
+            "ns.example.com.", "admin.example.com.", (1, 2, 3, 4, minimum))))
+    if opt:
+        reply.add_ar(EDNS0(udp_len=1232))
+    return bytes(reply.pack())
+
+
+def stored(message: bytes):
+    return without_opt(message)
+
+
+def test_without_opt_zeroes_the_id_and_cuts_the_opt() -> None:
+    message, spans = without_opt(upstream_reply())
+    record = DNSRecord.parse(message)
+    assert record.header.id == 0 and record.ar == [] and len(spans) == 1
+
+
+def test_cache_ages_ttls_and_expires() -> None:
+    cache = UpstreamCache(10, max_ttl=3600, max_negative_ttl=1800)
+    cache.put(b"k", *stored(upstream_reply(ttl=300)), now=1000.0)
+    message, negative = cache.get(b"k", 1100.4)
+    assert not negative and DNSRecord.parse(message).rr[0].ttl == 200
+    assert cache.get(b"k", 1300.0) is None and len(cache) == 0
+
+
+@pytest.mark.parametrize("kwargs, lifetime", [
+    pytest.param({"ttl": 300}, 300, id="positive_lowest_ttl"),
+    pytest.param({"ttl": 7200}, 3600, id="positive_capped"),
+    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN, "soa": (900, 60)}, 60, id="negative_soa_minimum__rfc2308"),
+    pytest.param({"answers": 0, "soa": (30, 600)}, 30, id="nodata_soa_ttl__rfc2308"),
+    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN, "soa": (7200, 7200)}, 1800, id="negative_capped"),
+    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN}, 0, id="negative_without_soa_not_cached"),
+    pytest.param({"answers": 0, "rcode": RCODE.SERVFAIL}, 0, id="servfail_not_cached"),
+    pytest.param({"answers": 0, "rcode": RCODE.REFUSED}, 0, id="refused_not_cached"),
+    pytest.param({"tc": True}, 0, id="truncated_not_cached"),
+    pytest.param({"ttl": 0}, 0, id="ttl_zero_not_cached"),
+])
+def test_cache_lifetime(kwargs: dict, lifetime: int) -> None:
+    cache = UpstreamCache(10, max_ttl=3600, max_negative_ttl=1800)
+    cache.put(b"k", *stored(upstream_reply(**kwargs)), now=0.0)
+    if lifetime == 0:
+        assert cache.get(b"k", 0.0) is None
+    else:
+        assert cache.get(b"k", lifetime - 0.01) is not None and cache.get(b"k", lifetime) is None
+
+
+def test_cache_size_cap_drops_the_oldest() -> None:
+    cache = UpstreamCache(2, max_ttl=3600, max_negative_ttl=1800)
+    for key in (b"a", b"b", b"c"):
+        cache.put(key, *stored(upstream_reply()), now=0.0)
+    assert len(cache) == 2 and cache.get(b"a", 1.0) is None and cache.get(b"c", 1.0) is not None
+
+
+@pytest.fixture
+def answerer() -> Answerer:
+    objects = [service("ext", type="ExternalName", externalName="www.example.com")]
+    return Answerer(DnsConfig(upstreams=()), RecordIndex.build(snapshot_of(objects), now=1))
+
+
+def forward_of(answerer: Answerer, packet: bytes, tcp: bool = False) -> Forward:
+    result = answerer.answer(packet, tcp)
+    assert isinstance(result, Forward)
+    return result
+
+
+def test_relay_patches_id_and_rd_and_adds_our_opt(answerer: Answerer) -> None:
+    forward = forward_of(answerer, question("www.example.com.", query_id=4242, rd=False, edns=4096, do=True))
+    message, _ = without_opt(upstream_reply())
+    reply = read_reply(answerer.relay(forward, message))
+    assert reply.id == 4242 and "rd" not in reply.flags
+    assert reply.answer == ("www.example.com. 300 IN A 203.0.113.1",) and reply.edns == (1232, True)
+
+
+def test_relay_too_big_for_udp_sets_tc_with_the_question_only(answerer: Answerer) -> None:
+    message, _ = without_opt(upstream_reply(answers=60))
+    udp = read_reply(answerer.relay(forward_of(answerer, question("www.example.com.")), message))
+    assert "tc" in udp.flags and udp.answer == () and udp.size <= 512
+    tcp = read_reply(answerer.relay(forward_of(answerer, question("www.example.com."), tcp=True), message))
+    assert "tc" not in tcp.flags and len(tcp.answer) == 60
+
+
+def test_relay_without_upstream_is_servfail(answerer: Answerer) -> None:
+    reply = read_reply(answerer.relay(forward_of(answerer, question("www.example.com.")), None))
+    assert reply.rcode == "SERVFAIL" and reply.id == 4660
+
+
+EXT = "ext.default.svc.cluster.local."
+CNAME = f"{EXT} 5 IN CNAME www.example.com."
+
+
+@pytest.mark.parametrize("upstream, rcode, answer, tc", [
+    pytest.param(upstream_reply(), "NOERROR", (CNAME, "www.example.com. 300 IN A 203.0.113.1"), False,
+                 id="cname_then_upstream_answer__spec25"),
+    pytest.param(upstream_reply(answers=0, rcode=RCODE.NXDOMAIN, soa=(60, 60)), "NOERROR", (CNAME,), False,
+                 id="upstream_nxdomain_becomes_noerror__b4"),
+    pytest.param(upstream_reply(tc=True), "NOERROR", (CNAME, "www.example.com. 300 IN A 203.0.113.1"), True,
+                 id="upstream_tc_copied__b4"),
+    pytest.param(None, "NOERROR", (), False, id="no_upstream_answer_is_nodata__b4"),
+])
+def test_externalname_chain_completed_from_upstream(answerer: Answerer, upstream, rcode, answer, tc) -> None:
+    forward = forward_of(answerer, question(EXT, edns=1232))
+    message = without_opt(upstream)[0] if upstream is not None else None
+    reply = read_reply(answerer.relay(forward, message))
+    assert (reply.rcode, reply.answer, "tc" in reply.flags) == (rcode, answer, tc)
+    assert "aa" in reply.flags and bool(reply.authority) == (not answer)
+
+
+def test_forward_question_keeps_the_query_spelling(answerer: Answerer) -> None:
+    forward = forward_of(answerer, question("WwW.Example.COM.", "AAAA"))
+    assert forward.question == parse_query(question("WwW.Example.COM.", "AAAA")).question
