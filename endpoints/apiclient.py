@@ -1,0 +1,230 @@
+"""The connection to a kube-apiserver.
+
+Configuration and authentication come from ``kubernetes_asyncio`` (kubeconfig contexts,
+client certificates, bearer tokens and token files, exec plugins, the in-cluster service
+account with its token re-read as it rotates); its aiohttp-based REST client supplies the
+session with the TLS set-up. The requests themselves are made here, so that the informer
+controls streaming, resourceVersion, bookmarks and paging.
+
+kubernetes_asyncio is imported when first used: it loads every generated API model (about
+a second), which only the API-server mode needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
+
+import aiohttp
+
+from .apiwire import Status, parse_status
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import Configuration
+    from kubernetes_asyncio.client.rest import RESTClientObject
+
+log = logging.getLogger(__name__)
+
+#: Where the kubelet mounts a pod's service account (token, ca.crt, namespace).
+DEFAULT_SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+USER_AGENT = "kubeport/0.1.0 (linux) endpoints-informer"
+#: client-go re-reads token files about every minute; exec plugins re-run when expired.
+CREDENTIAL_REFRESH_SECONDS = 60.0
+
+
+class ApiServerConfigError(Exception):
+    """The kubeconfig or in-cluster configuration cannot be used; the message says why."""
+
+
+class ApiStatusError(Exception):
+    """The API server answered a request with an error status (a metav1.Status body)."""
+
+    def __init__(self, code: int, status: Status | None, *, retry_after: float | None = None,
+                 verb: str = "", path: str = "") -> None:
+        self.code = code
+        self.status = status
+        self.retry_after = retry_after
+        self.verb = verb
+        self.path = path
+        message = status.message if status and status.message else f"HTTP {code}"
+        super().__init__(f"{verb} {path}: {code} {self.reason}: {message}".strip())
+
+    @property
+    def reason(self) -> str:
+        return self.status.reason if self.status and self.status.reason else ""
+
+    @property
+    def message(self) -> str:
+        return self.status.message if self.status else ""
+
+
+class Credentials:
+    """A client Configuration plus what it takes to refresh it."""
+
+    def __init__(self, configuration: "Configuration", *, source: str, kubeconfig_loader: Any = None,
+                 incluster_loader: Any = None) -> None:
+        self.configuration = configuration
+        self.source = source
+        self._loader = kubeconfig_loader
+        self._incluster = incluster_loader
+        self._loaded_at = time.monotonic()
+
+    @classmethod
+    async def from_kubeconfig(cls, path: Path, context: str | None = None) -> "Credentials":
+        if not path.is_file():
+            raise ApiServerConfigError(f"kubeconfig {path}: no such file")
+        from kubernetes_asyncio.client import Configuration
+        from kubernetes_asyncio.config import kube_config
+
+        configuration = type.__call__(Configuration)
+        try:
+            loader = await kube_config.load_kube_config(
+                config_file=str(path), context=context, client_configuration=configuration,
+                persist_config=False,
+            )
+        except Exception as exc:  # the library raises ConfigException, KeyError, YAML errors...
+            raise ApiServerConfigError(f"kubeconfig {path}: {type(exc).__name__}: {exc}") from exc
+        return cls(configuration, source=f"kubeconfig {path}", kubeconfig_loader=loader)
+
+    @classmethod
+    def in_cluster(cls, service_account_dir: Path = DEFAULT_SERVICE_ACCOUNT_DIR,
+                   environ: Mapping[str, str] | None = None) -> "Credentials":
+        """The pod's service account: KUBERNETES_SERVICE_HOST/PORT, token and ca.crt files."""
+        from kubernetes_asyncio.client import Configuration
+        from kubernetes_asyncio.config import incluster_config
+
+        configuration = type.__call__(Configuration)
+        loader = incluster_config.InClusterConfigLoader(
+            token_filename=str(service_account_dir / "token"),
+            cert_filename=str(service_account_dir / "ca.crt"),
+            environ=dict(os.environ if environ is None else environ),
+        )
+        try:
+            loader.load_and_set(configuration)
+        except Exception as exc:
+            raise ApiServerConfigError(
+                f"in-cluster configuration ({service_account_dir}, KUBERNETES_SERVICE_HOST/PORT): {exc} "
+                "(not running in a pod? use --kubeconfig)"
+            ) from exc
+        return cls(configuration, source="in-cluster service account", incluster_loader=loader)
+
+    @property
+    def host(self) -> str:
+        return self.configuration.host.rstrip("/")
+
+    async def authorization(self) -> str | None:
+        """The Authorization header value, refreshing file tokens and expired exec credentials."""
+        if self._loader is not None and time.monotonic() - self._loaded_at > CREDENTIAL_REFRESH_SECONDS:
+            await self.reload(rejected=False)
+        # For in-cluster, the library's refresh hook re-reads the rotating token file here.
+        settings = await self.configuration.auth_settings()
+        bearer = settings.get("BearerToken")
+        return bearer["value"] if bearer else None
+
+    async def reload(self, *, rejected: bool = True) -> None:
+        """Load the credentials again: periodically (token files; exec plugins whose
+        credential expired), or after a 401 (``rejected``: whatever was cached is stale)."""
+        self._loaded_at = time.monotonic()
+        if self._incluster is not None:
+            # The library's refresh hook re-reads the token file once this moment has passed.
+            self._incluster.token_expires_at = datetime.datetime.now()
+            return
+        if self._loader is None:
+            return
+        if rejected and hasattr(self._loader, "exec_plugin_expiry"):
+            del self._loader.exec_plugin_expiry
+        try:
+            await self._loader.load_and_set(self.configuration)
+        except Exception as exc:
+            log.warning("%s: reloading credentials failed: %s", self.source, exc)
+
+
+class ApiConnection:
+    """GET requests to one API server, with the session its configuration describes."""
+
+    def __init__(self, credentials: Credentials, *, connect_timeout: float = 10.0,
+                 list_timeout: float = 60.0) -> None:
+        self.credentials = credentials
+        self._connect_timeout = connect_timeout
+        self._list_timeout = list_timeout
+        self._rest: "RESTClientObject | None" = None
+
+    async def open(self) -> None:
+        if self._rest is None:
+            from kubernetes_asyncio.client.rest import RESTClientObject
+
+            try:
+                self._rest = RESTClientObject(self.credentials.configuration)
+            except (OSError, ValueError) as exc:  # unreadable CA or client certificate
+                raise ApiServerConfigError(f"{self.credentials.source}: TLS set-up: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._rest is not None:
+            rest, self._rest = self._rest, None
+            await rest.close()
+
+    async def get_bytes(self, path: str, params: Mapping[str, str], *, verb: str) -> bytes:
+        """The body of a successful GET (a list); ApiStatusError otherwise."""
+        timeout = aiohttp.ClientTimeout(total=self._list_timeout, sock_connect=self._connect_timeout)
+        async with self._request(path, params, verb=verb, timeout=timeout) as response:
+            return await response.read()
+
+    def stream(self, path: str, params: Mapping[str, str], *, verb: str
+               ) -> "contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]":
+        """A watch response whose body is read as it arrives (the caller detects stalls)."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout)
+        return self._request(path, params, verb=verb, timeout=timeout)
+
+    @contextlib.asynccontextmanager
+    async def _request(self, path: str, params: Mapping[str, str], *, verb: str,
+                       timeout: aiohttp.ClientTimeout) -> AsyncIterator[aiohttp.ClientResponse]:
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        authorization = await self.credentials.authorization()
+        if authorization:
+            headers["Authorization"] = authorization
+        await self.open()  # after the await above: the session may have been replaced meanwhile
+        rest = self._rest
+        assert rest is not None
+        extra: dict[str, Any] = {}
+        if rest.server_hostname:
+            extra["server_hostname"] = rest.server_hostname
+        if rest.proxy:
+            extra["proxy"] = rest.proxy
+        url = self.credentials.host + path
+        async with rest.pool_manager.get(url, params=dict(params), headers=headers, timeout=timeout,
+                                         **extra) as response:
+            if response.status != 200:
+                raise await self._error(response, verb, path)
+            yield response
+
+    async def _error(self, response: aiohttp.ClientResponse, verb: str, path: str) -> ApiStatusError:
+        body = await response.read()
+        status = parse_status(body) if body else None
+        if response.status == 401:
+            configuration = self.credentials.configuration
+            client_certificate = (configuration.cert_file, configuration.key_file)
+            await self.credentials.reload()
+            if (configuration.cert_file, configuration.key_file) != client_certificate:
+                # A rotated client certificate (exec plugin) needs a new TLS context; open
+                # streams end and resume from their resourceVersion.
+                await self.close()
+        return ApiStatusError(response.status, status, retry_after=_retry_after(response, status),
+                              verb=verb, path=path)
+
+
+def _retry_after(response: aiohttp.ClientResponse, status: Status | None) -> float | None:
+    header = response.headers.get("Retry-After")
+    if header is not None:
+        try:
+            return max(0.0, float(header))
+        except ValueError:
+            pass  # an HTTP date: rare from the API server; fall back to the Status
+    if status is not None and status.details is not None and status.details.retry_after_seconds is not None:
+        return float(status.details.retry_after_seconds)
+    return None
+

@@ -1,0 +1,116 @@
+"""Shared by the API-server source tests: a fake server plus a source against it, a
+recording ClusterState, and waits on conditions with deadlines (never bare sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import k8s_objects as k8s
+import pytest
+from fake_apiserver import FakeApiServer
+from fake_tls import TlsFiles, make_tls, write_kubeconfig
+
+from kubeport.endpoints.apiserver import ApiServerSource, BackoffPolicy
+from kubeport.endpoints.state import ClusterState
+from kubeport.endpoints.types import ServiceName
+
+FAST = BackoffPolicy(initial=0.001, cap=0.004, jitter=0.0)
+WEB = ServiceName("default", "web")
+API = ServiceName("default", "kubernetes")
+
+
+class RecordingState(ClusterState):
+    """ClusterState that also logs every write, to check nothing is lost or applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__("node-a")
+        self.log: list[tuple[str, str, str, str | None]] = []
+
+    def upsert(self, obj) -> None:
+        self.log.append(("upsert", obj.kind, obj.metadata.name, obj.metadata.resource_version))
+        super().upsert(obj)
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        self.log.append(("delete", kind, name, None))
+        super().delete(kind, namespace, name)
+
+
+async def eventually(predicate, what: str, timeout: float = 10.0) -> None:
+    """Wait until ``predicate()`` holds, failing with ``what`` at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+async def snapshot_where(state: ClusterState, predicate, what: str, timeout: float = 10.0):
+    """The first snapshot for which ``predicate`` holds (woken by each publication)."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not predicate(state.snapshot):
+                await state.wait_newer(state.snapshot.generation)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+    return state.snapshot
+
+
+def seed(server: FakeApiServer) -> None:
+    for name in ("default", "kube-system"):
+        server.apply(k8s.namespace(name))
+    server.apply(k8s.node("node-a", zone="zone-a"))
+    server.apply(k8s.node("node-b", zone="zone-b", internal_ip="192.168.10.12"))
+    server.apply(k8s.service("kubernetes", cluster_ip="10.96.0.1",
+                             ports=[{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 6443}]))
+    server.apply(k8s.endpoint_slice("kubernetes", "kubernetes", addresses=["192.168.10.11"], port=6443,
+                                    port_name="https"))
+    server.apply(k8s.service("web"))
+    server.apply(k8s.endpoint_slice("web-abc12", "web", addresses=["10.244.1.5", "10.244.2.7"]))
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory) -> TlsFiles:
+    return make_tls(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+async def running(tmp_path, tls):
+    """Start a fake server (options) and a source against it (options); stop both after.
+
+    ``kubeconfig``: a function of the server writing the kubeconfig to use (default: CA + token);
+    ``state``: the ClusterState to feed (default: a RecordingState).
+    """
+    servers: list[FakeApiServer] = []
+    tasks: list[asyncio.Task] = []
+
+    async def start(server_options=None, seeded=True, kubeconfig=None, state=None, **source_options):
+        server = await FakeApiServer(tls=tls.server_context(), **(server_options or {})).start()
+        servers.append(server)
+        if seeded:
+            seed(server)
+        state = state if state is not None else RecordingState()
+        if kubeconfig is None:
+            source_options["kubeconfig"] = write_kubeconfig(
+                tmp_path / "kubeconfig", server.url, ca=tls.ca_cert, token=server.token)
+        else:
+            source_options["kubeconfig"] = kubeconfig(server)
+        source_options.setdefault("backoff", FAST)
+        source = ApiServerSource(state, node_name="node-a", **source_options)
+        tasks.append(asyncio.create_task(source.run()))
+        return server, source, state
+
+    yield start
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for server in servers:
+        await server.stop()
+
+
+async def synced(state: ClusterState, source: ApiServerSource | None = None, timeout: float = 15.0):
+    """The snapshot once Services and EndpointSlices (and, given ``source``, all kinds) listed."""
+    await eventually(lambda: state.snapshot.synced, "the first sync", timeout)
+    if source is not None:
+        await eventually(lambda: all(s.synced for s in source.stats.values()), "every kind's first list", timeout)
+    return state.snapshot

@@ -1,0 +1,372 @@
+"""An in-process kube-apiserver that speaks the real list/watch protocol, on 127.0.0.1 only.
+
+Faithful to what clients see from a real server:
+- lists: ``kind: <Kind>List``, ``metadata.resourceVersion``, paging with ``limit`` and an
+  opaque ``continue`` token (base64 JSON like the real one) over a consistent snapshot,
+  ``remainingItemCount``; items without kind/apiVersion; ``fieldSelector`` metadata.name.
+- watches: chunked JSON lines ``{"type":...,"object":...}``; ADDED/MODIFIED/DELETED replayed
+  from a history after ``resourceVersion``; BOOKMARKs (periodic, and the watch-list end
+  bookmark annotated ``k8s.io/initial-events-end``); ``ERROR`` with a 410 Expired Status
+  for a compacted version; ``timeoutSeconds``.
+- watch-list (``sendInitialEvents=true``), or its rejection (422 Invalid, the real message)
+  when the feature is off.
+- bearer-token and client-certificate authentication (401), RBAC denial (403 with the
+  real message), 429 with Retry-After, 500, a connection cut mid-line, a silent stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from fake_api_shapes import (
+    EXPIRED_CONTINUE,
+    PLURALS,
+    RESOURCES,
+    bookmark_line,
+    decode_continue,
+    encode_continue,
+    event_line,
+    forbidden,
+    injected_status,
+    list_body,
+    status,
+    watch_list_rejected,
+)
+
+DEFAULT_USER = "system:serviceaccount:kube-system:kubeport"
+
+
+@dataclass(frozen=True)
+class Request:
+    verb: str  # list | watch
+    plural: str
+    params: dict[str, str]
+
+
+@dataclass
+class _Fault:
+    code: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _Watch:
+    plural: str
+    selector: tuple[str, str] | None
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cut_next: bool = False
+    stalled: bool = False
+
+
+class FakeApiServer:
+    def __init__(self, *, token: str | None = "kubeport-test-token", tls: ssl.SSLContext | None = None,
+                 watch_list: bool = True, bookmark_interval: float | None = None,
+                 watch_timeout: float | None = None, user: str = DEFAULT_USER) -> None:
+        """
+        :param watch_list: serve sendInitialEvents (else 422, as without the WatchList gate).
+        :param bookmark_interval: send a BOOKMARK on quiet watches this often (the real
+            server: about every minute).
+        :param watch_timeout: end every watch cleanly after this long, whatever the
+            client's timeoutSeconds (the server's --min-request-timeout).
+        """
+        self.token = token
+        self.watch_list = watch_list
+        self.bookmark_interval = bookmark_interval
+        self.watch_timeout = watch_timeout
+        self.expire_continue = 0
+        self.user = user
+        self.requests: list[Request] = []
+        self.rv = 1000
+        self._tls = tls
+        self._objects: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
+        self._history: list[tuple[int, str, str, dict]] = []
+        self._compacted = 0
+        self._snapshots: dict[int, list[dict]] = {}
+        self._watches: set[_Watch] = set()
+        self._faults: dict[tuple[str, str], deque[_Fault]] = defaultdict(deque)
+        self._forbidden: set[tuple[str, str]] = set()
+        self._holds: dict[tuple[str, str], asyncio.Event] = {}
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> "FakeApiServer":
+        app = web.Application()
+        app.router.add_get("/api/v1/{plural}", self._handle)
+        app.router.add_get("/apis/{group}/{version}/{plural}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._tls)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"{'https' if self._tls else 'http'}://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        for watch in list(self._watches):
+            watch.queue.put_nowait(("stop",))
+        for event in self._holds.values():
+            event.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def __aenter__(self) -> "FakeApiServer":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- the store ------------------------------------------------------------------------
+
+    def apply(self, obj: dict[str, Any]) -> int:
+        """Create or update (ADDED / MODIFIED); the new resourceVersion."""
+        plural = PLURALS[obj["kind"]]
+        key = self._key(plural, obj["metadata"])
+        event = "MODIFIED" if key in self._objects[plural] else "ADDED"
+        self.rv += 1
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self._objects[plural][key] = obj
+        self._publish(plural, event, obj)
+        return self.rv
+
+    def delete(self, kind: str, namespace: str, name: str) -> int:
+        plural = PLURALS[kind]
+        obj = self._objects[plural].pop((namespace if RESOURCES[plural][3] else "", name))
+        self.rv += 1
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(self.rv)  # as the real DELETED event carries
+        self._publish(plural, "DELETED", obj)
+        return self.rv
+
+    def compact(self) -> None:
+        """Forget the history (etcd compaction): older watches and continue tokens get 410."""
+        self._compacted = self.rv
+        self._history.clear()
+        self._snapshots.clear()
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def fail(self, plural: str, verb: str, code: int, *, times: int = 1, retry_after: int | None = None) -> None:
+        """The next ``times`` requests (verb list|watch) answer this error status."""
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        body = injected_status(code, retry_after)
+        for _ in range(times):
+            self._faults[(plural, verb)].append(_Fault(code, body, headers))
+
+    def forbid(self, plural: str, verb: str) -> None:
+        self._forbidden.add((plural, verb))
+
+    def permit(self, plural: str, verb: str) -> None:
+        self._forbidden.discard((plural, verb))
+
+    def hold(self, plural: str, verb: str) -> asyncio.Event:
+        """The next such request waits until the returned event is set."""
+        event = asyncio.Event()
+        self._holds[(plural, verb)] = event
+        return event
+
+    def cut_watches(self, plural: str) -> None:
+        """Open watches write half of their next event, then the connection is closed."""
+        for watch in self._open(plural):
+            watch.cut_next = True
+
+    def stall_watches(self, plural: str) -> None:
+        """Open watches go silent: no event, no bookmark, no close."""
+        for watch in self._open(plural):
+            watch.stalled = True
+
+    def bookmark(self, plural: str) -> None:
+        for watch in self._open(plural):
+            watch.queue.put_nowait(("bookmark",))
+
+    def open_watches(self, plural: str) -> int:
+        return len(self._open(plural))
+
+    def count(self, plural: str, verb: str) -> int:
+        return sum(1 for r in self.requests if r.plural == plural and r.verb == verb)
+
+    # --- HTTP -----------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        plural = request.match_info["plural"]
+        group = request.match_info.get("group", "")
+        known = RESOURCES.get(plural)
+        if known is None or known[0] != group or request.match_info.get("version", "v1") != known[1]:
+            return self._error(404, status(404, "NotFound", "the server could not find the requested resource",
+                                          {}))
+        params = dict(request.query)
+        verb = "watch" if params.get("watch") in ("true", "1") else "list"
+        self.requests.append(Request(verb, plural, params))
+        user = self._authenticate(request)
+        if user is None:
+            return self._error(401, status(401, "Unauthorized", "Unauthorized"))
+        hold = self._holds.pop((plural, verb), None)
+        if hold is not None:
+            await hold.wait()
+        if (plural, verb) in self._forbidden:
+            return self._error(403, forbidden(plural, verb, user))
+        if self._faults[(plural, verb)]:
+            fault = self._faults[(plural, verb)].popleft()
+            return self._error(fault.code, fault.body, fault.headers)
+        try:
+            selector = self._selector(params.get("fieldSelector"))
+        except ValueError as exc:
+            return self._error(400, status(400, "BadRequest", str(exc)))
+        if verb == "list":
+            return self._list(plural, params, selector)
+        return await self._watch(request, plural, params, selector)
+
+    def _authenticate(self, request: web.Request) -> str | None:
+        header = request.headers.get("Authorization", "")
+        if self.token is not None and header == f"Bearer {self.token}":
+            return self.user
+        peer = request.transport.get_extra_info("peercert") if request.transport else None
+        if peer:
+            subject = dict(item for rdn in peer["subject"] for item in rdn)
+            return subject.get("commonName")
+        return None
+
+    @staticmethod
+    def _error(code: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+        return web.json_response(body, status=code, headers=headers)
+
+    # --- list -----------------------------------------------------------------------------
+
+    def _list(self, plural: str, params: dict[str, str], selector: tuple[str, str] | None) -> web.Response:
+        limit = int(params.get("limit") or 0)
+        token = params.get("continue")
+        if token:
+            rv, start = decode_continue(token)
+            items = self._snapshots.get(rv)
+            if self.expire_continue > 0:
+                self.expire_continue -= 1
+                items = None
+            if items is None:
+                return self._error(410, status(410, "Expired", EXPIRED_CONTINUE, metadata={"continue": token}))
+        else:
+            rv, start = self.rv, ""
+            items = sorted((obj for obj in self._objects[plural].values() if self._selected(obj, selector)),
+                           key=self._etcd_key)
+            if limit and len(items) > limit:
+                self._snapshots[rv] = items  # later pages are served from this consistent snapshot
+        remaining = [obj for obj in items if self._etcd_key(obj) >= start]
+        page = remaining[:limit] if limit else remaining
+        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+        if limit and len(remaining) > limit:
+            metadata["continue"] = encode_continue(rv, self._etcd_key(page[-1]) + "\x00")
+            metadata["remainingItemCount"] = len(remaining) - limit
+        return web.json_response(list_body(plural, page, metadata))
+
+    # --- watch ----------------------------------------------------------------------------
+
+    async def _watch(self, request: web.Request, plural: str, params: dict[str, str],
+                     selector: tuple[str, str] | None) -> web.StreamResponse:
+        initial = params.get("sendInitialEvents") == "true"
+        if initial and not self.watch_list:
+            return self._error(422, watch_list_rejected())
+        # Decide what comes first and register, with no await in between: no event is missed.
+        prelude, closing = self._prelude(plural, params, selector, initial)
+        watch = _Watch(plural, selector)
+        if not closing:
+            self._watches.add(watch)
+        response = web.StreamResponse(headers={"Content-Type": "application/json",
+                                               "Cache-Control": "no-cache, private"})
+        response.enable_chunked_encoding()
+        try:
+            await response.prepare(request)
+            if prelude:
+                await response.write(b"".join(prelude))
+            if not closing:
+                await self._serve(request, response, watch, params)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self._watches.discard(watch)
+        return response
+
+    def _prelude(self, plural: str, params: dict[str, str], selector: tuple[str, str] | None,
+                 initial: bool) -> tuple[list[bytes], bool]:
+        rv_param = params.get("resourceVersion", "")
+        if initial or rv_param in ("", "0"):
+            # "Get State and Start at Most Recent": synthetic ADDED events for what exists.
+            lines = [event_line("ADDED", obj) for _, obj in sorted(self._objects[plural].items())
+                     if self._selected(obj, selector)]
+            if initial:
+                lines.append(bookmark_line(plural, self.rv, initial_end=True))
+            return lines, False
+        rv = int(rv_param)
+        if rv < self._compacted:
+            error = status(410, "Expired", f"too old resource version: {rv} ({self._compacted})")
+            return [event_line("ERROR", error)], True
+        return [event_line(event, obj) for at, p, event, obj in self._history
+                if p == plural and at > rv and self._selected(obj, selector)], False
+
+    async def _serve(self, request: web.Request, response: web.StreamResponse, watch: _Watch,
+                     params: dict[str, str]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(int(params.get("timeoutSeconds") or 1800), self.watch_timeout or 1800)
+        bookmarks = params.get("allowWatchBookmarks") == "true"
+        while True:
+            timeout = deadline - loop.time()
+            if bookmarks and self.bookmark_interval is not None:
+                timeout = min(timeout, self.bookmark_interval)
+            if timeout <= 0:
+                return  # timeoutSeconds reached: a clean end of the stream
+            try:
+                item = await asyncio.wait_for(watch.queue.get(), timeout)
+            except TimeoutError:
+                item = ("bookmark",) if loop.time() < deadline else ("end",)
+            if item[0] in ("stop", "end"):
+                return
+            if watch.stalled or (item[0] == "bookmark" and not bookmarks):
+                continue
+            line = item[1] if item[0] == "event" else bookmark_line(watch.plural, self.rv)
+            if watch.cut_next:
+                await response.write(line[: len(line) // 2])
+                request.transport.close()  # no terminating chunk: the client sees a cut
+                return
+            await response.write(line)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _publish(self, plural: str, event: str, obj: dict[str, Any]) -> None:
+        self._history.append((self.rv, plural, event, obj))
+        line = event_line(event, obj)
+        for watch in self._open(plural):
+            if self._selected(obj, watch.selector):
+                watch.queue.put_nowait(("event", line))
+
+    def _open(self, plural: str) -> list[_Watch]:
+        return [w for w in self._watches if w.plural == plural]
+
+    @staticmethod
+    def _selector(text: str | None) -> tuple[str, str] | None:
+        if not text:
+            return None
+        field_name, sep, value = text.partition("=")
+        if not sep or field_name not in ("metadata.name", "metadata.namespace"):
+            raise ValueError(f'"{field_name}" is not a known field selector: only "metadata.name", '
+                             '"metadata.namespace"')
+        return field_name.split(".")[1], value
+
+    @staticmethod
+    def _selected(obj: dict[str, Any], selector: tuple[str, str] | None) -> bool:
+        return selector is None or obj["metadata"].get(selector[0]) == selector[1]
+
+    def _key(self, plural: str, metadata: dict[str, Any]) -> tuple[str, str]:
+        return (metadata.get("namespace", "default") if RESOURCES[plural][3] else "", metadata["name"])
+
+    @staticmethod
+    def _etcd_key(obj: dict[str, Any]) -> str:
+        meta = obj["metadata"]
+        return f"{meta['namespace']}/{meta['name']}" if "namespace" in meta else meta["name"]
+

@@ -1,0 +1,138 @@
+"""The kube-apiserver source's configuration and credentials: kubeconfig (token, client
+certificate, exec plugin), in-cluster service account (and its token rotation), RBAC and
+authentication failures reported in words an operator can act on."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from kubeport.endpoints.apiserver import ApiServerConfigError, ApiServerSource
+from kubeport.endpoints.state import ClusterState
+from kubeport.endpoints.types import ServiceName
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
+import k8s_objects as k8s  # noqa: E402
+from apiserver_harness import (  # noqa: E402,F401  (running, tls: fixtures)
+    FAST,
+    RecordingState,
+    eventually,
+    running,
+    seed,
+    snapshot_where,
+    synced,
+    tls,
+)
+from fake_apiserver import FakeApiServer  # noqa: E402
+from fake_tls import write_kubeconfig, write_service_account  # noqa: E402
+
+
+# --- permissions and credentials -----------------------------------------------------------------
+
+
+async def test_rbac_403_names_the_missing_permission_and_the_rule_to_add(running):
+    server, source, state = await running(seeded=False)
+    server.forbid("endpointslices", "watch")
+    server.forbid("endpointslices", "list")
+    seed(server)
+    await eventually(lambda: source.problems, "a problem")
+    [problem] = source.problems
+    assert ('endpointslices.discovery.k8s.io is forbidden: User "system:serviceaccount:kube-system:kubeport" '
+            'cannot watch resource "endpointslices" in API group "discovery.k8s.io" at the cluster scope') in problem
+    assert '{apiGroups: ["discovery.k8s.io"], resources: ["endpointslices"], verbs: ["get", "list", "watch"]}' \
+        in problem
+    assert not state.snapshot.synced
+    server.permit("endpointslices", "watch")
+    server.permit("endpointslices", "list")
+    await synced(state, source)
+    assert source.problems == []
+
+
+async def test_wrong_token_is_reported_as_unauthorized(running, tmp_path, tls):
+    server, source, state = await running(kubeconfig=lambda server: write_kubeconfig(
+        tmp_path / "kubeconfig", server.url, ca=tls.ca_cert, token="stolen"))
+    await eventually(lambda: source.problems, "a problem")
+    assert all("401 Unauthorized" in p for p in source.problems)
+    assert not state.snapshot.synced
+
+
+async def test_in_cluster_configuration_from_the_service_account_dir(running, tmp_path, tls):
+    server = await FakeApiServer(tls=tls.server_context()).start()
+    try:
+        seed(server)
+        account = write_service_account(tmp_path / "serviceaccount", token=server.token, ca=tls.ca_cert)
+        port = server.url.rsplit(":", 1)[1]
+        state = RecordingState()
+        source = ApiServerSource(state, in_cluster=True, node_name="node-a", backoff=FAST,
+                                 service_account_dir=account,
+                                 environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port})
+        task = asyncio.create_task(source.run())
+        try:
+            await synced(state, source)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await server.stop()
+
+
+async def test_a_rotated_service_account_token_is_reread_after_401(tmp_path, tls):
+    """Bound service-account tokens rotate in the mounted file: read it again, as client-go."""
+    server = await FakeApiServer(tls=tls.server_context(), token="token-1").start()
+    account = write_service_account(tmp_path / "serviceaccount", token="token-1", ca=tls.ca_cert)
+    state = RecordingState()
+    source = ApiServerSource(state, in_cluster=True, node_name="node-a", backoff=FAST, service_account_dir=account,
+                             environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                                      "KUBERNETES_SERVICE_PORT": server.url.rsplit(":", 1)[1]})
+    task = asyncio.create_task(source.run())
+    try:
+        seed(server)
+        await synced(state, source)
+        server.token = "token-2"                     # the old token is now refused...
+        (account / "token").write_text("token-2")    # ...and the kubelet wrote the new one
+        server.cut_watches("services")
+        server.apply(k8s.service("after-rotation", cluster_ip="10.96.0.70"))
+        await snapshot_where(state, lambda s: ServiceName("default", "after-rotation") in s.services,
+                             "the service seen with the new token")
+        assert source.stats["Service"].failures["401"] >= 1
+        await eventually(lambda: not source.problems, "the 401 problem to clear")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop()
+
+
+async def test_in_cluster_outside_a_pod_is_a_clear_configuration_error(tmp_path):
+    source = ApiServerSource(ClusterState("node-a"), in_cluster=True, node_name="node-a",
+                             service_account_dir=tmp_path, environ={})
+    with pytest.raises(ApiServerConfigError, match="KUBERNETES_SERVICE_HOST.*use --kubeconfig"):
+        await source.run()
+
+
+async def test_client_certificate_from_the_kubeconfig_authenticates(running, tmp_path, tls):
+    server, source, state = await running(server_options={"token": None}, kubeconfig=lambda server: write_kubeconfig(
+        tmp_path / "kubeconfig", server.url, ca=tls.ca_cert, client_cert=tls.client_cert, client_key=tls.client_key))
+    await synced(state, source)
+
+
+async def test_exec_plugin_credentials_authenticate(running, tmp_path, tls):
+    server, source, state = await running(server_options={"token": "from-exec"}, kubeconfig=lambda server: (
+        write_kubeconfig(tmp_path / "kubeconfig", server.url, ca=tls.ca_cert, exec_token="from-exec")))
+    await synced(state, source)
+
+
+@pytest.mark.parametrize("problem, expected", [
+    ("missing", "no such file"),
+    ("context", "nope"),
+], ids=["missing_file", "unknown_context"])
+async def test_unusable_kubeconfig_is_a_clear_configuration_error(tmp_path, problem, expected):
+    path = tmp_path / "kubeconfig"
+    if problem != "missing":
+        write_kubeconfig(path, "https://127.0.0.1:6443", token="t")
+    source = ApiServerSource(ClusterState("node-a"), kubeconfig=path, node_name="node-a",
+                             context="nope" if problem == "context" else None)
+    with pytest.raises(ApiServerConfigError, match=expected):
+        await source.run()

@@ -1,0 +1,90 @@
+"""deploy/: schema-valid against a recent Kubernetes, least privilege, wired to the daemon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from kubeport.config import KubeportConfiguration
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+KUBERNETES_VERSION = "1.35.0"
+MANIFESTS = ("daemonset.yaml", "rbac.yaml", "configmap.yaml")
+
+
+def documents(name: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all((DEPLOY / name).read_text()) if doc]
+
+
+def one(name: str, kind: str) -> dict:
+    [found] = [doc for doc in documents(name) if doc["kind"] == kind]
+    return found
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_manifest_is_valid_against_the_kubernetes_schema__strict(name):
+    for doc in documents(name):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_cluster_role_grants_get_list_watch_on_exactly_the_four_resources():
+    role = one("rbac.yaml", "ClusterRole")
+    granted = {(group, resource, verb)
+               for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+    expected = {(group, resource, verb)
+                for group, resource in (("", "services"), ("discovery.k8s.io", "endpointslices"),
+                                        ("", "nodes"), ("", "namespaces"))
+                for verb in ("get", "list", "watch")}
+    assert granted == expected
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])  # no resourceNames etc.
+
+
+def test_binding_ties_the_role_to_the_daemonsets_service_account():
+    account = one("rbac.yaml", "ServiceAccount")
+    binding = one("rbac.yaml", "ClusterRoleBinding")
+    pod = one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": one("rbac.yaml", "ClusterRole")["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": account["metadata"]["namespace"]}]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_daemonset_runs_on_every_node_with_host_networking_and_probes():
+    daemonset = one("daemonset.yaml", "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] in ("Default", "ClusterFirstWithHostNet")
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"operator": "Exists"} in pod["tolerations"]  # tolerates every taint
+    assert set(container["securityContext"]["capabilities"]["add"]) == {"NET_ADMIN", "NET_BIND_SERVICE"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 10256}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 10256}
+    command = container["command"]
+    assert command[:3] == ["kubeport", "run", "--in-cluster"]
+    assert command[command.index("--config") + 1] == "/etc/kubeport/config.yaml"
+    assert command[command.index("--hostname-override") + 1] == "$(NODE_NAME)"
+    node_name = next(e for e in container["env"] if e["name"] == "NODE_NAME")
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["state"] == "/var/lib/kubeport"
+    assert volumes["state"]["hostPath"]["path"] == "/var/lib/kubeport"
+    assert mounts["config"] == "/etc/kubeport"
+    configmap = one("configmap.yaml", "ConfigMap")
+    assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
+    assert configmap["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+
+
+def test_configmap_holds_a_valid_kubeport_configuration():
+    data = one("configmap.yaml", "ConfigMap")["data"]
+    config = KubeportConfiguration.model_validate(yaml.safe_load(data["config.yaml"]))
+    assert config.in_cluster
+    assert config.healthz_bind_address == "0.0.0.0:10256"
+    assert config.state_dir == Path("/var/lib/kubeport")
+    assert config.dns.cluster_domain == "cluster.local"
