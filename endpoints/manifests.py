@@ -1,0 +1,399 @@
+"""The manifest-directory source: files on disk -> registry admission -> ClusterState.
+
+The first load reads every file in path order; then inotify (watchfiles) reports
+changes, bursts are coalesced, and each batch of changed files becomes one commit.
+Files are parsed in a worker thread, one chunk of objects at a time, and each chunk is
+admitted and dropped before the next: no more than a chunk of API objects is alive.
+
+Last good state wins:
+- a file that fails to parse (syntax error, unreadable) keeps every object it held;
+- an object that fails validation or admission keeps its previous version, if any;
+- an object that disappears from a parsable file, or whose file is deleted, is deleted
+  (``ClusterState.delete`` and ``Registry.release``) at the end of the batch.
+
+Duplicates: an object (kind, namespace, name) belongs to the first file that declared
+it (at startup, in path order; later, the file already holding it). Another file
+declaring it is reported (``declared also in <file>, ignored``). When the holder drops
+the object, the other declaration takes over in the same batch (its file is read again)
+and updates it in place: it keeps its ClusterIP and nodePorts, as does an object moved
+from one file to another. A file whose objects were refused is read again once the batch
+has freed something, so an object refused for a conflict gets in once the conflict is gone.
+
+Memory: per file only the keys it declares and a digest of its bytes are kept, per
+object only the digest of the applied version; no API objects are held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from watchfiles import awatch
+
+from . import model
+from .allocstore import AllocationStore, StoreError
+from .fielderrors import Invalid
+from .manifest_files import ObjectKey, ParsedFile, ParsedObject, describe
+from .manifest_holders import Holders
+from .manifest_reader import FileRead, StatKey, is_manifest_path, list_manifest_files, read_manifest
+from .registry import Registry
+from .state import ClusterState
+
+log = logging.getLogger(__name__)
+
+SOURCE_KINDS = ("Namespace", "Node", "Service", "EndpointSlice")
+#: Admission order inside a chunk: a Service before the slices that must not use its ClusterIP.
+_KIND_ORDER = {kind: rank for rank, kind in enumerate(SOURCE_KINDS)}
+#: With no event for this long, the directory is rescanned by stat (missed or remote changes).
+RESCAN_INTERVAL_MS = 5_000
+
+#: A batch yields disk work (run in a worker thread by ``run``) and gets its result back.
+_Batch = Generator[Callable[[], Any], Any, None]
+
+
+class Admitter(Protocol):
+    """The registry seam (the embedded API server of :mod:`kubeport.endpoints.registry`)."""
+
+    def admit(self, obj: model.KubeObject) -> model.KubeObject: ...
+
+    def release(self, kind: str, namespace: str, name: str) -> None: ...
+
+    def allocated_services(self) -> set[tuple[str, str]]: ...
+
+
+@dataclass(slots=True)
+class _FileRecord:
+    keys: frozenset[ObjectKey] = frozenset()  # declared, held or not
+    content: bytes = b""
+    stat: StatKey | None = None
+    problems: tuple[str, ...] = ()
+    retry: bool = False  # an object was refused at admission
+    failed: bool = False  # the last read could not be parsed
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What the current batch did so far."""
+
+    done: set[str] = field(default_factory=set)
+    retried: set[str] = field(default_factory=set)
+    #: objects whose holder stopped declaring them (another file may take them over)
+    dropped: set[ObjectKey] = field(default_factory=set)
+    #: allocations may have been freed (an object deleted, a Service re-admitted)
+    freed: bool = False
+
+
+class ManifestSource:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        registry: Admitter,
+        state: ClusterState,
+        *,
+        debounce_ms: int = 50,
+        log_problems: bool = True,
+    ) -> None:
+        """
+        :param directory: the manifest directory, read recursively.
+        :param registry: admits (validates, allocates) every object before it reaches ``state``.
+        :param debounce_ms: quiet time that ends a burst of file events.
+        :param log_problems: log each new problem once at WARNING (``kubeport check`` prints them).
+        """
+        # Resolved: inotify reports paths under the real directory.
+        self._directory = Path(directory).resolve()
+        self._registry = registry
+        self._state = state
+        self._debounce_ms = debounce_ms
+        self._log_problems = log_problems
+        self._files: dict[str, _FileRecord] = {}
+        self._holders = Holders()
+        #: digest of the version in the state, per object
+        self._applied: dict[ObjectKey, bytes] = {}
+        self._reported: set[str] = set()
+        #: stored allocations of Services no file declares are released once every file parsed
+        self._collect_pending = True
+        self._batches = 0
+        self._batch_applied = asyncio.Event()
+
+    # --- status -------------------------------------------------------------------------
+
+    @property
+    def problems(self) -> list[str]:
+        """Every current problem, ``<path relative to the directory>: <message>``."""
+        return [line for path in sorted(self._files) for line in self._files[path].problems]
+
+    @property
+    def files_loaded(self) -> int:
+        """Manifest files present in the directory (broken ones included)."""
+        return len(self._files)
+
+    @property
+    def objects_loaded(self) -> int:
+        """Objects from the directory currently in the cluster state."""
+        return len(self._applied)
+
+    @property
+    def batches(self) -> int:
+        """Batches applied so far: the first load is 1, then one per burst of changes."""
+        return self._batches
+
+    async def wait_batch(self, after: int) -> int:
+        """The batch count once it is greater than ``after``."""
+        while self._batches <= after:
+            await self._batch_applied.wait()
+        return self._batches
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def run(self, synced: asyncio.Event | None = None) -> None:
+        """Load every file, publish the first snapshot, set ``synced``, then follow changes."""
+        if not self._directory.is_dir():
+            raise FileNotFoundError(f"manifest directory {self._directory} does not exist")
+        changes = awatch(
+            self._directory,
+            watch_filter=None,  # any event, even on a hidden path, triggers a (cheap) stat rescan
+            debounce=max(1_600, 10 * self._debounce_ms),
+            step=self._debounce_ms,
+            rust_timeout=RESCAN_INTERVAL_MS,
+            yield_on_timeout=True,
+            recursive=True,
+            ignore_permission_denied=True,
+        )
+        first = asyncio.ensure_future(anext(changes))
+        try:
+            # The generator adds its inotify watches on its first step: let it run before
+            # the first scan, so that no edit falls between the scan and the watch.
+            await asyncio.sleep(0)
+            await self._drive(self._batch(set(), initial=True))
+            if synced is not None:
+                synced.set()
+            batch = await first
+            while True:
+                await self._drive(self._batch(self._named(path for _, path in batch)))
+                batch = await anext(changes)
+        finally:
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await changes.aclose()
+
+    def load(self) -> None:
+        """The first load, synchronously (``kubeport check``): read all, admit, commit."""
+        batch = self._batch(set(), initial=True)
+        try:
+            work = next(batch)
+            while True:
+                work = batch.send(work())
+        except StopIteration:
+            pass
+
+    async def _drive(self, batch: _Batch) -> None:
+        """Run a batch; its disk work (reading, parsing) goes to a worker thread, so the
+        event loop keeps serving while a large file loads."""
+        try:
+            work = next(batch)
+            while True:
+                work = batch.send(await asyncio.to_thread(work))
+        except StopIteration:
+            pass
+
+    def _named(self, paths: Iterable[str]) -> set[str]:
+        named = set()
+        for path in paths:
+            try:
+                relative = Path(path).relative_to(self._directory).as_posix()
+            except ValueError:
+                continue
+            if is_manifest_path(relative):
+                named.add(relative)
+        return named
+
+    # --- a batch ------------------------------------------------------------------------------
+
+    def _batch(self, named: set[str], *, initial: bool = False) -> _Batch:
+        """Apply what changed on disk as one commit. ``named`` files (from events) are read
+        even if their stat looks unchanged: a same-size rewrite within the file system's
+        timestamp granularity keeps it."""
+        listing: dict[str, StatKey] | None = yield self._list
+        progress = _Progress()
+        work = [] if listing is None else [
+            path
+            for path in sorted(listing.keys() | self._files.keys())
+            if path not in self._files or path in named or self._files[path].stat != listing.get(path)
+        ]
+        force = False
+        while work:
+            for path in work:
+                progress.done.add(path)
+                yield from self._apply_file(path, progress, force=force)
+            force = True  # files read again: their bytes may be those read last time
+            work = sorted(self._holders.waiting(progress.dropped) - progress.done)
+            if not work:
+                work = self._settle(progress)
+        if initial:
+            for kind in SOURCE_KINDS:
+                self._state.mark_synced(kind)
+        self._state.commit()
+        self._report()
+        self._batches += 1
+        self._batch_applied.set()
+        self._batch_applied = asyncio.Event()
+
+    def _list(self) -> dict[str, StatKey] | None:
+        if self._directory.is_dir():
+            return list_manifest_files(self._directory)
+        # Moved away or unmounted: that is not every manifest deleted. Last good state wins.
+        log.error("manifest directory %s is gone: keeping the objects loaded from it", self._directory)
+        return None
+
+    def _settle(self, progress: _Progress) -> list[str]:
+        """Delete what was dropped and not taken over; the files to retry if that freed anything."""
+        self._release(progress)
+        if self._collect_pending and not any(record.failed for record in self._files.values()):
+            self._release_undeclared(progress)
+        if not progress.freed:
+            return []
+        retry = {path for path, record in self._files.items() if record.retry} - progress.retried
+        progress.retried |= retry
+        progress.freed = False
+        return sorted(retry)
+
+    def _apply_file(self, path: str, progress: _Progress, *, force: bool) -> _Batch:
+        record = self._files.get(path)
+        known = None if force or record is None else record.content
+        read: FileRead = yield lambda: read_manifest(
+            self._directory, path, known_content=known, unchanged=lambda key, digest: self._is_applied(path, key, digest)
+        )
+        if read.gone:
+            if record is not None:
+                progress.dropped |= self._holders.drop(path, record.keys)
+                del self._files[path]
+            return
+        if record is None:
+            record = self._files[path] = _FileRecord()
+        record.stat = read.stat
+        if read.same:
+            return
+        record.content = read.content
+        keys: set[ObjectKey] = set()
+        problems: list[str] = []
+        retry = False
+        chunk: ParsedFile | None = read.parsed
+        while chunk is not None:
+            if chunk.failed:
+                # Keep every object: those it held, and those this read already applied.
+                record.keys, record.problems, record.failed = record.keys | keys, chunk.problems, True
+                return
+            problems.extend(chunk.problems)
+            retry |= self._apply_chunk(path, chunk, keys, problems, progress)
+            if chunk.skipped:
+                log.debug("%s: skipped (kind not read): %s", path, ", ".join(chunk.skipped))
+            chunk = yield lambda: next(read.rest, None)
+        progress.dropped |= self._holders.drop(path, record.keys - keys)
+        record.keys, record.problems, record.retry, record.failed = frozenset(keys), tuple(problems), retry, False
+
+    def _is_applied(self, path: str, key: ObjectKey, digest: bytes) -> bool:
+        return self._holders.holder(key) == path and self._applied.get(key) == digest
+
+    # --- objects ------------------------------------------------------------------------------
+
+    def _apply_chunk(
+        self, path: str, chunk: ParsedFile, keys: set[ObjectKey], problems: list[str], progress: _Progress
+    ) -> bool:
+        """Hold and admit a chunk's objects; ``keys`` collects the file's keys. True if one was refused."""
+        admissions: list[ParsedObject] = []
+        for obj in chunk.objects:
+            key = obj.key
+            if key in keys:
+                problems.append(f"{path}: {describe(key)}: declared more than once in this file, {obj.where} ignored")
+                continue
+            keys.add(key)
+            if not self._holders.hold(path, key):
+                problems.append(f"{path}: {describe(key)}: declared also in {self._holders.holder(key)}, ignored")
+            elif self._applied.get(key) != obj.digest:
+                admissions.append(obj)
+        for key in chunk.invalid_keys - keys:
+            keys.add(key)
+            self._holders.hold(path, key)  # a broken declaration still holds its object
+        refused = False
+        for obj in sorted(admissions, key=lambda o: _KIND_ORDER[o.key[0]]):
+            error = self._admit(obj, progress)
+            if error:
+                problems.extend(f"{path}: {line}" for line in error)
+                refused = True
+        return refused
+
+    def _admit(self, parsed: ParsedObject, progress: _Progress) -> list[str]:
+        """Admit one object into the state; the problem lines if refused."""
+        assert parsed.obj is not None  # only unchanged objects skip validation
+        try:
+            admitted = self._registry.admit(parsed.obj)
+        except Invalid as exc:
+            return exc.lines()
+        except StoreError as exc:
+            return [f"{describe(parsed.key)}: {exc}"]
+        self._state.upsert(admitted)
+        if parsed.key[0] == "Service" and parsed.key in self._applied:
+            progress.freed = True  # a changed Service may have let go of a ClusterIP or nodePort
+        self._applied[parsed.key] = parsed.digest
+        return []
+
+    def _release(self, progress: _Progress) -> None:
+        """Delete the dropped objects that no file took over."""
+        for key in progress.dropped:
+            if key in self._holders or self._applied.pop(key, None) is None:
+                continue  # taken over (updated in place), or it never got in
+            kind, namespace, name = key
+            self._state.delete(kind, namespace, name)
+            progress.freed = True
+            try:
+                self._registry.release(kind, namespace, name)
+            except StoreError as exc:
+                log.error("%s: allocations not released: %s", describe(key), exc)
+        progress.dropped.clear()
+
+    def _release_undeclared(self, progress: _Progress) -> None:
+        """Free what Services deleted while the daemon was down still hold in the store.
+
+        Waits until every file has parsed once: a file broken at start-up may declare them."""
+        self._collect_pending = False
+        for namespace, name in self._registry.allocated_services():
+            if ("Service", namespace, name) not in self._holders:
+                log.info("releasing the allocations of Service %s/%s: no manifest declares it", namespace, name)
+                self._registry.release("Service", namespace, name)
+                progress.freed = True
+
+    def _report(self) -> None:
+        current = self.problems
+        if self._log_problems:
+            for line in current:
+                if line not in self._reported:
+                    log.warning("%s", line)
+        self._reported = set(current)
+
+
+# --- kubeport check -----------------------------------------------------------------------
+
+DEFAULT_SERVICE_CIDRS = ("10.96.0.0/12",)
+DEFAULT_NODE_PORT_RANGE = (30000, 32767)
+
+
+def check_directory(
+    path: str | os.PathLike[str],
+    service_cidrs: Sequence[str | ipaddress.IPv4Network | ipaddress.IPv6Network] = DEFAULT_SERVICE_CIDRS,
+    node_port_range: tuple[int, int] = DEFAULT_NODE_PORT_RANGE,
+) -> list[str]:
+    """Every problem of a manifest directory, one line each, starting with the file's path
+    (``path`` joined with the file's path inside it). Allocations are made in memory only."""
+    if not os.path.isdir(path):
+        return [f"{path}: not a directory"]
+    networks = [ipaddress.ip_network(str(cidr)) for cidr in service_cidrs]
+    registry = Registry(AllocationStore(None), networks, node_port_range)
+    source = ManifestSource(path, registry, ClusterState(""), log_problems=False)
+    source.load()
+    return [os.path.join(os.fspath(path), line) for line in source.problems]
