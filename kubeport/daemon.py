@@ -18,8 +18,10 @@ from typing import Any, Awaitable, Callable
 import uvloop
 from prometheus_client import CollectorRegistry
 
-from kubeport.endpoints.state import ClusterState
+from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 from kubeport.endpoints.types import Snapshot
+
+from kubeport.proxy.health import HealthResponse
 
 from .config import KubeportConfiguration
 from .status import StatusServer
@@ -62,12 +64,15 @@ class Daemon:
         return pending
 
     def problems(self) -> list[str]:
-        return list(getattr(self._source, "problems", []) or [])
+        found = list(self._source.problems) if self._source is not None else []
+        if self._proxier is not None:
+            found += [f"proxy: {problem}" for problem in self._proxier.problems]
+        return found
 
-    def proxy_health(self, include_node: bool) -> tuple[bool, dict[str, Any]]:
+    def proxy_health(self, path: str) -> HealthResponse:
+        self._health.sync_node(self.state.snapshot.node)
         now = time.time()
-        node = self.state.snapshot.node
-        return self._health.status(now, node=node if include_node else None, include_node=include_node)
+        return self._health.healthz(now) if path == "healthz" else self._health.livez(now)
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -77,17 +82,29 @@ class Daemon:
             from kubeport.endpoints.hints import fill_hints
 
             transform = fill_hints
+        # With an API server, DNS also waits for Namespaces (CoreDNS answers for namespace names).
+        required = REQUIRED_KINDS if self.manifest_mode else REQUIRED_KINDS | {"Namespace"}
         return ClusterState(
             self.config.hostname_override,
             implicit_namespaces=self.manifest_mode,
             slice_transform=transform,
+            required_kinds=required,
         )
 
     def _build_source(self) -> Any:
         config = self.config
         if not self.manifest_mode:
-            raise DaemonError("the kube-apiserver source is not available yet: use --manifests DIR")
-        from kubeport.endpoints.allocstore import AllocationStore
+            from kubeport.endpoints.apiserver import ApiServerSource
+
+            source = ApiServerSource(
+                self.state,
+                kubeconfig=config.client_connection.kubeconfig,
+                in_cluster=config.in_cluster,
+                node_name=config.hostname_override,
+            )
+            self.registry.register(source.collector())
+            return source
+        from kubeport.endpoints.allocstore import AllocationStore, StoreError
         from kubeport.endpoints.manifests import ManifestSource
         from kubeport.endpoints.registry import Registry
 
@@ -97,9 +114,8 @@ class Daemon:
         if not directory.is_dir():
             raise DaemonError(f"--manifests {directory}: not a directory")
         try:
-            config.state_dir.mkdir(parents=True, exist_ok=True)
-            store = AllocationStore(config.state_dir / "allocations.db")
-        except OSError as exc:
+            store = AllocationStore.in_state_dir(config.state_dir)
+        except (OSError, StoreError) as exc:
             raise DaemonError(f"--state-dir {config.state_dir}: {exc}") from exc
         registry = Registry(store, list(config.service_cluster_ip_range), config.service_node_port_range)
         return ManifestSource(directory, registry, self.state)
@@ -129,7 +145,7 @@ class Daemon:
         return Proxier(
             ProxyConfig(
                 nodeport_addresses=tuple(config.node_port_addresses),
-                cluster_cidrs=tuple(config.cluster_cidr),
+                cluster_cidrs=tuple(str(cidr) for cidr in config.cluster_cidr),
                 vip_interface=config.vip_interface,
                 udp_idle_timeout=config.conntrack.udp_stream_timeout,
                 reserved_frontends=frozenset(reserved),
@@ -143,7 +159,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stopping.set)
-        self._health = ProxyHealth()
+        # Manifest mode may have no Node object at all: then the node counts as eligible.
+        self._health = ProxyHealth(require_node=not self.manifest_mode)
         self._source = self._build_source()
         self._proxier = self._build_proxier()
         self._dns = self._build_dns()

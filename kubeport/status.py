@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kubeport.endpoints.types import Snapshot
+from kubeport.proxy.health import HealthResponse
 
 from . import printers
 from .config import split_host_port
@@ -33,8 +34,8 @@ class DaemonView(Protocol):
 
     def problems(self) -> list[str]: ...
 
-    def proxy_health(self, include_node: bool) -> tuple[bool, dict[str, Any]]:
-        """(healthy, kube-proxy-style JSON body) for /healthz (include_node) and /livez."""
+    def proxy_health(self, path: str) -> HealthResponse:
+        """kube-proxy's /healthz or /livez response."""
         ...
 
 
@@ -86,16 +87,15 @@ class StatusServer:
         self._runners.clear()
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        healthy, body = self._view.proxy_health(include_node=True)
-        code = 200 if healthy else 503
-        self._on_request("healthz", code)
-        return _json(body, code)
+        return self._health_response("healthz")
 
     async def _livez(self, request: web.Request) -> web.Response:
-        healthy, body = self._view.proxy_health(include_node=False)
-        code = 200 if healthy else 503
-        self._on_request("livez", code)
-        return _json(body, code)
+        return self._health_response("livez")
+
+    def _health_response(self, path: str) -> web.Response:
+        response = self._view.proxy_health(path)
+        self._on_request(path, response.status)
+        return web.Response(status=response.status, body=response.body, headers=dict(response.headers))
 
     async def _readyz(self, request: web.Request) -> web.Response:
         pending = self._view.pending()
