@@ -23,7 +23,11 @@ fi
 if [ ! -x "$repo/.venv/bin/kubeport" ] || [ "$repo/pyproject.toml" -nt "$repo/.venv/.installed" ]; then
     echo "setup: creating $repo/.venv" >&2
     python3 -m venv "$repo/.venv"
-    "$repo/.venv/bin/pip" install -q --upgrade pip >/dev/null
-    "$repo/.venv/bin/pip" install -q -e "$repo[test]"
+    log="$repo/.venv/install.log"
+    if ! { "$repo/.venv/bin/pip" install --upgrade pip && "$repo/.venv/bin/pip" install -e "$repo[test]"; } >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        echo "setup: installing kubeport into $repo/.venv failed (full log: $log)" >&2
+        exit 1
+    fi
     touch "$repo/.venv/.installed"
 fi

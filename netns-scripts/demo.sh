@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The kubeport demo: a two-node topology in network namespaces, kubeport on node-a serving
+# the manifests in examples/, and dig and curl from a pod and from an outside client.
+# Run as root on a fresh machine: it installs what it needs (netns-scripts/setup.sh).
+# Everything lives in namespaces named kpdemo-*; they are removed when the demo ends.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+prefix=${KUBEPORT_DEMO_PREFIX:-kpdemo}
+keep=${KUBEPORT_DEMO_KEEP:-}          # set to 1 to leave the topology and daemon running
+
+"$repo/netns-scripts/setup.sh"
+kubeport="$repo/.venv/bin/kubeport"
+work=$(mktemp -d /tmp/kubeport-demo.XXXXXX)
+pids=()
+
+cleanup() {
+    [ -n "$keep" ] && { echo "left running: namespaces $prefix-*, state in $work"; return; }
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    "$repo/netns-scripts/topology.sh" down --prefix "$prefix" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+show() { printf '\033[2m$ %s\033[0m\n' "$*"; "$@"; }
+in_ns() { ip netns exec "$prefix-$1" "${@:2}"; }
+
+step "Topology: node-a (zone-a) and node-b (zone-b), two pods each, a client outside the cluster"
+"$repo/netns-scripts/topology.sh" up --prefix "$prefix" --pods-per-node 2 >/dev/null
+for pod in a1 a2 b1 b2; do
+    in_ns "$pod" python3 "$repo/netns-scripts/podserver.py" --name "$pod" >"$work/$pod.log" 2>&1 &
+    pids+=($!)
+done
+
+step "kubeport on node-a with examples/"
+in_ns node-a "$kubeport" run --manifests "$repo/examples" --hostname-override node-a \
+    --state-dir "$work/state" --upstream 192.168.50.200 \
+    --cluster-cidr 10.244.0.0/16,fd00:10:244::/56 >"$work/kubeport.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+    code=$(in_ns node-a curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:10256/readyz || true)
+    [ "$code" = 200 ] && break
+    sleep 0.1
+done
+[ "$code" = 200 ] || { echo "kubeport did not become ready:"; cat "$work/kubeport.log"; exit 1; }
+for pod in a1 a2 b1 b2; do grep -q ready "$work/$pod.log" || sleep 0.2; done
+
+step "What kubeport holds (kubectl's columns)"
+show in_ns node-a "$kubeport" get services -A
+web_ip=$(in_ns node-a "$kubeport" get services -n demo -o json |
+    python3 -c 'import json,sys; print(next(s["spec"]["clusterIP"] for s in json.load(sys.stdin)["items"] if s["metadata"]["name"]=="web"))')
+
+step "DNS from pod a1: A, SRV and a headless service"
+show in_ns a1 dig +short @10.96.0.10 web.demo.svc.cluster.local A
+show in_ns a1 dig +short @10.96.0.10 _http._tcp.web.demo.svc.cluster.local SRV
+show in_ns a1 dig +short @10.96.0.10 db.demo.svc.cluster.local A
+
+step "curl the ClusterIP $web_ip from pod a1: answered by different pods"
+for _ in 1 2 3 4 5 6; do show in_ns a1 curl -s --max-time 2 "http://$web_ip/"; done
+
+step "curl the NodePort 192.168.50.11:30080 from the client outside the cluster"
+for _ in 1 2 3 4; do show in_ns client curl -s --max-time 2 http://192.168.50.11:30080/; done
+
+step "Done. kubeport's log:"
+tail -n 5 "$work/kubeport.log"
