@@ -21,6 +21,7 @@ from kubeport.endpoints.types import Snapshot
 
 from .answer import Answerer, Forward
 from .config import DnsConfig, default_upstreams
+from .lookup import qtype_name
 from .records import RecordIndex
 from .stats import DnsStats
 from .upstream import Forwarder, UpstreamCache
@@ -43,7 +44,7 @@ class DnsServer:
         self._monotonic = monotonic
         self._index = RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names, now=clock())
         self._snapshot: Snapshot | None = None
-        self.answerer = Answerer(config, self._index, self.stats)
+        self.answerer = Answerer(config, self._index, self.stats, timer=monotonic)
         self.forwarder = self._make_forwarder(config)
         self._udp: list[asyncio.DatagramTransport] = []
         self._tcp: list[asyncio.Server] = []
@@ -170,17 +171,19 @@ class DnsServer:
             send(self.answerer.reply_raw(query, forward.tcp, question_reply(
                 query, REFUSED, self.config.edns_udp_size, authoritative=False), REFUSED))
             return
-        task = asyncio.get_running_loop().create_task(self._resolve(forward, send, do=do, cd=cd))
+        task = asyncio.get_running_loop().create_task(
+            self._resolve(forward, send, do=do, cd=cd, started=self._monotonic()))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _resolve(self, forward: Forward, send: Send, *, do: bool, cd: bool) -> None:
+    async def _resolve(self, forward: Forward, send: Send, *, do: bool, cd: bool, started: float) -> None:
         try:
-            message = await self.forwarder.resolve(forward.question, do=do, cd=cd, now=self._monotonic())
+            message = await self.forwarder.resolve(forward.question, do=do, cd=cd, now=started)
         except Exception:  # a bug must cost one SERVFAIL, not the client's silence
             log.exception("dns: forwarding %s failed", forward.labels)
             message = None
         send(self.answerer.relay(forward, message))
+        self.stats.observe(qtype_name(forward.query.qtype), self._monotonic() - started)
 
 
 def _forwarding(config: DnsConfig) -> tuple[object, ...]:

@@ -7,10 +7,31 @@ would cost more than the answer itself). Read them through the properties.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 
 Cell = list[int]
+
+#: Upper bounds (seconds) of the request duration buckets: CoreDNS's plugin.TimeBuckets,
+#: prometheus.ExponentialBuckets(0.00025, 2, 16), 0.25 ms .. 8.192 s.
+DURATION_BUCKETS: tuple[float, ...] = tuple(0.00025 * 2**i for i in range(16))
+
+
+@dataclass(slots=True)
+class DurationHistogram:
+    """Observations per bucket (not cumulative; the last one is +Inf) and their sum."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(DURATION_BUCKETS, seconds)] += 1  # Prometheus buckets are "<= le"
+        self.total += seconds
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
 
 
 @dataclass(slots=True)
@@ -37,6 +58,10 @@ class DnsStats:
     dropped: int = 0
     #: TCP connections closed at once because max_tcp_connections were open
     tcp_rejected: int = 0
+    #: qtype name -> durations of the answers that were timed: answers built (answer cache
+    #: misses) and upstream round trips. Cached answers are not timed (they take
+    #: microseconds); coredns_dns_request_duration_seconds counts them in its first bucket.
+    durations: dict[str, DurationHistogram] = field(default_factory=dict)
 
     def request_cell(self, proto: str, qtype: str) -> Cell:
         cell = self._requests.get((proto, qtype))
@@ -53,6 +78,12 @@ class DnsStats:
     def count(self, proto: str, qtype: str, rcode: str) -> None:
         self.request_cell(proto, qtype)[0] += 1
         self.response_cell(rcode)[0] += 1
+
+    def observe(self, qtype: str, seconds: float) -> None:
+        histogram = self.durations.get(qtype)
+        if histogram is None:
+            histogram = self.durations[qtype] = DurationHistogram()
+        histogram.observe(seconds)
 
     @property
     def requests(self) -> Counter[tuple[str, str]]:

@@ -72,6 +72,10 @@ class UpstreamCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def negative_entries(self) -> int:
+        """Entries holding NXDOMAIN/NODATA answers: a scan, for metrics at scrape time."""
+        return sum(1 for stored in self._entries.values() if stored.negative)
+
     def get(self, key: bytes, now: float) -> tuple[bytes, bool] | None:
         """(the message with TTLs aged, negative?) or None."""
         stored = self._entries.get(key)

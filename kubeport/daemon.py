@@ -164,6 +164,9 @@ class Daemon:
         self._source = self._build_source()
         self._proxier = self._build_proxier()
         self._dns = self._build_dns()
+        from kubeport.dns.metrics import DnsCollector
+
+        self.registry.register(DnsCollector(self._dns))
         status = StatusServer(
             self,
             healthz_bind=self.config.healthz_bind_address,
