@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
@@ -35,6 +36,7 @@ class ClusterState:
         implicit_namespaces: bool = False,
         slice_transform: SliceTransform | None = None,
         required_kinds: Iterable[str] = REQUIRED_KINDS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """
         :param node_name: this node (its Node object gives zone and addresses).
@@ -43,6 +45,9 @@ class ClusterState:
         :param slice_transform: applied to every service's slices when building its state.
         """
         self.node_name = node_name
+        self._clock = clock
+        #: when the oldest change not yet committed arrived (network programming latency).
+        self._pending_since: float | None = None
         self._implicit_namespaces = implicit_namespaces
         self._slice_transform = slice_transform
         self._required_kinds = frozenset(required_kinds)
@@ -80,6 +85,7 @@ class ClusterState:
     # --- writing (sources) --------------------------------------------------------
 
     def upsert(self, obj: model.KubeObject) -> None:
+        self._note_arrival()
         if isinstance(obj, model.Service):
             self._upsert_service(convert.service_info(obj))
         elif isinstance(obj, model.EndpointSlice):
@@ -97,6 +103,7 @@ class ClusterState:
             raise TypeError(f"unsupported object {type(obj).__name__}")
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        self._note_arrival()
         if kind == "Service":
             key = ServiceName(namespace, name)
             if self._services.pop(key, None) is not None:
@@ -140,6 +147,7 @@ class ClusterState:
         """Publish the pending changes as a new snapshot; None if nothing changed."""
         previous = self._snapshot
         synced = self.synced
+        changed_at, self._pending_since = self._pending_since, None
         if self._nodes_dirty and self._slice_transform is not None:
             # Hints may depend on every node's zone and CPU: recompute services that use them.
             self._dirty.update(
@@ -182,12 +190,17 @@ class ClusterState:
             synced=synced,
             changed=frozenset(changed),
             node_changed=node_changed,
+            changed_at=changed_at,
         )
         self._published.set()
         self._published = asyncio.Event()
         return self._snapshot
 
     # --- internals ------------------------------------------------------------------
+
+    def _note_arrival(self) -> None:
+        if self._pending_since is None:
+            self._pending_since = self._clock()
 
     def _build(self, name: ServiceName) -> ServiceState | None:
         info = self._services.get(name)

@@ -243,6 +243,9 @@ class Snapshot:
     changed: frozenset[ServiceName] = frozenset()
     #: the Node object changed since generation - 1.
     node_changed: bool = False
+    #: wall-clock time the oldest change in this snapshot arrived from the source; the
+    #: start of kube-proxy's network programming latency. None for the empty snapshot.
+    changed_at: float | None = None
 
     def changed_since(self, older: "Snapshot | None") -> frozenset[ServiceName]:
         """Services that differ between ``older`` and this snapshot.

@@ -223,3 +223,15 @@ def test_endpoint_conditions_nil_semantics(conditions, ready, serving, terminati
     state.upsert(slice_("a", endpoints=[ep("10.0.0.1", conditions=conditions)]))
     endpoint = _slices(state)[0].endpoints[0]
     assert (endpoint.ready, endpoint.serving, endpoint.terminating) == (ready, serving, terminating)
+
+
+def test_changed_at_is_when_the_oldest_change_of_the_batch_arrived():
+    times = iter([100.0, 101.0, 102.0])
+    state = ClusterState("node-a", clock=lambda: next(times))
+    state.mark_synced("Service")
+    state.mark_synced("EndpointSlice")
+    state.upsert(service())  # arrives at 100
+    state.upsert(service("api", clusterIP="10.96.0.21"))  # same batch
+    assert state.commit().changed_at == 100.0
+    state.upsert(service("api", clusterIP="10.96.0.22"))  # next batch: 101
+    assert state.commit().changed_at == 101.0
