@@ -1,0 +1,44 @@
+"""deploy/kubeport.service and deploy/kubeport.yaml: hardening as promised, config loads."""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+from kubeport import config
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def unit() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # systemd keys are case-sensitive
+    parser.read(DEPLOY / "kubeport.service")
+    return parser
+
+
+def test_only_the_two_capabilities():
+    service = unit()["Service"]
+    assert set(service["CapabilityBoundingSet"].split()) == {"CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"}
+    assert set(service["AmbientCapabilities"].split()) == {"CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"}
+
+
+def test_hardening_with_a_writable_state_directory():
+    service = unit()["Service"]
+    assert service["NoNewPrivileges"] == "yes"
+    assert service["ProtectSystem"] == "strict"
+    assert service["StateDirectory"] == "kubeport"
+    assert "/var/lib/kubeport" in service["ReadWritePaths"]
+
+
+def test_reload_is_sighup_and_stop_is_sigterm():
+    service = unit()["Service"]
+    assert "kill -HUP $MAINPID" in service["ExecReload"]
+    assert service["KillSignal"] == "SIGTERM"
+    assert "--config /etc/kubeport/config.yaml" in service["ExecStart"]
+
+
+def test_example_configuration_loads():
+    loaded = config.build(DEPLOY / "kubeport.yaml", {})
+    assert loaded.source_kind == "manifests"
+    assert str(loaded.state_dir) == "/var/lib/kubeport"
