@@ -1,0 +1,175 @@
+"""VIP addresses (/32, /128) on a local link, reconciled, via pyroute2.
+
+ClusterIPs, externalIPs and LoadBalancer VIPs become local addresses of the node
+(default link ``lo``; the ``dummy`` link type may be missing from the kernel), so
+the proxy can listen on them. Addresses kubeport adds carry the address protocol
+``IFA_PROTO = 0x6b`` ("k"): after a crash the next run recognises its own leftovers,
+and it never touches an address it did not add.
+
+pyroute2 0.9 cannot share uvloop's loop (its netlink endpoint needs the default
+loop), so every netlink call runs in one dedicated thread with its own IPRoute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Protocol
+
+log = logging.getLogger(__name__)
+
+#: IFA_PROTO value marking addresses kubeport added.
+ADDRESS_PROTO = 0x6B
+_IFA_F_NODAD = 0x02
+_EEXIST = 17
+_EADDRNOTAVAIL = 99
+
+
+class AddressError(RuntimeError):
+    pass
+
+
+def canonical(address: str) -> str:
+    return str(ipaddress.ip_address(address))
+
+
+class AddressManager(Protocol):
+    async def sync(self, wanted: Iterable[str]) -> None: ...
+    async def interface_addresses(self) -> tuple[str, ...]: ...
+    async def stop(self) -> None: ...
+    @property
+    def owned(self) -> frozenset[str]: ...
+
+
+class NetlinkAddresses:
+    def __init__(self, interface: str = "lo") -> None:
+        self.interface = interface
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kubeport-netlink")
+        self._ipr = None  # created in the netlink thread
+        self._index: int | None = None
+        self._owned: set[str] = set()
+        self._scanned = False
+
+    @property
+    def owned(self) -> frozenset[str]:
+        return frozenset(self._owned)
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # --- in the netlink thread ---------------------------------------------------------
+
+    def _route(self):
+        if self._ipr is None:
+            from pyroute2 import IPRoute
+
+            self._ipr = IPRoute()
+            found = self._ipr.link_lookup(ifname=self.interface)
+            if not found:
+                raise AddressError(f"vip_interface {self.interface!r}: no such link")
+            self._index = found[0]
+            self._ipr.link("set", index=self._index, state="up")
+        return self._ipr
+
+    def _dump(self) -> list[tuple[str, int, int | None]]:
+        """(address, link index, IFA_PROTO) of every address on every link."""
+        return [
+            (canonical(msg.get_attr("IFA_ADDRESS")), msg["index"], msg.get_attr("IFA_PROTO"))
+            for msg in self._route().get_addr()
+        ]
+
+    def _apply(self, wanted: frozenset[str]) -> None:
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        ipr = self._route()
+        present: dict[str, tuple[int, int | None]] = {}
+        if not self._scanned:
+            for address, index, proto in self._dump():
+                present[address] = (index, proto)
+            # Leftovers of a previous run on our link are ours: adopt the wanted, drop the rest.
+            self._owned |= {
+                a for a, (index, proto) in present.items() if index == self._index and proto == ADDRESS_PROTO
+            }
+            self._scanned = True
+        for address in sorted(wanted - self._owned):
+            if address in present:
+                continue  # someone else's address: usable as is, never ours to remove
+            ip = ipaddress.ip_address(address)
+            try:
+                ipr.addr(
+                    "add", index=self._index, address=address, prefixlen=ip.max_prefixlen,
+                    IFA_PROTO=ADDRESS_PROTO, flags=_IFA_F_NODAD if ip.version == 6 else 0,
+                )
+            except NetlinkError as exc:
+                if exc.code != _EEXIST:
+                    raise AddressError(f"adding {address}/{ip.max_prefixlen} to {self.interface}: {exc}") from exc
+                continue  # it appeared meanwhile; not ours
+            self._owned.add(address)
+        for address in sorted(self._owned - wanted):
+            self._delete(address, NetlinkError)
+
+    def _delete(self, address: str, error_type) -> None:
+        ip = ipaddress.ip_address(address)
+        try:
+            self._route().addr("del", index=self._index, address=address, prefixlen=ip.max_prefixlen)
+        except error_type as exc:
+            if exc.code != _EADDRNOTAVAIL:
+                raise AddressError(f"removing {address} from {self.interface}: {exc}") from exc
+        self._owned.discard(address)
+
+    def _close(self) -> None:
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        for address in sorted(self._owned):
+            try:
+                self._delete(address, NetlinkError)
+            except AddressError as exc:
+                log.warning("%s", exc)
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+
+    # --- the event loop side -------------------------------------------------------------
+
+    async def sync(self, wanted: Iterable[str]) -> None:
+        """Add the wanted addresses that are missing, remove ours that are no longer wanted.
+
+        Addresses must be in canonical text form (the slim types and ``canonical`` give that).
+        """
+        await self._call(self._apply, frozenset(wanted))
+
+    async def interface_addresses(self) -> tuple[str, ...]:
+        """Every address on the node's links except the ones kubeport added."""
+        dump = await self._call(self._dump)
+        return tuple(sorted({a for a, _, _ in dump} - self._owned))
+
+    async def stop(self) -> None:
+        await self._call(self._close)
+        self._executor.shutdown(wait=True)
+
+
+class FakeAddresses:
+    """For unit tests: a set of addresses, plus fixed node addresses."""
+
+    def __init__(self, node_addresses: Iterable[str] = ()) -> None:
+        self.node_addresses = tuple(node_addresses)
+        self._owned: set[str] = set()
+        self.history: list[frozenset[str]] = []
+
+    @property
+    def owned(self) -> frozenset[str]:
+        return frozenset(self._owned)
+
+    async def sync(self, wanted: Iterable[str]) -> None:
+        wanted = set(wanted) - set(self.node_addresses)
+        if wanted != self._owned:
+            self._owned = wanted
+            self.history.append(frozenset(wanted))
+
+    async def interface_addresses(self) -> tuple[str, ...]:
+        return self.node_addresses
+
+    async def stop(self) -> None:
+        self._owned = set()

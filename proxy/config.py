@@ -1,0 +1,113 @@
+"""ProxyConfig: every knob of the service proxy, validated once at construction."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from .nodeports import parse_nodeport_addresses
+
+
+class ProxyConfigError(ValueError):
+    """A proxy setting is invalid; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    #: --nodeport-addresses: "primary", "localhost", "all" and/or CIDRs (KEP-6032 keywords).
+    nodeport_addresses: tuple[str, ...] = ("primary",)
+    #: --cluster-cidr: pod CIDRs. Sources inside them are "local" for the eTP=Local short-circuit.
+    cluster_cidrs: tuple[str, ...] = ()
+    #: the link that carries the VIP addresses (/32, /128). The `dummy` type may not exist; lo always does.
+    vip_interface: str = "lo"
+    #: seconds a backend connect may take before the next endpoint is tried.
+    connect_timeout: float = 5.0
+    #: endpoints tried per TCP connection before the client is reset (kube-proxy userspace: retry on dial failure).
+    connect_attempts: int = 3
+    #: seconds a UDP flow lives without traffic either way (conntrack's UDP stream timeout).
+    udp_idle_timeout: float = 30.0
+    #: UDP flows per frontend; new clients beyond it are dropped (counted).
+    udp_max_flows: int = 65536
+    #: UDP flows one client IP may hold per frontend (a single client cannot exhaust the table).
+    udp_max_flows_per_client: int = 1024
+    #: None: established connections outlive the deletion of their endpoint, like conntrack.
+    #: A number: they are reset that many seconds after their endpoint is deleted.
+    endpoint_grace_period: float | None = None
+    #: consecutive connect failures that eject an endpoint (passive outlier detection).
+    eject_after_failures: int = 2
+    #: first ejection time in seconds; doubles per consecutive ejection up to ``eject_max_seconds``.
+    eject_base_seconds: float = 5.0
+    eject_max_seconds: float = 300.0
+    #: pause before accepting again after EMFILE/ENFILE/ENOBUFS/ENOMEM.
+    accept_pause: float = 0.2
+    #: splice pipe size in bytes (F_SETPIPE_SZ); falls back to the system default when refused.
+    pipe_size: int = 1 << 20
+    #: idle pipes kept for reuse.
+    pipe_pool_size: int = 256
+    #: listen(2) backlog.
+    backlog: int = 4096
+    #: worker processes sharing the listeners through SO_REUSEPORT (1: this process only).
+    workers: int = 1
+    #: seed of the balancer's random generator (None: from the OS). Tests pass one.
+    seed: int | None = None
+    #: manage the nftables table ``inet kubeport`` (DROP for Local policies without local endpoints).
+    firewall: bool = True
+    #: add VIP addresses to ``vip_interface`` (off when something else owns the addresses).
+    manage_addresses: bool = True
+    #: (ip, port, protocol) never proxied: the DNS server's own listeners. Empty: port 53 TCP
+    #: and UDP on every extra address given to ``Proxier.start``.
+    reserved_frontends: frozenset[tuple[str, int, str]] = frozenset()
+    _cidr_networks: tuple = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            parse_nodeport_addresses(self.nodeport_addresses)
+        except ValueError as exc:
+            raise ProxyConfigError(f"nodeport_addresses: {exc}") from None
+        networks = []
+        for cidr in self.cluster_cidrs:
+            try:
+                networks.append(ipaddress.ip_network(cidr, strict=False))
+            except ValueError:
+                raise ProxyConfigError(f"cluster_cidrs: invalid CIDR {cidr!r}") from None
+        object.__setattr__(self, "_cidr_networks", tuple(networks))
+        positive = {
+            "connect_timeout": self.connect_timeout,
+            "udp_idle_timeout": self.udp_idle_timeout,
+            "accept_pause": self.accept_pause,
+            "eject_base_seconds": self.eject_base_seconds,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ProxyConfigError(f"{name}: must be greater than 0, got {value!r}")
+        at_least_one = {
+            "connect_attempts": self.connect_attempts,
+            "udp_max_flows": self.udp_max_flows,
+            "udp_max_flows_per_client": self.udp_max_flows_per_client,
+            "eject_after_failures": self.eject_after_failures,
+            "backlog": self.backlog,
+            "workers": self.workers,
+            "pipe_size": self.pipe_size,
+        }
+        for name, value in at_least_one.items():
+            if not isinstance(value, int) or value < 1:
+                raise ProxyConfigError(f"{name}: must be an integer >= 1, got {value!r}")
+        if self.pipe_pool_size < 0:
+            raise ProxyConfigError(f"pipe_pool_size: must be >= 0, got {self.pipe_pool_size!r}")
+        if self.endpoint_grace_period is not None and self.endpoint_grace_period < 0:
+            raise ProxyConfigError(
+                f"endpoint_grace_period: must be >= 0 or None, got {self.endpoint_grace_period!r}"
+            )
+        if self.eject_max_seconds < self.eject_base_seconds:
+            raise ProxyConfigError("eject_max_seconds: must be >= eject_base_seconds")
+        for entry in self.reserved_frontends:
+            if (
+                len(entry) != 3 or not isinstance(entry[1], int) or entry[2] not in ("TCP", "UDP", "SCTP")
+            ):
+                raise ProxyConfigError(f"reserved_frontends: {entry!r} is not (ip, port, TCP|UDP|SCTP)")
+        if not self.vip_interface:
+            raise ProxyConfigError("vip_interface: must not be empty")
+
+    @property
+    def cluster_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return self._cidr_networks

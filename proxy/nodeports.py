@@ -1,0 +1,96 @@
+"""Which node addresses NodePorts listen on: kube-proxy's --nodeport-addresses (reference E.1).
+
+Pure. Tokens are CIDRs or the KEP-6032 keywords ``primary`` (the Node object's
+primary InternalIP per family), ``localhost`` (the loopback CIDRs) and ``all``
+(every local address); keywords and CIDRs may be combined.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+KEYWORDS = ("primary", "localhost", "all")
+_LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+_MATCH_ALL = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
+_LINK_LOCAL_V6 = ipaddress.ip_network("fe80::/10")
+
+
+@dataclass(frozen=True, slots=True)
+class NodePortSpec:
+    keywords: frozenset[str]
+    cidrs: tuple[Network, ...]
+
+
+def parse_nodeport_addresses(value: str | Sequence[str]) -> NodePortSpec:
+    """Parse the flag value (``"primary"``, ``"all"``, ``"10.0.0.0/8,localhost"`` or a list of tokens)."""
+    tokens = value.split(",") if isinstance(value, str) else list(value)
+    tokens = [t.strip() for t in tokens]
+    if not tokens or any(not t for t in tokens):
+        raise ValueError(f"empty entry in {','.join(tokens)!r}")
+    keywords = set()
+    cidrs: list[Network] = []
+    for token in tokens:
+        if token in KEYWORDS:
+            keywords.add(token)
+            continue
+        try:
+            cidrs.append(ipaddress.ip_network(token, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{token!r} is neither a CIDR nor one of {', '.join(KEYWORDS)}"
+            ) from None
+    return NodePortSpec(frozenset(keywords), tuple(cidrs))
+
+
+def nodeport_networks(spec: NodePortSpec, primary_ips: Iterable[str]) -> tuple[Network, ...]:
+    """The CIDRs a node address must fall in to carry NodePorts.
+
+    Only CIDRs given (kube-proxy's original form): a family without any CIDR matches
+    every address of that family (reference E.1: "that family gets 0.0.0.0/0 / ::/0").
+    With a keyword, families are exactly what the keywords and CIDRs name.
+    """
+    networks = list(spec.cidrs)
+    if "all" in spec.keywords:
+        networks.extend(_MATCH_ALL)
+    if "localhost" in spec.keywords:
+        networks.extend(_LOOPBACK)
+    if "primary" in spec.keywords:
+        for address in primary_ips:
+            ip = ipaddress.ip_address(address)
+            if not ip.is_loopback:
+                networks.append(ipaddress.ip_network(ip))
+    if not spec.keywords:
+        families = {n.version for n in networks}
+        networks.extend(n for n in _MATCH_ALL if n.version not in families)
+    return tuple(networks)
+
+
+def select_nodeport_addresses(
+    spec: NodePortSpec | str | Sequence[str],
+    primary_ips: Iterable[str],
+    interface_addresses: Iterable[str],
+    exclude: Iterable[str] = (),
+) -> tuple[str, ...]:
+    """The local addresses NodePorts bind to, sorted (IPv4 first).
+
+    ``interface_addresses`` are the node's addresses as listed from its links (an
+    address must exist locally to be bound, like kube-proxy's interface scan);
+    ``exclude`` are addresses kubeport added itself (VIPs are not node addresses).
+    IPv6 link-local addresses are skipped: binding them needs a scope.
+    """
+    if not isinstance(spec, NodePortSpec):
+        spec = parse_nodeport_addresses(spec)
+    networks = nodeport_networks(spec, primary_ips)
+    excluded = {str(ipaddress.ip_address(a)) for a in exclude}
+    chosen: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    for address in interface_addresses:
+        ip = ipaddress.ip_address(address)
+        if str(ip) in excluded or ip in _LINK_LOCAL_V6:
+            continue
+        if any(ip.version == n.version and ip in n for n in networks):
+            chosen.add(ip)
+    return tuple(str(ip) for ip in sorted(chosen, key=lambda ip: (ip.version, ip)))

@@ -1,0 +1,263 @@
+"""The forwarding table: snapshot + node identity -> desired frontends. Pure.
+
+A frontend is one (address, port, protocol) the node answers on. Its rule says
+which service port it belongs to and what clients get, following kube-proxy's
+per-frontend use of the endpoint sets (reference A.6):
+
+* REFUSE: no usable endpoint anywhere -> no listener, the kernel refuses.
+* DROP: a Local traffic policy and no local endpoint -> clients time out
+  (nftables); for external frontends with eTP=Local, pod and host clients are
+  still short-circuited to the cluster set (``local_client_endpoints``).
+* FORWARD: ``endpoints`` for ordinary clients, ``local_client_endpoints`` (when
+  not None) for clients from the pod CIDRs or the node itself.
+
+Like kube-proxy, each IP family is its own proxier: a frontend only uses
+endpoints of its own family, and a service is served only in the families of
+its clusterIPs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from kubeport.endpoints.topology import EndpointSets, categorize_endpoints
+from kubeport.endpoints.types import (
+    PortEndpoint,
+    PortSpec,
+    ServiceInfo,
+    ServiceName,
+    ServicePortName,
+    ServiceState,
+    Snapshot,
+)
+
+
+class Action(enum.Enum):
+    FORWARD = "forward"
+    DROP = "drop"
+    REFUSE = "refuse"
+
+
+class FrontendKind(enum.Enum):
+    CLUSTER_IP = "ClusterIP"
+    EXTERNAL_IP = "ExternalIP"
+    LOAD_BALANCER = "LoadBalancer"
+    NODE_PORT = "NodePort"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Frontend:
+    ip: str
+    port: int
+    protocol: str  # TCP | UDP | SCTP
+
+    @property
+    def family(self) -> int:
+        return 6 if ":" in self.ip else 4
+
+    def __str__(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{host}:{self.port}/{self.protocol}"
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendRule:
+    port_name: ServicePortName
+    kind: FrontendKind
+    action: Action
+    #: endpoints for ordinary clients (empty unless FORWARD).
+    endpoints: tuple[PortEndpoint, ...] = ()
+    #: eTP=Local short-circuit: clients from the pod CIDRs or this node use these. None: no split.
+    local_client_endpoints: tuple[PortEndpoint, ...] | None = None
+    #: ClientIP session affinity timeout in seconds, 0: none.
+    affinity_timeout: int = 0
+
+    @property
+    def needs_listener(self) -> bool:
+        return self.action is Action.FORWARD or (
+            self.action is Action.DROP and bool(self.local_client_endpoints)
+        )
+
+    @property
+    def drops_only_external(self) -> bool:
+        """DROP applies to clients outside the pod CIDRs and the node (eTP=Local)."""
+        return self.action is Action.DROP and self.local_client_endpoints is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TableContext:
+    node_name: str
+    zone: str | None = None
+    #: addresses NodePorts listen on (see nodeports.select_nodeport_addresses).
+    nodeport_addresses: tuple[str, ...] = ()
+    #: frontends owned by someone else (the DNS server's address:53): never proxied.
+    reserved: frozenset[Frontend] = frozenset()
+
+
+def _family(address: str) -> int:
+    return 6 if ":" in address else 4
+
+
+def _of_family(addresses: Iterable[str], family: int) -> tuple[str, ...]:
+    return tuple(a for a in addresses if _family(a) == family)
+
+
+def _rule(
+    port_name: ServicePortName,
+    kind: FrontendKind,
+    sets: EndpointSets,
+    *,
+    local_policy: bool,
+    short_circuit: bool,
+    affinity: int,
+) -> FrontendRule:
+    """One frontend's behaviour from the endpoint sets (reference A.6 table)."""
+    if not sets.has_any:
+        return FrontendRule(port_name, kind, Action.REFUSE, affinity_timeout=affinity)
+    chosen = sets.local if local_policy else sets.cluster
+    local_clients = (sets.cluster or ()) if short_circuit else None
+    if not chosen:
+        return FrontendRule(port_name, kind, Action.DROP, (), local_clients, affinity)
+    return FrontendRule(port_name, kind, Action.FORWARD, chosen, local_clients, affinity)
+
+
+def _port_rules(
+    info: ServiceInfo,
+    port: PortSpec,
+    endpoints: tuple[PortEndpoint, ...],
+    family: int,
+    ctx: TableContext,
+) -> dict[Frontend, FrontendRule]:
+    port_name = info.port_name(port)
+    external_ips = _of_family(info.external_ips, family)
+    lb_ips = _of_family(info.load_balancer_ips, family)
+    node_ips = _of_family(ctx.nodeport_addresses, family) if port.node_port else ()
+    externally_accessible = bool(port.node_port or external_ips or lb_ips)
+    external_local = info.external_policy_local and externally_accessible
+    sets = categorize_endpoints(
+        tuple(e for e in endpoints if _family(e.ip) == family),
+        node_name=ctx.node_name,
+        zone=ctx.zone,
+        internal_local=info.internal_policy_local,
+        external_local=external_local,
+        externally_accessible=externally_accessible,
+    )
+    affinity = info.affinity_timeout
+    internal = _rule(
+        port_name, FrontendKind.CLUSTER_IP, sets,
+        local_policy=info.internal_policy_local, short_circuit=False, affinity=affinity,
+    )
+    rules: dict[Frontend, FrontendRule] = {}
+    for ip in _of_family(info.cluster_ips, family):
+        rules.setdefault(Frontend(ip, port.port, port.protocol), internal)
+    external_sources = (
+        (FrontendKind.EXTERNAL_IP, external_ips, port.port),
+        (FrontendKind.LOAD_BALANCER, lb_ips, port.port),
+        (FrontendKind.NODE_PORT, node_ips, port.node_port),
+    )
+    for kind, ips, number in external_sources:
+        if not ips:
+            continue
+        rule = _rule(
+            port_name, kind, sets,
+            local_policy=external_local, short_circuit=external_local, affinity=affinity,
+        )
+        for ip in ips:
+            rules.setdefault(Frontend(ip, number, port.protocol), rule)
+    return rules
+
+
+def service_rules(state: ServiceState | None, ctx: TableContext) -> dict[Frontend, FrontendRule]:
+    """Every frontend of one service (empty when it is not proxied or gone)."""
+    if state is None or not state.service.proxied:
+        return {}
+    info = state.service
+    families = sorted({_family(ip) for ip in info.cluster_ips})
+    rules: dict[Frontend, FrontendRule] = {}
+    for port in info.ports:
+        endpoints = state.endpoints_for_port(port)
+        for family in families:
+            for frontend, rule in _port_rules(info, port, endpoints, family, ctx).items():
+                if frontend not in ctx.reserved:
+                    rules.setdefault(frontend, rule)
+    return rules
+
+
+def build_table(snapshot: Snapshot, ctx: TableContext) -> dict[Frontend, FrontendRule]:
+    """The whole table at once (tests, full resyncs); conflicts resolved like ForwardingTable."""
+    table = ForwardingTable()
+    for name in sorted(snapshot.services):
+        table.update(name, service_rules(snapshot.services[name], ctx))
+    return dict(table.rules)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleChange:
+    frontend: Frontend
+    old: FrontendRule | None
+    new: FrontendRule | None
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    frontend: Frontend
+    winner: ServiceName
+    loser: ServiceName
+
+    def __str__(self) -> str:
+        return f"{self.frontend} is claimed by {self.winner} and {self.loser}; {self.winner} keeps it"
+
+
+@dataclass
+class ForwardingTable:
+    """The desired table, updated one service at a time.
+
+    Two services may claim the same frontend (an externalIP another service
+    also uses): the smallest ServiceName wins, deterministically, and takes
+    over when the holder lets go.
+    """
+
+    rules: dict[Frontend, FrontendRule] = field(default_factory=dict)
+    _claims: dict[Frontend, dict[ServiceName, FrontendRule]] = field(default_factory=dict)
+    _by_service: dict[ServiceName, dict[Frontend, FrontendRule]] = field(default_factory=dict)
+
+    def services(self) -> frozenset[ServiceName]:
+        return frozenset(self._by_service)
+
+    def service(self, name: ServiceName) -> Mapping[Frontend, FrontendRule]:
+        return self._by_service.get(name, {})
+
+    def update(self, name: ServiceName, rules: Mapping[Frontend, FrontendRule]) -> list[RuleChange]:
+        """Replace one service's frontends; the effective changes, by frontend."""
+        old = self._by_service.pop(name, {})
+        if rules:
+            self._by_service[name] = dict(rules)
+        touched = [f for f in old if f not in rules or old[f] != rules[f]]
+        touched += [f for f in rules if f not in old]
+        changes = []
+        for frontend in touched:
+            claims = self._claims.setdefault(frontend, {})
+            claims.pop(name, None)
+            if frontend in rules:
+                claims[name] = rules[frontend]
+            before = self.rules.get(frontend)
+            after = claims[min(claims)] if claims else None
+            if not claims:
+                del self._claims[frontend]
+            if after is None:
+                self.rules.pop(frontend, None)
+            else:
+                self.rules[frontend] = after
+            if before != after:
+                changes.append(RuleChange(frontend, before, after))
+        return changes
+
+    def conflicts(self) -> list[Conflict]:
+        found = []
+        for frontend, claims in sorted(self._claims.items()):
+            if len(claims) > 1:
+                winner = min(claims)
+                found.extend(Conflict(frontend, winner, n) for n in sorted(claims) if n != winner)
+        return found

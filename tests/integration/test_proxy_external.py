@@ -1,0 +1,86 @@
+"""NodePorts, externalIPs and LoadBalancer IPs from outside the cluster (the client namespace),
+through the real daemon on node-a (issue #3; reference A.6, E.1-E.3).
+"""
+
+from __future__ import annotations
+
+import pytest
+from netns import CommandFailed, curl_in, http_url, run_in, udp_request
+from test_proxy_support import endpoint_slice, node, pods_seen, service, start_daemon, write
+
+pytestmark = pytest.mark.integration
+
+NODE_A, NODE_A6, NODE_B = "192.168.50.11", "fd00:50::11", "192.168.50.12"
+EXTERNAL_IP, LB_IP, LB_PROXY_IP = "192.168.60.10", "192.168.70.10", "192.168.70.11"
+HTTP = {"name": "http", "protocol": "TCP", "port": 8080}
+UDP = {"name": "udp", "protocol": "UDP", "port": 9090}
+ALL_PODS = {"a1", "a2", "b1", "b2"}
+
+
+@pytest.fixture(scope="module")
+def cluster(topology, pods, tmp_path_factory):
+    manifests = tmp_path_factory.mktemp("manifests")
+    state = tmp_path_factory.mktemp("state")
+    everyone = topology.pods
+    b_pods = [p for p in everyone if p.node.name == "node-b"]
+    write(manifests, "nodes", node(topology, "a"), node(topology, "b"))
+    write(manifests, "edge",
+          service("edge", ["10.96.0.30", "fd00:10:96::30"], [
+              {"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080},
+              {"name": "udp", "protocol": "UDP", "port": 90, "targetPort": 9090, "nodePort": 30090},
+          ], type="LoadBalancer", externalIPs=[EXTERNAL_IP],
+              status={"loadBalancer": {"ingress": [{"ip": LB_IP}, {"ip": LB_PROXY_IP, "ipMode": "Proxy"}]}}),
+          endpoint_slice("edge-v4", "edge", [HTTP, UDP], everyone),
+          endpoint_slice("edge-v6", "edge", [HTTP, UDP], everyone, family=6))
+    # eTP=Local with every endpoint on node-b: node-a has no local endpoint.
+    write(manifests, "remote-only",
+          service("remote-only", ["10.96.0.31"], [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30081}],
+                  type="NodePort", externalTrafficPolicy="Local"),
+          endpoint_slice("remote-only-1", "remote-only", [HTTP], b_pods))
+    daemon = start_daemon(topology, "a", manifests, state)
+    yield manifests, state
+    daemon.stop()
+
+
+def test_node_port_from_outside_reaches_pods_on_both_nodes(topology, cluster):
+    assert pods_seen(topology.client, NODE_A, 30080, ALL_PODS) == ALL_PODS
+    assert udp_request(topology.client, NODE_A, 30090, "np").split()[0].decode() in ALL_PODS
+
+
+def test_node_port_on_ipv6_node_address(topology, cluster):
+    assert "pod=" in curl_in(topology.client, http_url(NODE_A6, 30080))
+
+
+def test_external_ip_and_load_balancer_vip_from_outside__e2_e3(topology, cluster):
+    assert pods_seen(topology.client, EXTERNAL_IP, 80, ALL_PODS) == ALL_PODS
+    assert pods_seen(topology.client, LB_IP, 80, ALL_PODS) == ALL_PODS
+
+
+def test_load_balancer_ip_in_proxy_mode_is_not_captured__e3(topology, cluster):
+    listing = run_in(topology.node("a"), "ip", "-o", "addr", "show").stdout
+    assert LB_IP in listing and LB_PROXY_IP not in listing
+
+
+def test_etp_local_without_local_endpoints__outside_clients_dropped__a6(topology, cluster):
+    with pytest.raises(CommandFailed) as failure:
+        curl_in(topology.client, http_url(NODE_A, 30081), timeout=1.5)
+    assert failure.value.returncode == 28  # timed out: DROP, not REJECT (7)
+
+
+def test_etp_local_without_local_endpoints__pods_short_circuited_to_the_cluster_set__a6(topology, cluster):
+    # A pod on node-a is a "local" source: it gets the cluster set (node-b's pods).
+    seen = pods_seen(topology.pod("a", 1), NODE_A, 30081, {"b1", "b2"})
+    assert seen == {"b1", "b2"}
+
+
+def test_nodeport_addresses_limits_where_node_ports_listen__e1(topology, cluster):
+    manifests, state = cluster
+    # node-b's daemon: NodePorts only on its pod bridge address, not on its LAN address.
+    daemon = start_daemon(topology, "b", manifests, state, "--nodeport-addresses", "10.244.2.0/24")
+    try:
+        assert "pod=" in curl_in(topology.pod("b", 1), http_url("10.244.2.1", 30080))
+        with pytest.raises(CommandFailed) as failure:
+            curl_in(topology.client, http_url(NODE_B, 30080), timeout=2)
+        assert failure.value.returncode == 7
+    finally:
+        daemon.stop()
