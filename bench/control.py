@@ -1,0 +1,237 @@
+"""Control plane at scale: N services x M endpoints in a manifests directory.
+
+Figures, each round starting the daemon cold:
+- cold start: from spawn until /readyz is 200 and the last service's listener accepts and its
+  name resolves (every listener open, DNS ready);
+- one endpoint change: the probe service's only endpoint moves to the other backend address
+  (and the headless probe's, for DNS); time from the file's rename until a new connection
+  reaches the new endpoint / the DNS answer names it; p99 over the changes;
+- daemon RSS with everything loaded.
+
+Topology: client -> node (kubeport) -> be, where nginx answers with the address it was
+reached on ($server_addr), so a reply names the endpoint that served it.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import generate, probes
+from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, measured, run_rounds
+from .kubeport_daemon import HEALTHZ, KubeportDaemon
+from .procinfo import CpuMeter, cpu_seconds
+from .profiles import Profiler, furthest_from_target
+from .topology import Topology, wait_for
+
+PROBE_VIP = "10.99.0.1"
+PROBE_ENDPOINTS = ("10.201.0.1", "10.201.0.2")
+PROBE_PORT = 8080
+DNS = "10.96.0.10"
+#: seconds between two probe pairs while waiting for a change (about 1 ms resolution, light load).
+PROBE_PACING = 0.001
+
+FIGURES = [
+    Figure("cold_start", "cold start to every listener open and DNS ready", "s", higher_is_better=False,
+           digits=2, label="cold start"),
+    Figure("change_conn_p99", "endpoint change -> new connections reach it, p99", "ms",
+           higher_is_better=False, digits=1, label="change -> conn p99"),
+    Figure("change_dns_p99", "endpoint change -> DNS answer names it, p99", "ms", higher_is_better=False,
+           digits=1, label="change -> DNS p99"),
+    Figure("rss_mib", "daemon RSS, proxy and DNS together", "MiB", higher_is_better=False, digits=1,
+           label="daemon RSS"),
+]
+TARGETS = [Target("cold_start", "<=", 10.0), Target("change_conn_p99", "<=", 10.0),
+           Target("change_dns_p99", "<=", 10.0), Target("rss_mib", "<=", 150.0)]
+
+
+@dataclass
+class Setup:
+    topo: Topology
+    workdir: Path
+    manifests: Path
+    services: int
+    endpoints: int
+    changes: int
+
+
+def probe_objects(endpoint: str) -> tuple[list[dict], list[dict]]:
+    ports = [{"name": "http", "port": 80, "targetPort": PROBE_PORT, "protocol": "TCP"}]
+    slice_ports = [{"name": "http", "port": PROBE_PORT, "protocol": "TCP"}]
+    clusterip = [generate.service("probe", PROBE_VIP, ports),
+                 generate.endpoint_slice("probe", [endpoint], slice_ports)]
+    headless = [generate.service("probe-dns", None, ports, headless=True),
+                generate.endpoint_slice("probe-dns", [endpoint], slice_ports)]
+    return clusterip, headless
+
+
+def write_probes(manifests: Path, endpoint: str) -> float:
+    """Point both probe services at ``endpoint``; returns the perf_counter just before the renames."""
+    clusterip, headless = probe_objects(endpoint)
+    start = time.perf_counter()
+    generate.write_list(manifests / "probe.json", clusterip)
+    generate.write_list(manifests / "probe-dns.json", headless)
+    return start
+
+
+def served_by() -> bytes | None:
+    reply = probes.http_body(PROBE_VIP, 80, 0.5)
+    return None if reply is None else reply.rsplit(b"\r\n\r\n", 1)[-1].strip()
+
+
+def probe_dns_name() -> str:
+    return generate.fqdn("probe-dns")
+
+
+def change_and_watch(manifests: Path, endpoint: str, deadline_s: float = 30.0) -> tuple[float, float]:
+    """Runs in the client namespace: move the probes to ``endpoint``; ms until conn and DNS show it."""
+    want_body, want_dns = endpoint.encode(), ("NOERROR", [endpoint])
+    start = write_probes(manifests, endpoint)
+    conn_ms = dns_ms = None
+    while conn_ms is None or dns_ms is None:
+        now = time.perf_counter()
+        if now - start > deadline_s:
+            raise TimeoutError(f"no change to {endpoint} within {deadline_s:.0f} s (conn {conn_ms}, dns {dns_ms})")
+        if conn_ms is None and served_by() == want_body:
+            conn_ms = (time.perf_counter() - start) * 1e3
+        if dns_ms is None and probes.dns_answers(DNS, probe_dns_name(), "A", 53, 0.2) == want_dns:
+            dns_ms = (time.perf_counter() - start) * 1e3
+        time.sleep(PROBE_PACING)  # pacing, not synchronisation: the probes must not load the daemon
+    return conn_ms, dns_ms
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def last_service_ready(topo: Topology, services: int) -> bool:
+    last = services - 1
+    name = generate.fqdn(generate.service_name(last))
+    answer = topo.call_in("client", probes.dns_answers, DNS, name, "A", 53, 0.3)
+    if answer != ("NOERROR", [generate.cluster_ip(last)]):
+        return False
+    return topo.call_in("client", probes.tcp_open, generate.cluster_ip(last), generate.SERVICE_PORT, 0.5)
+
+
+def measure_round(setup: Setup, round_no: int, progress: Progress, profile=None) -> list[Sample]:
+    """One cold start, the endpoint changes, RSS. ``profile(pid)`` wraps the daemon's whole life."""
+    topo = setup.topo
+    write_probes(setup.manifests, PROBE_ENDPOINTS[0])
+    daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", setup.manifests, DNS,
+                            upstream=f"{topo.addr('be')}:53")
+    samples: list[Sample] = []
+    daemon.start()
+    try:
+        if profile is not None:
+            # py-spy needs an initialised interpreter: attach once the status server answers.
+            wait_for(lambda: topo.call_in("node", probes.http_status, f"http://{HEALTHZ}/healthz", 0.5)
+                     is not None, 60, "kubeport's status server")
+        with profile(daemon.pid) if profile is not None else nullcontext():
+            try:
+                samples += measure_running(setup, daemon, round_no, progress)
+            finally:
+                daemon.stop()  # inside the profile: py-spy writes its file when the daemon exits
+    finally:
+        daemon.stop()
+    return samples
+
+
+def measure_running(setup: Setup, daemon: KubeportDaemon, round_no: int, progress: Progress) -> list[Sample]:
+    topo = setup.topo
+
+    def cold_start():
+        with progress.ticking("cold start", 10):
+            ready_s = daemon.wait_ready(600)
+            wait_for(lambda: last_service_ready(topo, setup.services), 120, "the last service's listener and name")
+            wait_for(lambda: topo.call_in("client", served_by) == PROBE_ENDPOINTS[0].encode(), 60,
+                     "the probe service")
+        total = time.perf_counter() - daemon.started_at
+        return total, cpu_seconds(daemon.pid), {"readyz_s": ready_s}
+
+    samples = [measured("control", "cold_start", KUBEPORT, round_no, progress, cold_start, "s")]
+    if samples[-1].value is None:
+        return samples
+    conn, dns = [], []
+    meter = CpuMeter(daemon.pid).start()
+    for k in range(setup.changes):
+        endpoint = PROBE_ENDPOINTS[(k + 1) % 2]
+        conn_ms, dns_ms = topo.call_in("client", change_and_watch, setup.manifests, endpoint, timeout=60)
+        conn.append(conn_ms)
+        dns.append(dns_ms)
+    cpu = meter.stop()
+    for key, values in (("change_conn_p99", conn), ("change_dns_p99", dns)):
+        extra = {"median_ms": sorted(values)[len(values) // 2], "max_ms": max(values), "changes": len(values),
+                 "all_ms": [round(v, 2) for v in values]}
+        samples.append(measured("control", key, KUBEPORT, round_no, progress,
+                                lambda v=values, e=extra: (p99(v), cpu, e), "ms"))
+    samples.append(measured("control", "rss_mib", KUBEPORT, round_no, progress,
+                            lambda: (daemon.rss() / 2**20, None, {}), "MiB"))
+    return samples
+
+
+def run(workdir: Path, rounds: int, quick: bool, with_kubeport: bool, progress: Progress,
+        profiler: Profiler | None = None) -> Bench:
+    services, endpoints, changes = (1000, 10, 10) if quick else (10000, 10, 50)
+    bench = Bench("control", f"Control plane: {services:,} services x {endpoints} endpoints (manifests source)",
+                  [KUBEPORT], FIGURES, TARGETS)
+    bench.notes += [
+        f"{services:,} ClusterIP services, {services * endpoints:,} endpoints, plus two probe services "
+        f"(ClusterIP and headless); {changes} endpoint changes per round, each an atomic rename of the probe "
+        "slices' files; latency from the rename until a new connection / a DNS answer shows the new endpoint.",
+        "cold start: spawn -> /readyz 200 -> last service's VIP accepts and its name resolves -> probe serves.",
+        "kube-proxy for scale: nftables mode needs ~141 ms to add one service with 10k present; "
+        "CoreDNS sizes at (pods+services)/1000 + 54 MB = 164 MB for this cluster.",
+        "No peer runs here: kube-proxy and CoreDNS need a kube-apiserver; their published figures are quoted.",
+    ]
+    if not with_kubeport:
+        bench.notes.append("kubeport not run (--no-kubeport): nothing measured.")
+        return bench
+    manifests = workdir / "manifests"
+    progress.context = "control"
+    progress.say(f"generating {services:,} services x {endpoints} endpoints")
+    generate.write_cluster(manifests, services, endpoints)
+    with Topology("control", ["client", "be"], workdir) as topo:
+        for address in PROBE_ENDPOINTS:
+            topo.ip("be", "addr", "add", f"{address}/32", "dev", "eth0")
+        topo.ip("node", "route", "add", "10.201.0.0/24", "via", topo.addr("be"))
+        start_identity_nginx(topo, workdir)
+        setup = Setup(topo, workdir, manifests, services, endpoints, changes)
+        run_rounds(bench, rounds, lambda name, r: measure_round(setup, r, progress), progress)
+        worst = furthest_from_target(bench, 1)
+        if profiler is not None and worst:
+            progress.context = "control profile"
+            figure, how_far = worst[0]
+            first = len(profiler.profiles)
+            try:
+                measure_round(setup, 0, progress,
+                              profile=lambda pid: profiler.record(
+                                  "control", figure, how_far, pid, None,
+                                  scope="The profile spans a whole round: cold start, the endpoint changes, "
+                                        "then shutdown; wall-clock waits (file-watch debounce) do not show "
+                                        "in a CPU profile."))
+            except Exception as exc:  # a failed profile run is reported, not fatal
+                progress.say(f"profile run failed: {exc}")
+            bench.profiles.extend(profiler.profiles[first:])
+    return bench
+
+
+def start_identity_nginx(topo: Topology, workdir: Path) -> None:
+    directory = workdir / "nginx-identity"
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = directory / "nginx.conf"
+    conf.write_text(f"""worker_processes 1;
+pid {directory}/nginx.pid;
+error_log {directory}/error.log error;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    default_type text/plain;
+    server {{ listen {PROBE_PORT}; location / {{ return 200 "$server_addr\\n"; }} }}
+}}
+""")
+    topo.spawn("be", ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"], "nginx-identity")
+    for address in PROBE_ENDPOINTS:
+        wait_for(lambda a=address: topo.call_in("client", probes.tcp_open, a, PROBE_PORT), 20, f"nginx on {address}")

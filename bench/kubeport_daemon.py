@@ -1,0 +1,85 @@
+"""Start `kubeport run` in the node namespace with a manifests directory; wait for /readyz.
+
+The command line is the CLI contract (notes/CLI.md). The upstream resolver is always
+given explicitly and lives in a namespace of the benchmark, so no query leaves it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import probes
+from .procinfo import rss_bytes
+from .topology import Topology, TopologyError, stop_process
+
+HEALTHZ = "127.0.0.1:10256"
+METRICS = "127.0.0.1:10249"
+
+
+class KubeportDaemon:
+    def __init__(self, topo: Topology, role: str, workdir: Path, manifests: Path, dns_address: str,
+                 upstream: str, extra_args: list[str] | None = None) -> None:
+        self.topo = topo
+        self.role = role
+        self.workdir = workdir
+        self.manifests = manifests
+        self.dns_address = dns_address
+        self.upstream = upstream
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "kubeport", "run",
+                "--manifests", str(self.manifests),
+                "--hostname-override", "node",
+                "--state-dir", str(self.workdir / "state"),
+                "--healthz-bind-address", HEALTHZ,
+                "--metrics-bind-address", METRICS,
+                "--dns-address", self.dns_address,
+                "--upstream", self.upstream,
+                *self.extra_args]
+
+    def start(self, fresh_state: bool = True) -> None:
+        if fresh_state:
+            shutil.rmtree(self.workdir / "state", ignore_errors=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.started_at = time.perf_counter()
+        # cwd is the work dir, never the repo root: there `import dns` would find the repo's folder.
+        self.proc = self.topo.spawn(self.role, self.argv(), "kubeport", cwd=self.workdir)
+
+    def ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise TopologyError(f"kubeport exited with {self.proc.returncode}: "
+                                f"{self.topo.log_tail('kubeport', 8)}")
+        return self.topo.call_in(self.role, probes.http_status, f"http://{HEALTHZ}/readyz", 0.5) == 200
+
+    def wait_ready(self, timeout: float, interval: float = 0.1) -> float:
+        """Seconds from start() until /readyz answered 200.
+
+        Polled every ``interval`` seconds, not faster: each /readyz costs the daemon work, and a
+        tight poll would slow the very start-up it measures."""
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if time.monotonic() > deadline:
+                raise TopologyError(f"kubeport not ready within {timeout:.0f} s: {self.topo.log_tail('kubeport', 8)}")
+            time.sleep(interval)
+        return time.perf_counter() - self.started_at
+
+    def rss(self) -> int | None:
+        return rss_bytes(self.pid)
+
+    def stop(self) -> None:
+        stop_process(self.proc, timeout=15)
+        self.proc = None
+        # Whatever a crashed daemon left behind: service addresses and its nftables table.
+        self.topo.ip(self.role, "addr", "flush", "dev", "lo", "scope", "global", check=False)
+        self.topo.run(self.role, ["nft", "flush", "ruleset"], timeout=10, check=False)

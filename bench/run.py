@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Run kubeport's benchmarks against the peers, in one invocation.
+
+    sudo .venv/bin/python bench/run.py [--quick] [--only proxy|dns|control] [--rounds 3]
+
+Installs missing peers from Debian's packages, builds one network-namespace topology per
+benchmark, alternates peers and kubeport within each round, then writes
+bench/results/<timestamp>.{json,md,png} and prints the markdown. Timing never fails it:
+the exit code is 0 unless the harness itself could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+# bench/dns.py and bench/proxy.py must never become the top-level modules `dns` and `proxy`:
+# load this folder as the package `kubeport_bench` instead of putting it on sys.path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (BENCH_DIR, REPO)]
+_package = types.ModuleType("kubeport_bench")
+_package.__path__ = [str(BENCH_DIR)]  # type: ignore[attr-defined]
+sys.modules["kubeport_bench"] = _package
+
+from kubeport_bench import report  # noqa: E402
+from kubeport_bench.harness import Progress, bench_from_json  # noqa: E402
+from kubeport_bench.profiles import Profiler  # noqa: E402
+from kubeport_bench.topology import raise_nofile  # noqa: E402
+
+#: binary -> Debian package that provides it.
+PEERS = {"haproxy": "haproxy", "iperf3": "iperf3", "wrk": "wrk", "dnsperf": "dnsperf", "knotd": "knot",
+         "nsd": "nsd", "unbound": "unbound", "dnsmasq": "dnsmasq-base", "nginx": "nginx-light",
+         "nft": "nftables", "ss": "iproute2", "ip": "iproute2"}
+POLICY_RC = Path("/usr/sbin/policy-rc.d")
+
+
+def install_peers(progress: Progress) -> None:
+    """apt-get install what is missing; services must not start on the host, so policy-rc.d says no."""
+    missing = sorted({pkg for binary, pkg in PEERS.items()
+                      if shutil.which(binary) is None and not Path(f"/usr/sbin/{binary}").exists()})
+    if not missing:
+        return
+    progress.say(f"installing from Debian: {' '.join(missing)}")
+    created_policy = not POLICY_RC.exists()
+    if created_policy:
+        POLICY_RC.write_text("#!/bin/sh\nexit 101\n")
+        POLICY_RC.chmod(0o755)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+                       env=env, check=True, timeout=1200)
+    finally:
+        if created_policy:
+            POLICY_RC.unlink(missing_ok=True)
+
+
+def kubeport_runs() -> tuple[bool, str]:
+    """Whether `kubeport run` exists in this interpreter (the daemon may still fail later: that is a result)."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kubeport", "run", "--help"], capture_output=True,
+                              text=True, timeout=30, cwd=tempfile.gettempdir())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    return proc.returncode == 0, (proc.stderr or proc.stdout).strip()[-300:]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="kubeport benchmarks against peers (issue #7)")
+    parser.add_argument("--quick", action="store_true", help="2 s tool runs, smaller scales (a smoke run)")
+    parser.add_argument("--only", action="append", choices=["proxy", "dns", "control"],
+                        help="run only this benchmark (repeatable)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per benchmark (>= 3 for a real run)")
+    parser.add_argument("--seconds", type=float, help="duration of each tool run (default 5, quick 2)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="kubeport workers = HAProxy nbthread = DNS peers' workers (default 1)")
+    parser.add_argument("--no-kubeport", action="store_true", help="measure the peers only")
+    parser.add_argument("--no-install", action="store_true", help="do not apt-get install missing peers")
+    parser.add_argument("--results", type=Path, default=BENCH_DIR / "results", help="results directory")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the py-spy profile runs of kubeport's figures furthest from target")
+    parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
+                        help="only re-render the markdown and chart of earlier results; several files are "
+                             "merged (a later file's benchmark replaces an earlier one of the same name)")
+    parser.add_argument("--keep-workdir", action="store_true", help="keep configs and logs of the run")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    args.seconds = args.seconds or (2.0 if args.quick else 5.0)
+    return args
+
+
+def idle_connection_count(quick: bool) -> int:
+    """10,000 as the issue asks, unless the hard descriptor limit cannot hold 2 per connection."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    wanted = 2000 if quick else 10000
+    return min(wanted, (hard - 2000) // 2 // 1000 * 1000)
+
+
+#: a benchmark interrupted half-way: its samples so far still go into the results.
+interrupted: list = []
+
+
+def run_one(name: str, args: argparse.Namespace, workdir: Path, with_kubeport: bool, progress: Progress,
+            profiler: Profiler | None):
+    """One benchmark; if its harness breaks, say so and go on with the next."""
+    try:
+        if name == "proxy":
+            from kubeport_bench import proxy
+            return proxy.run(workdir, args.rounds, args.seconds, idle_connection_count(args.quick),
+                             args.workers, with_kubeport, progress, profiler)
+        if name == "dns":
+            from kubeport_bench import dns
+            return dns.run(workdir, args.rounds, args.seconds, args.workers, with_kubeport, progress, profiler)
+        from kubeport_bench import control
+        return control.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler)
+    except KeyboardInterrupt:
+        if progress.bench is not None and progress.bench.name == name:
+            interrupted.append(progress.bench)
+        raise
+    except Exception as exc:
+        progress.context = ""
+        progress.say(f"{name}: the benchmark could not run: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _terminate(signum, frame):  # SIGTERM tears down like Ctrl-C
+    raise KeyboardInterrupt
+
+
+def render(paths: list[Path]) -> int:
+    """Re-render results; several files (each its own invocation) merge into `<last>-combined`."""
+    data = json.loads(paths[0].read_text())
+    if len(paths) > 1:
+        by_name = {}
+        for part in paths:
+            part_data = json.loads(part.read_text())
+            for bench in part_data["benchmarks"]:
+                by_name[bench["name"]] = bench | {"source": part.name, "machine": part_data["machine"]}
+        data = {"machine": data["machine"] | {"merged_from": [p.name for p in paths]},
+                "benchmarks": list(by_name.values())}
+        path = paths[-1].with_name(f"{paths[-1].stem}-combined.json")
+        path.write_text(json.dumps(data, indent=1, default=str))
+    else:
+        path = paths[0]
+    benches = [bench_from_json(b) for b in data["benchmarks"]]
+    png = report.chart(benches, path.with_suffix(".png"))
+    text = report.markdown(benches, data["machine"], png)
+    path.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.render:
+        return render(args.render)
+    if os.geteuid() != 0:
+        print("bench/run.py needs root (network namespaces): sudo .venv/bin/python bench/run.py", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    raise_nofile()
+    progress = Progress()
+    if not args.no_install:
+        install_peers(progress)
+    with_kubeport = not args.no_kubeport
+    if with_kubeport:
+        ok, why = kubeport_runs()
+        if not ok:
+            progress.say(f"`kubeport run` is not available ({why}); its rows will say so")
+    if args.rounds < 3:
+        progress.say(f"note: {args.rounds} round(s); a real comparison needs >= 3")
+    started = datetime.datetime.now()
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    workdir = Path(tempfile.mkdtemp(prefix=f"kubeport-bench-{stamp}-"))
+    info = report.machine() | {"started": started.isoformat(timespec="seconds"), "rounds": args.rounds,
+                               "quick": args.quick, "seconds_per_run": args.seconds, "workers": args.workers}
+    profiler = None if args.no_profile else Profiler(args.results, stamp)
+    benches = []
+    only = args.only or ["proxy", "dns", "control"]
+    try:
+        for name in ("proxy", "dns", "control"):
+            if name in only:
+                bench = run_one(name, args, workdir / name, with_kubeport, progress, profiler)
+                if bench is not None:
+                    benches.append(bench)
+    except KeyboardInterrupt:
+        benches += interrupted
+        progress.say("interrupted: topologies torn down; writing what was measured")
+    finally:
+        if not args.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            progress.say(f"work directory kept: {workdir}")
+    args.results.mkdir(parents=True, exist_ok=True)
+    png = report.chart(benches, args.results / f"{stamp}.png")
+    text = report.markdown(benches, info, png)
+    report.write_json(args.results / f"{stamp}.json", benches, info)
+    (args.results / f"{stamp}.md").write_text(text)
+    print(text)
+    progress.say(f"results: {args.results / stamp}.{{json,md,png}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
