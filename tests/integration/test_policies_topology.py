@@ -1,0 +1,127 @@
+"""trafficDistribution and topology-aware routing through the daemons of both nodes (issue #4;
+reference A.4, B.2, B.3).
+
+Manifest mode: no EndpointSlice controller runs, so the daemons fill the hints the controller
+would write (endpoints/hints.py) and kube-proxy's rule uses them: hints count only when every
+ready endpoint has them and one matches this node (forNodes) or zone (forZones), node before
+zone before none. node-a is zone-a with pods a1, a2; node-b is zone-b with b1, b2.
+
+To tell PreferSameNode from PreferSameZone with one node per zone, the PreferSameNode slices
+declare b1's address on a third node, node-c (no kubeport runs there; its "pod" is reachable
+like any pod IP): a zone-a endpoint that is not on node-a.
+"""
+
+from __future__ import annotations
+
+import pytest
+from policies_support import FAST_STOP, HTTP_PORT, endpoint, node_with_cpu, settle_on, slice_of, with_annotations
+from test_proxy_support import service, start_daemon, write
+
+pytestmark = pytest.mark.integration
+
+ZONAL, NODAL, AUTO = "10.96.0.70", "10.96.0.71", "10.96.0.72"
+#: a fresh service per trafficDistribution value, so no case can pass on another case's state.
+BY_DISTRIBUTION = {"PreferSameZone": ("same-zone", "10.96.0.73"), "PreferClose": ("close", "10.96.0.74")}
+
+
+@pytest.fixture(scope="module")
+def cluster(topology, pods, tmp_path_factory):
+    manifests = tmp_path_factory.mktemp("manifests")
+    state = tmp_path_factory.mktemp("state")
+    # 3:1 allocatable CPU gives topology-mode Auto a zone-a share of 3/4.
+    write(manifests, "nodes", node_with_cpu(topology, "a", "3"), node_with_cpu(topology, "b", "1"))
+    daemons = [start_daemon(topology, which, manifests, state, *FAST_STOP) for which in ("a", "b")]
+    yield manifests
+    for daemon in daemons:
+        daemon.stop()
+
+
+@pytest.fixture
+def pod_of(topology):
+    return lambda name: topology.pod_info(name[0], int(name[1:]))
+
+
+@pytest.fixture
+def clients(topology):
+    """A pod on each node, as the client of the services (a2 on node-a, b2 on node-b)."""
+    return {"node-a": topology.pod("a", 2), "node-b": topology.pod("b", 2)}
+
+
+def _zonal(cluster, pod_of, distribution: str, *pods: str, name: str = "zonal", ip: str = ZONAL) -> None:
+    write(cluster, name,
+          service(name, [ip], [HTTP_PORT], trafficDistribution=distribution),
+          slice_of(f"{name}-1", name, [endpoint(pod_of(p)) for p in pods]))
+
+
+@pytest.mark.parametrize("distribution", sorted(BY_DISTRIBUTION))
+def test_prefer_same_zone__each_node_reaches_only_its_zone__b2_a4(cluster, pod_of, clients, distribution):
+    name, ip = BY_DISTRIBUTION[distribution]
+    _zonal(cluster, pod_of, distribution, "a1", "a2", "b1", "b2", name=name, ip=ip)
+    assert set(settle_on(clients["node-a"], ip, 80, {"a1", "a2"})) == {"a1", "a2"}
+    assert set(settle_on(clients["node-b"], ip, 80, {"b1", "b2"})) == {"b1", "b2"}
+
+
+def test_prefer_same_zone__uses_own_zone_while_any_endpoint_is_left_there__a4(cluster, pod_of, clients):
+    _zonal(cluster, pod_of, "PreferSameZone", "a1", "b1", "b2")
+    assert set(settle_on(clients["node-a"], ZONAL, 80, {"a1"})) == {"a1"}
+    assert set(settle_on(clients["node-b"], ZONAL, 80, {"b1", "b2"})) == {"b1", "b2"}
+
+
+def test_prefer_same_zone__no_endpoint_in_own_zone__falls_back_to_all__a4(cluster, pod_of, clients):
+    _zonal(cluster, pod_of, "PreferSameZone", "a1", "a2", "b1", "b2")
+    settle_on(clients["node-a"], ZONAL, 80, {"a1", "a2"})
+    # zone-a's endpoints are removed from the manifest: no ready endpoint is hinted for zone-a.
+    _zonal(cluster, pod_of, "PreferSameZone", "b1", "b2")
+    assert set(settle_on(clients["node-a"], ZONAL, 80, {"b1", "b2"})) == {"b1", "b2"}
+    assert set(settle_on(clients["node-b"], ZONAL, 80, {"b1", "b2"})) == {"b1", "b2"}
+
+
+def _nodal(cluster, pod_of, endpoints: list[dict]) -> None:
+    write(cluster, "nodal",
+          service("nodal", [NODAL], [HTTP_PORT], trafficDistribution="PreferSameNode"),
+          slice_of("nodal-1", "nodal", endpoints))
+
+
+def _b1_on_node_c(pod_of, zone: str) -> dict:
+    return endpoint(pod_of("b1"), node="node-c", zone=zone)
+
+
+def test_prefer_same_node__each_node_reaches_only_its_own_pods__b2_a4(cluster, pod_of, clients):
+    _nodal(cluster, pod_of, [endpoint(pod_of("a1")), endpoint(pod_of("a2")),
+                             _b1_on_node_c(pod_of, "zone-a"), endpoint(pod_of("b2"))])
+    # PreferSameZone would add b1 (zone-a, node-c) for node-a: forNodes wins over forZones.
+    assert set(settle_on(clients["node-a"], NODAL, 80, {"a1", "a2"})) == {"a1", "a2"}
+    assert set(settle_on(clients["node-b"], NODAL, 80, {"b2"})) == {"b2"}
+
+
+def test_prefer_same_node__falls_back_to_same_zone_then_to_all__a4(cluster, pod_of, clients):
+    # node-a's pods are gone: no node hint names node-a, zone hints still name zone-a (b1 on node-c).
+    _nodal(cluster, pod_of, [_b1_on_node_c(pod_of, "zone-a"), endpoint(pod_of("b2"))])
+    assert set(settle_on(clients["node-a"], NODAL, 80, {"b1"})) == {"b1"}
+    assert set(settle_on(clients["node-b"], NODAL, 80, {"b2"})) == {"b2"}
+    # node-c moves to zone-c: nothing is hinted for node-a or zone-a any more, so every ready endpoint.
+    _nodal(cluster, pod_of, [_b1_on_node_c(pod_of, "zone-c"), endpoint(pod_of("b2"))])
+    assert set(settle_on(clients["node-a"], NODAL, 80, {"b1", "b2"})) == {"b1", "b2"}
+    assert set(settle_on(clients["node-b"], NODAL, 80, {"b2"})) == {"b2"}
+
+
+def _auto(cluster, pod_of, *pods: str) -> None:
+    write(cluster, "auto",
+          with_annotations(service("auto", [AUTO], [HTTP_PORT]), **{"service.kubernetes.io/topology-mode": "Auto"}),
+          slice_of("auto-1", "auto", [endpoint(pod_of(p)) for p in pods]))
+
+
+def test_topology_mode_auto__zones_get_endpoints_in_proportion_to_cpu__b3(cluster, pod_of, clients):
+    # 4 endpoints, CPU 3:1: zone-a should have 3 and has 2, zone-b gives one away (the first of its
+    # endpoints in slice order, b1), so node-a reaches a1, a2, b1 and node-b only b2.
+    _auto(cluster, pod_of, "a1", "a2", "b1", "b2")
+    assert set(settle_on(clients["node-a"], AUTO, 80, {"a1", "a2", "b1"})) == {"a1", "a2", "b1"}
+    assert set(settle_on(clients["node-b"], AUTO, 80, {"b2"})) == {"b2"}
+
+
+def test_topology_mode_auto__overload_safeguard_disables_hints__b3(cluster, pod_of, clients):
+    # 2 endpoints, CPU 3:1: zone-a needs ceil(1.5 / 1.2) = 2 and zone-b 1, more than there are:
+    # "Unable to allocate minimum required endpoints ..." -> no hints -> every node uses both.
+    _auto(cluster, pod_of, "a1", "b1")
+    assert set(settle_on(clients["node-a"], AUTO, 80, {"a1", "b1"})) == {"a1", "b1"}
+    assert set(settle_on(clients["node-b"], AUTO, 80, {"a1", "b1"})) == {"a1", "b1"}
