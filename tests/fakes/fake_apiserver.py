@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -98,16 +99,22 @@ class FakeApiServer:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def start(self) -> "FakeApiServer":
+    async def start(self, sock: socket.socket | None = None) -> "FakeApiServer":
+        """Listen on 127.0.0.1 (a free port), or on ``sock``: a bound socket, e.g. one made
+        inside another network namespace (a socket keeps the namespace it was created in)."""
         app = web.Application()
         app.router.add_get("/api/v1/{plural}", self._handle)
         app.router.add_get("/apis/{group}/{version}/{plural}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._tls)
+        if sock is None:
+            site: web.BaseSite = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._tls)
+        else:
+            site = web.SockSite(self._runner, sock, ssl_context=self._tls)
         await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"{'https' if self._tls else 'http'}://127.0.0.1:{port}"
+        host, port = self._runner.addresses[0][:2]
+        host = f"[{host}]" if ":" in host else host
+        self.url = f"{'https' if self._tls else 'http'}://{host}:{port}"
         return self
 
     async def stop(self) -> None:

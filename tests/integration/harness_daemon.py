@@ -77,16 +77,22 @@ def probe_address(extra_args: tuple[str, ...]) -> str:
 class KubeportDaemon:
     """`kubeport run --manifests DIR --hostname-override NODE --state-dir DIR ...` in `ns`.
 
+    With ``kubeconfig=FILE`` (and ``manifests_dir`` None) the source is a kube-apiserver:
+    ``--kubeconfig FILE`` replaces ``--manifests DIR``.
+
     Starts at construction. stdout and stderr are appended to `log_path` (default: next to the
     state dir, `<ns>.kubeport.log`). Owned like any spawned process: a daemon made in a test is
     stopped when the test ends; `restart()` keeps the original owner. `program` replaces the
     kubeport executable (the harness's own tests run a stand-in)."""
 
-    def __init__(self, ns: str, manifests_dir: Path | str, state_dir: Path | str, *extra_args: str,
+    def __init__(self, ns: str, manifests_dir: Path | str | None, state_dir: Path | str, *extra_args: str,
                  node_name: str | None = None, log_path: Path | str | None = None,
-                 program: Sequence[str] | None = None):
+                 program: Sequence[str] | None = None, kubeconfig: Path | str | None = None):
+        if (manifests_dir is None) == (kubeconfig is None):
+            raise ValueError("give exactly one source: manifests_dir or kubeconfig=")
         self.ns = ns
-        self.manifests_dir = Path(manifests_dir)
+        self.manifests_dir = None if manifests_dir is None else Path(manifests_dir)
+        self.kubeconfig = None if kubeconfig is None else Path(kubeconfig)
         self.state_dir = Path(state_dir)
         self.extra_args = tuple(str(arg) for arg in extra_args)
         self.node_name = node_name or node_name_from_ns(ns)
@@ -100,8 +106,15 @@ class KubeportDaemon:
 
     @property
     def command(self) -> list[str]:
-        return [*self.program, "run", "--manifests", str(self.manifests_dir),
-                "--hostname-override", self.node_name, "--state-dir", str(self.state_dir), *self.extra_args]
+        # No DNS lame duck and no connection drain unless a test asks for them: every stop
+        # would otherwise wait for them (5 s, and up to 30 s while a UDP flow is live).
+        fast_stop = [f"{flag}=0s" for flag in ("--dns-lame-duck", "--shutdown-grace-period")
+                     if not any(a.startswith(flag) for a in self.extra_args)]
+        source = (["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig is not None
+                  else ["--manifests", str(self.manifests_dir)])
+        return [*self.program, "run", *source,
+                "--hostname-override", self.node_name, "--state-dir", str(self.state_dir), *fast_stop,
+                *self.extra_args]
 
     @property
     def running(self) -> bool:

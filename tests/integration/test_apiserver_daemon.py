@@ -1,0 +1,289 @@
+"""The daemon reading a kube-apiserver (issue #6 "Tests"), end to end in network namespaces.
+
+kubeport runs in a node's namespace with `--kubeconfig`, against the in-process fake API
+server of tests/fakes listening inside that namespace (https, bearer token). The node's pods
+ask with real dig, curl and UDP; the daemon's own view comes from `kubeport get status -o
+json`, /readyz and /metrics. Services have explicit clusterIPs (nothing is allocated with an
+API server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apiserver_netns import (
+    NetnsApiServer,
+    dig_answer,
+    k8s,
+    metric_samples,
+    pod_slice,
+    resource_stats,
+    seed,
+    start_daemon,
+    status,
+)
+from fake_tls import TlsFiles, make_tls
+from netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, wait_until
+from policies_support import curl_exit_code, pods_over, settle_curl_exit, settle_on
+
+pytestmark = pytest.mark.integration
+
+WEB_IP, API_IP = "10.96.0.20", "10.96.0.21"
+WEB, API, DB = (f"{name}.default.svc.cluster.local" for name in ("web", "api", "db"))
+# curl's exit code when nothing takes the connection: refused, or the VIP is not (yet) on the node.
+CANNOT_CONNECT = 7
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory) -> TlsFiles:
+    return make_tls(tmp_path_factory.mktemp("pki"))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """An API server and a kubeport reading it, both in the namespace of node `letter`;
+    web (10.96.0.20) starts on that node's two pods, and its pod 1 is the client."""
+
+    api: NetnsApiServer
+    daemon: KubeportDaemon
+    topology: Topology
+    letter: str
+
+    @property
+    def node(self) -> str:
+        return self.daemon.ns
+
+    @property
+    def client(self) -> str:
+        return self.topology.pod(self.letter, 1)
+
+    @property
+    def local_pods(self) -> set[str]:
+        return {f"{self.letter}1", f"{self.letter}2"}
+
+    def pods(self, *names: str) -> list[Pod]:
+        return [pod for pod in self.topology.pods if pod.name in names]
+
+    def set_web(self, *names: str) -> None:
+        """web's TCP endpoints become these pods (MODIFIED); wait until only they answer."""
+        self.api.apply(pod_slice("web-abc12", "web", self.pods(*names)))
+        settle_on(self.client, WEB_IP, 80, set(names))
+
+
+@contextlib.contextmanager
+def serving(topology: Topology, tls: TlsFiles, directory: Path, letter: str,
+            before_start: Callable[[NetnsApiServer], Any] = lambda api: None, **fake_options: Any,
+            ) -> Iterator[Cluster]:
+    """Start the API server in node `letter` (seeded; `before_start` may arrange faults), then
+    kubeport against it (not waited for). Both stop when the block ends."""
+    with NetnsApiServer(topology.node(letter), tls, **fake_options) as api:
+        seed(api, topology, [topology.pod_info(letter, 1), topology.pod_info(letter, 2)])
+        before_start(api)
+        daemon = start_daemon(api, directory)
+        try:
+            yield Cluster(api, daemon, topology, letter)
+        finally:
+            daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(topology, pods, tls, tmp_path_factory) -> Iterator[Cluster]:
+    """Shared by the event tests, on node-a (the tests that need their own daemon use node-b:
+    a second kubeport in a node's namespace would take the first one over)."""
+    with serving(topology, tls, tmp_path_factory.mktemp("cluster"), "a") as running:
+        running.daemon.wait_ready(timeout=30)
+        yield running
+
+
+def settle_dns(client: str, name: str, expected: tuple[str, list[str]]) -> None:
+    """Wait until `dig name A` from `client` answers (rcode, sorted addresses) == expected."""
+    wait_until(lambda: dig_answer(client, name) == expected, 10, message=f"{name} A -> {expected}")
+
+
+def settled_status(node: str) -> dict:
+    """`kubeport get status` once the proxy and DNS have both applied the latest snapshot."""
+    def settled() -> dict | None:
+        now = status(node)
+        applied = (now["proxy"]["appliedGeneration"], now["dns"]["appliedGeneration"])
+        return now if applied == (now["generation"], now["generation"]) else None
+
+    return wait_until(settled, 10, message="proxy and DNS on the latest generation")
+
+
+def restarts_for(status_now: dict, kind: str, reason: str) -> int:
+    return status_now["source"]["resources"][kind]["restartReasons"].get(reason, 0)
+
+
+# --- initial sync -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("watch_list", [False, True], ids=["paged_list", "watch_list__kep3157"])
+def test_nothing_served_before_services_and_endpointslices_listed__issue6_sync_gating(
+        topology, pods, tls, tmp_path, watch_list):
+    # The first list of Services waits (with watch-list the list is the first watch).
+    verb = "watch" if watch_list else "list"
+    held: list[Callable[[], None]] = []
+    with serving(topology, tls, tmp_path, "b", lambda api: held.append(api.hold("services", verb)),
+                 watch_list=watch_list) as running:
+        api, daemon, client = running.api, running.daemon, running.client
+        wait_until(lambda: api.count("services", verb) and resource_stats(daemon.ns, "EndpointSlice")["synced"],
+                   20, message="Services held while EndpointSlices completed their first list",
+                   ignore=(CommandFailed, KeyError))
+
+        ready = daemon.readyz()
+        assert ready.status == 503 and "source: first list not complete" in ready.body
+        assert status(daemon.ns)["synced"] is False
+        assert dig_answer(client, WEB)[0] == "SERVFAIL"
+        assert curl_exit_code(client, WEB_IP, 80) == CANNOT_CONNECT
+        with pytest.raises((NoReply, ConnectionRefusedError)):  # (no VIP: "net unreachable" is soft for UDP)
+            udp_request(client, WEB_IP, 90, "hi", timeout=1.0)
+
+        held[0]()
+        daemon.wait_ready()
+        assert dig_answer(client, WEB) == ("NOERROR", [WEB_IP])
+        assert set(pods_over(client, WEB_IP, 80, 10)) <= running.local_pods
+        assert udp_request(client, WEB_IP, 90, "hi").split()[1] == b"hi"
+        stats = status(daemon.ns)["source"]["resources"]
+        assert stats["Service"]["watchList"] is watch_list and stats["Service"]["lists"] == 1
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+def test_added_modified_deleted_reach_proxy_and_dns(cluster: Cluster):
+    api, client = cluster.api, cluster.client
+    # ADDED: a Service and its slice; a headless Service (DNS only).
+    api.apply(k8s.service("api", cluster_ip=API_IP))
+    api.apply(pod_slice("api-x7k2p", "api", cluster.pods("b1")))
+    api.apply(k8s.service("db", cluster_ip="None"))
+    api.apply(pod_slice("db-q9w8e", "db", cluster.pods("a2", "b2")))
+    settle_on(client, API_IP, 80, {"b1"})
+    settle_dns(client, API, ("NOERROR", [API_IP]))
+    settle_dns(client, DB, ("NOERROR", ["10.244.1.12", "10.244.2.12"]))
+
+    # MODIFIED: web's slice moves to node-b's pods, api's port moves, db loses a pod.
+    cluster.set_web("b1", "b2")
+    api.apply(k8s.service("api", cluster_ip=API_IP,
+                          ports=[{"name": "http", "protocol": "TCP", "port": 81, "targetPort": 8080}]))
+    settle_on(client, API_IP, 81, {"b1"})
+    assert curl_exit_code(client, API_IP, 80) == CANNOT_CONNECT
+    api.apply(pod_slice("db-q9w8e", "db", cluster.pods("b2")))
+    settle_dns(client, DB, ("NOERROR", ["10.244.2.12"]))
+
+    # DELETED: api disappears from the proxy and DNS; db loses its only slice.
+    api.delete("EndpointSlice", "default", "api-x7k2p")
+    api.delete("Service", "default", "api")
+    api.delete("EndpointSlice", "default", "db-q9w8e")
+    settle_curl_exit(client, API_IP, 81, CANNOT_CONNECT)
+    settle_dns(client, API, ("NXDOMAIN", []))
+    # A headless Service with no ready endpoint is NXDOMAIN (Kubernetes DNS spec 2.4.1).
+    settle_dns(client, DB, ("NXDOMAIN", []))
+    api.delete("Service", "default", "db")  # (leave the shared cluster as the other tests expect it)
+
+    by_kind = status(cluster.node)["source"]["resources"]
+    assert by_kind["Service"]["events"]["MODIFIED"] >= 1 and by_kind["Service"]["events"]["DELETED"] >= 1
+    assert by_kind["EndpointSlice"]["events"]["MODIFIED"] >= 2 and by_kind["EndpointSlice"]["events"]["DELETED"] >= 2
+
+
+def test_relist_after_410_changes_nothing__no_flap(cluster: Cluster):
+    api, node = cluster.api, cluster.node
+    cluster.set_web("a1", "a2")
+    before = settled_status(node)
+    log_mark = len(cluster.daemon.log_text())
+    # The watches are cut; meanwhile etcd moves on and compacts: resuming gets "410 Gone".
+    for plural in ("services", "endpointslices"):
+        api.cut_watches(plural)
+    api.apply(k8s.node("node-c", zone="zone-c"))  # not this node: moves the resourceVersion only
+    api.compact()
+    for plural in ("services", "endpointslices"):
+        api.bookmark(plural)  # written half, then the connection is cut
+
+    def relisted() -> bool:
+        now = status(node)["source"]["resources"]
+        return all(now[kind]["relists"] > before["source"]["resources"][kind]["relists"]
+                   for kind in ("Service", "EndpointSlice"))
+
+    wait_until(relisted, 20, message="Services and EndpointSlices relisted after 410")
+    after = status(node)
+    assert after["generation"] == before["generation"]
+    assert "applied generation" not in cluster.daemon.log_text()[log_mark:]
+    for kind in ("Service", "EndpointSlice"):  # the resumed watch ended with the 410 ERROR event
+        assert restarts_for(after, kind, "expired") > restarts_for(before, kind, "expired")
+    assert set(pods_over(cluster.client, WEB_IP, 80, 10)) <= {"a1", "a2"}
+
+
+def test_cut_watch_resumes_with_the_change_it_cut(cluster: Cluster):
+    api, node = cluster.api, cluster.node
+    cluster.set_web("a1")
+    before = resource_stats(node, "EndpointSlice")
+    api.cut_watches("endpointslices")
+    api.apply(pod_slice("web-abc12", "web", cluster.pods("a2")))  # half of this event, then the cut
+    settle_on(cluster.client, WEB_IP, 80, {"a2"})
+    after = resource_stats(node, "EndpointSlice")
+    assert after["restartReasons"].get("cut", 0) == before["restartReasons"].get("cut", 0) + 1
+    # Replayed from the last resourceVersion seen: received once, not lost, not twice.
+    assert after["events"]["MODIFIED"] == before["events"]["MODIFIED"] + 1
+    cluster.set_web("a1", "b1")  # the resumed watch carries the next change too
+
+
+# --- failures -------------------------------------------------------------------------------
+
+
+def test_apiserver_gone_keeps_the_last_state_serving(topology, pods, tls, tmp_path):
+    with serving(topology, tls, tmp_path, "b") as running:
+        node, client = running.node, running.client
+        running.daemon.wait_ready()
+        running.api.stop()
+
+        def restarts_seen() -> bool:
+            stats = status(node)["source"]["resources"]
+            return all(stats[kind]["watchRestarts"] >= 1 and stats[kind]["failures"]
+                       for kind in ("Service", "EndpointSlice"))
+
+        wait_until(restarts_seen, 20, message="watch restarts and failed reconnects in kubeport get status")
+        restarts = metric_samples(node, "kubeport_apiserver_watch_restarts_total")
+        assert any('kind="EndpointSlice"' in labels and value >= 1 for labels, value in restarts.items()), restarts
+        assert running.daemon.readyz().status == 200
+        assert set(pods_over(client, WEB_IP, 80, 10)) <= running.local_pods
+        assert dig_answer(client, WEB) == ("NOERROR", [WEB_IP])
+
+
+FORBIDDEN_LINE = (
+    'EndpointSlice: endpointslices.discovery.k8s.io is forbidden: User "system:serviceaccount:kube-system:kubeport" '
+    'cannot {verb} resource "endpointslices" in API group "discovery.k8s.io" at the cluster scope; add the rule '
+    '{{apiGroups: ["discovery.k8s.io"], resources: ["endpointslices"], verbs: ["get", "list", "watch"]}} '
+    "to kubeport's ClusterRole (deploy/rbac.yaml)"
+)
+
+
+def readyz_problems(ready: Readyz) -> list[str]:
+    return json.loads(ready.body)["problems"]
+
+
+def _forbid_endpointslices(api: NetnsApiServer) -> None:
+    for verb in ("list", "watch"):
+        api.forbid("endpointslices", verb)
+
+
+def test_forbidden_endpointslices_names_the_missing_rule__rbac(topology, pods, tls, tmp_path):
+    with serving(topology, tls, tmp_path, "b", _forbid_endpointslices) as running:
+        api, daemon = running.api, running.daemon
+        # The first request is the streaming list: a watch.
+        expected = FORBIDDEN_LINE.format(verb="watch")
+
+        wait_until(lambda: expected in readyz_problems(daemon.readyz()), 20, message="the RBAC problem in /readyz",
+                   ignore=(ValueError,))
+        ready = daemon.readyz()
+        assert ready.status == 503 and "source: first list not complete" in ready.body
+        assert status(daemon.ns)["source"]["problems"] >= 1
+
+        for verb in ("list", "watch"):
+            api.permit("endpointslices", verb)
+        daemon.wait_ready()
+        assert readyz_problems(daemon.readyz()) == []
