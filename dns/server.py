@@ -1,10 +1,11 @@
-"""DnsServer: asyncio UDP and TCP listeners around the sans-IO answerer.
+"""DnsServer: UDP and TCP listeners around the sans-IO answerer.
 
-The listeners are thin: a datagram or a TCP frame goes to :meth:`Answerer.answer`; a
-cached answer is written back from the same callback, and only questions that need an
-upstream become tasks (owned by the server, cancelled on stop). TCP follows RFC 7766:
-pipelined queries answered as they complete, an idle timeout, a cap on connections,
-reading paused while the client does not read its answers.
+UDP is read by a drain loop on a raw non-blocking socket (:mod:`.udp`); a TCP frame goes
+through the same :meth:`Answerer.answer`. A cached answer (cluster or relayed upstream)
+is written back from the same callback, and only questions that need an upstream become
+tasks (owned by the server, cancelled on stop). TCP follows RFC 7766: pipelined queries
+answered as they complete, an idle timeout, a cap on connections, reading paused while
+the client does not read its answers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .config import DnsConfig, default_upstreams
 from .lookup import qtype_name
 from .records import RecordIndex
 from .stats import DnsStats
+from .udp import UdpServing, bind_udp, udp_listener
 from .upstream import Forwarder, UpstreamCache
 from .wire import CD, REFUSED, question_reply
 
@@ -44,9 +46,9 @@ class DnsServer:
         self._monotonic = monotonic
         self._index = RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names, now=clock())
         self._snapshot: Snapshot | None = None
-        self.answerer = Answerer(config, self._index, self.stats, timer=monotonic)
+        self.answerer = Answerer(config, self._index, self.stats, timer=monotonic, clock=monotonic)
         self.forwarder = self._make_forwarder(config)
-        self._udp: list[asyncio.DatagramTransport] = []
+        self._udp: list[UdpServing] = []
         self._tcp: list[asyncio.Server] = []
         self._connections: set[_TcpConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -85,14 +87,14 @@ class DnsServer:
         loop = asyncio.get_running_loop()
         for address in self.config.addresses:
             family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
-            transport, _ = await loop.create_datagram_endpoint(
-                lambda: _UdpListener(self), local_addr=(address, self.port), family=family)
-            self._udp.append(transport)
+            # SO_REUSEPORT: a new kubeport instance binds the same address before this one
+            # leaves (seamless restart); the kernel spreads queries over both meanwhile.
+            sock = bind_udp(address, self.port, family)
+            self._udp.append(UdpServing(sock, udp_listener(sock, self.answerer, self._forward, self.stats), loop))
             if self.port == 0:
-                self.port = transport.get_extra_info("sockname")[1]
-            _enlarge_receive_buffer(transport.get_extra_info("socket"))
+                self.port = sock.getsockname()[1]
             server = await loop.create_server(lambda: _TcpConnection(self), address, self.port,
-                                              family=family, reuse_address=True)
+                                              family=family, reuse_address=True, reuse_port=True)
             self._tcp.append(server)
 
     async def stop(self, lame_duck: float = 0.0) -> None:
@@ -102,8 +104,8 @@ class DnsServer:
             await asyncio.sleep(lame_duck)
         for server in self._tcp:
             server.close()
-        for transport in self._udp:
-            transport.close()
+        for serving in self._udp:
+            serving.close()
         for connection in list(self._connections):
             connection.close()
         for task in list(self._tasks):
@@ -162,9 +164,10 @@ class DnsServer:
         do = bool(query.edns and query.edns.do)
         cd = bool(query.flags & CD)
         key = Forwarder.cache_key(forward.question, do=do, cd=cd)
-        message = self.forwarder.cached(key, self._monotonic())
-        if message is not None:
-            send(self.answerer.relay(forward, message))
+        now = self._monotonic()
+        stored = self.forwarder.cached(key, now)
+        if stored is not None:
+            send(self.answerer.relay_stored(forward, stored, now))
             return
         if self.forwarder.busy:
             self.stats.forward_refused += 1
@@ -172,61 +175,29 @@ class DnsServer:
                 query, REFUSED, self.config.edns_udp_size, authoritative=False), REFUSED))
             return
         task = asyncio.get_running_loop().create_task(
-            self._resolve(forward, send, do=do, cd=cd, started=self._monotonic()))
+            self._resolve(forward, send, key, do=do, cd=cd, started=now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _resolve(self, forward: Forward, send: Send, *, do: bool, cd: bool, started: float) -> None:
+    async def _resolve(self, forward: Forward, send: Send, key: bytes, *, do: bool, cd: bool,
+                       started: float) -> None:
         try:
             message = await self.forwarder.resolve(forward.question, do=do, cd=cd, now=started)
         except Exception:  # a bug must cost one SERVFAIL, not the client's silence
             log.exception("dns: forwarding %s failed", forward.labels)
             message = None
-        send(self.answerer.relay(forward, message))
-        self.stats.observe(qtype_name(forward.query.qtype), self._monotonic() - started)
+        now = self._monotonic()
+        stored = self.forwarder.cache.lookup(key, now) if message is not None else None
+        if stored is not None:  # cached: relay it so that its reply is kept encoded too
+            send(self.answerer.relay_stored(forward, stored, now))
+        else:
+            send(self.answerer.relay(forward, message))
+        self.stats.observe(qtype_name(forward.query.qtype), now - started)
 
 
 def _forwarding(config: DnsConfig) -> tuple[object, ...]:
     return (config.upstreams, config.upstream_timeout, config.cache_size, config.cache_max_ttl,
             config.cache_max_negative_ttl, config.max_concurrent_forwards, config.edns_udp_size)
-
-
-UDP_RECEIVE_BUFFER = 1 << 20
-
-
-def _enlarge_receive_buffer(sock: socket.socket | None) -> None:
-    """Room for bursts (the kernel default drops queries after ~200 KiB); best effort,
-    capped by net.core.rmem_max."""
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)
-        except OSError as error:
-            log.debug("dns: cannot enlarge the UDP receive buffer: %s", error)
-
-
-class _UdpListener(asyncio.DatagramProtocol):
-    def __init__(self, server: DnsServer):
-        self.server = server
-        self.transport: asyncio.DatagramTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        reply = self.server.answerer.answer(data)
-        if reply.__class__ is bytes:
-            self.transport.sendto(reply, addr)  # type: ignore[union-attr, arg-type]
-        elif reply is not None:
-            transport = self.transport
-            self.server._forward(reply, lambda answer: _send_udp(transport, answer, addr))  # type: ignore[arg-type]
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("dns: udp error: %s", exc)
-
-
-def _send_udp(transport: asyncio.DatagramTransport | None, reply: bytes, addr: tuple[str, int]) -> None:
-    if transport is not None and not transport.is_closing():
-        transport.sendto(reply, addr)
 
 
 class _TcpConnection(asyncio.Protocol):

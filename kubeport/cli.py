@@ -38,6 +38,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--dns-ttl", type=int, metavar="SECONDS")
     run.add_argument("--pods", choices=["disabled", "insecure", "verified"], help="DNS pod records mode")
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
+    run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
     run.add_argument("--healthz-bind-address", metavar="IP:PORT")
     run.add_argument("--metrics-bind-address", metavar="IP:PORT")
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     get = sub.add_parser("get", help="show what the running daemon holds")
-    get.add_argument("resource", choices=["services", "svc", "endpointslices", "endpointslice", "eps"])
+    get.add_argument("resource", choices=["services", "svc", "endpointslices", "endpointslice", "eps", "status"],
+                     help="status: the source's progress (list/watch counters) and what is served")
     scope = get.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", default="default")
     scope.add_argument("-A", "--all-namespaces", action="store_true")
@@ -103,6 +105,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     put("dns.ttl", args.dns_ttl)
     put("dns.pods", args.pods)
     put("dns.upstreams", args.upstream)
+    put("dns.lameDuck", args.dns_lame_duck)
     return values
 
 
@@ -142,13 +145,21 @@ def build_configuration(args: argparse.Namespace) -> KubeportConfiguration:
 def cmd_get(args: argparse.Namespace) -> int:
     kind = {"svc": "services", "endpointslice": "endpointslices", "eps": "endpointslices"}.get(
         args.resource, args.resource)
-    path = f"/api/v1/{kind}" if args.all_namespaces else f"/api/v1/namespaces/{args.namespace}/{kind}"
+    if kind == "status":
+        path = "/api/v1/status"
+    elif args.all_namespaces:
+        path = f"/api/v1/{kind}"
+    else:
+        path = f"/api/v1/namespaces/{args.namespace}/{kind}"
     try:
         with urllib.request.urlopen(args.server.rstrip("/") + path, timeout=10) as response:
             listing = json.load(response)
     except (urllib.error.URLError, OSError) as exc:
         print(f"kubeport: cannot reach the daemon at {args.server}: {exc}", file=sys.stderr)
         return 1
+    if kind == "status":
+        print(json.dumps(listing, indent=2) if args.output == "json" else printers.render_status(listing))
+        return 0
     problems = listing.pop("problems", [])
     print(printers.render(kind, listing, args.output, args.all_namespaces))
     if problems and args.output not in ("json", "yaml"):

@@ -141,6 +141,18 @@ class DnsSettings(_Section):
     def _ips(cls, values: list[str]) -> list[str]:
         return [str(ipaddress.ip_address(v)) for v in values]
 
+    @field_validator("upstreams")
+    @classmethod
+    def _upstreams(cls, values: list[str]) -> list[str]:
+        from kubeport.dns.config import DnsConfigError, parse_upstream
+
+        for value in values:
+            try:
+                parse_upstream(value)
+            except DnsConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return values
+
 
 class KubeportConfiguration(_Section):
     """Everything `kubeport run` needs; validated once, never mutated."""

@@ -2,8 +2,13 @@
 
 Startup: status server (not ready), service addresses, DNS listeners (SERVFAIL until
 synced), source. Each consumer follows the snapshots on its own task, so a slow proxy
-sync never delays DNS. Shutdown is ordered: readiness off, stop the source, stop
-DNS and the proxy (draining), remove addresses, stop serving status.
+sync never delays DNS.
+
+Shutdown (SIGTERM/SIGINT): readiness goes false; DNS and the proxy keep serving for the
+lame-duck period; the proxy stops accepting and drains established connections up to
+the shutdown grace period; addresses are removed; exit 0. A second signal ends the
+lame duck and the drain at once. When a new instance takes over (kubeport.handover),
+the old one skips the lame duck and leaves the addresses to its successor.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from prometheus_client import CollectorRegistry
 
 from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 from kubeport.endpoints.types import Snapshot
-
 from kubeport.proxy.health import HealthResponse
 
+from . import components, handover
 from .config import KubeportConfiguration
+from .metrics import ProxyMetrics
+from .reload import Reloader
 from .status import StatusServer
 
 log = logging.getLogger("kubeport.daemon")
@@ -33,19 +40,35 @@ class DaemonError(Exception):
     """The daemon cannot start or run; the message says why."""
 
 
+class _Stop(Exception):
+    pass
+
+
 class Daemon:
-    def __init__(self, config: KubeportConfiguration) -> None:
+    def __init__(
+        self,
+        config: KubeportConfiguration,
+        config_file: Path | None = None,
+        flags: dict[str, Any] | None = None,
+    ) -> None:
         self.config = config
         self.manifest_mode = config.source_kind == "manifests"
         self.registry = CollectorRegistry()
         self.state = self._build_state()
+        self.metrics = ProxyMetrics(self.registry, config.hostname_override)
+        self._reloader = Reloader(config_file, flags or {})
         self._applied: dict[str, int] = {}
+        self._ready = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._forced = asyncio.Event()
+        self._handing_over = False
         self._source: Any = None
         self._proxier: Any = None
         self._dns: Any = None
         self._health: Any = None
         self._healthchecks: Any = None
+        self._health_desired: dict = {}
+        self._instance = handover.Instance(config.hostname_override, self._on_takeover)
 
     # --- DaemonView (read by the status server) -------------------------------------
 
@@ -69,12 +92,36 @@ class Daemon:
             found += [f"proxy: {problem}" for problem in self._proxier.problems]
         return found
 
+    def status(self) -> dict[str, Any]:
+        """What `kubeport get status` prints: the source's progress and what is being served."""
+        snapshot = self.state.snapshot
+        source: dict[str, Any] = {"kind": self.config.source_kind}
+        if hasattr(self._source, "stats_dict"):
+            source["resources"] = self._source.stats_dict()
+        else:
+            source.update(files=getattr(self._source, "files_loaded", 0),
+                          objects=getattr(self._source, "objects_loaded", 0))
+        source["problems"] = len(self.problems())
+        return {
+            "node": self.config.hostname_override,
+            "zone": snapshot.node.zone if snapshot.node else None,
+            "ready": not self.pending(),
+            "generation": snapshot.generation,
+            "synced": snapshot.synced,
+            "services": len(snapshot.services),
+            "endpoints": sum(len(s.endpoints) for st in snapshot.services.values() for s in st.slices),
+            "source": source,
+            "proxy": {"listeners": len(self._proxier.listening) if self._proxier else 0,
+                      "appliedGeneration": self._applied.get("proxy")},
+            "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
+        }
+
     def proxy_health(self, path: str) -> HealthResponse:
         self._health.sync_node(self.state.snapshot.node)
         now = time.time()
         return self._health.healthz(now) if path == "healthz" else self._health.livez(now)
 
-    # --- lifecycle --------------------------------------------------------------------
+    # --- construction -------------------------------------------------------------------
 
     def _build_state(self) -> ClusterState:
         transform = None
@@ -91,87 +138,40 @@ class Daemon:
             required_kinds=required,
         )
 
-    def _build_source(self) -> Any:
-        config = self.config
-        if not self.manifest_mode:
-            from kubeport.endpoints.apiserver import ApiServerSource
-
-            source = ApiServerSource(
-                self.state,
-                kubeconfig=config.client_connection.kubeconfig,
-                in_cluster=config.in_cluster,
-                node_name=config.hostname_override,
-            )
-            self.registry.register(source.collector())
-            return source
-        from kubeport.endpoints.allocstore import AllocationStore, StoreError
-        from kubeport.endpoints.manifests import ManifestSource
-        from kubeport.endpoints.registry import Registry
-
-        directory = config.manifests
-        if directory is None:
-            raise DaemonError("no source: give --manifests DIR (or --kubeconfig / --in-cluster)")
-        if not directory.is_dir():
-            raise DaemonError(f"--manifests {directory}: not a directory")
-        try:
-            store = AllocationStore.in_state_dir(config.state_dir)
-        except (OSError, StoreError) as exc:
-            raise DaemonError(f"--state-dir {config.state_dir}: {exc}") from exc
-        registry = Registry(store, list(config.service_cluster_ip_range), config.service_node_port_range)
-        return ManifestSource(directory, registry, self.state)
-
-    def _build_dns(self) -> Any:
-        from kubeport.dns.config import DnsConfig, default_upstreams
-        from kubeport.dns.server import DnsServer
-
-        dns = self.config.dns
-        upstreams = [_host_port(u, 53) for u in dns.upstreams] if dns.upstreams else default_upstreams()
-        return DnsServer(DnsConfig(
-            zone=dns.cluster_domain,
-            ttl=dns.ttl,
-            pods=dns.pods,
-            endpoint_pod_names=dns.endpoint_pod_names,
-            upstreams=upstreams,
-            addresses=self.config.dns_addresses,
-            port=dns.port,
-        ))
-
-    def _build_proxier(self) -> Any:
-        from kubeport.proxy.config import ProxyConfig
-        from kubeport.proxy.proxier import Proxier
-
-        config = self.config
-        reserved = {(ip, config.dns.port, proto) for ip in config.dns_addresses for proto in ("UDP", "TCP")}
-        return Proxier(
-            ProxyConfig(
-                nodeport_addresses=tuple(config.node_port_addresses),
-                cluster_cidrs=tuple(str(cidr) for cidr in config.cluster_cidr),
-                vip_interface=config.vip_interface,
-                udp_idle_timeout=config.conntrack.udp_stream_timeout,
-                reserved_frontends=frozenset(reserved),
-            ),
-            node_name=config.hostname_override,
-        )
-
-    async def serve(self) -> None:
+    def _build(self) -> None:
         from kubeport.proxy.health import ProxyHealth
+        from kubeport.proxy.healthcheck import HealthCheckServers
 
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._stopping.set)
+        try:
+            self._source = components.build_source(self.config, self.state, self.registry)
+        except components.ComponentError as exc:
+            raise DaemonError(str(exc)) from exc
+        self._proxier = components.build_proxier(self.config)
+        self._dns = components.build_dns(self.config, self.registry)
         # Manifest mode may have no Node object at all: then the node counts as eligible.
         self._health = ProxyHealth(require_node=not self.manifest_mode)
-        self._source = self._build_source()
-        self._proxier = self._build_proxier()
-        self._dns = self._build_dns()
-        from kubeport.dns.metrics import DnsCollector
+        self._healthchecks = HealthCheckServers(lambda: self._health.healthy(time.time()))
+        self.metrics.attach_proxier(self._proxier)
 
-        self.registry.register(DnsCollector(self._dns))
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal)
+        loop.add_signal_handler(signal.SIGHUP, self._reloader.request)
+        self._build()
+        primary = await self._instance.claim()
+        if not primary:
+            log.info("another kubeport instance runs on node %s in this network namespace: "
+                     "starting beside it and taking over once ready", self.config.hostname_override)
+        handover.enable_request_migration()
         status = StatusServer(
             self,
             healthz_bind=self.config.healthz_bind_address,
             metrics_bind=self.config.metrics_bind_address,
             registry=self.registry,
+            on_request=self.metrics.health_request,
         )
         try:
             await status.start()
@@ -180,22 +180,86 @@ class Daemon:
         except OSError as exc:
             await self._shutdown(status)
             raise DaemonError(f"cannot start: {exc}") from exc
-        log.info("kubeport started on node %s", self.config.hostname_override)
+        log.info("kubeport started on node %s (source: %s)", self.config.hostname_override,
+                 self.config.source_kind)
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._source.run(), name="source")
-                tasks.create_task(self._follow("proxy", self._proxier.apply), name="proxy")
+                tasks.create_task(self._follow("proxy", self._apply_proxy), name="proxy")
                 tasks.create_task(self._follow("dns", self._apply_dns), name="dns")
+                tasks.create_task(self._proxier.wait_failed(), name="proxy-failure")
+                tasks.create_task(self._reloader.run(self._reload), name="reload")
                 tasks.create_task(self._stop_when_asked(), name="stop")
+                if not primary:
+                    tasks.create_task(self._take_over(), name="takeover")
         except* _Stop:
             pass
         finally:
             await self._shutdown(status)
 
+    def _on_signal(self) -> None:
+        if self._stopping.is_set():
+            log.info("second signal: ending the lame duck and the drain now")
+            self._forced.set()
+        self._stopping.set()
+
+    async def _on_takeover(self) -> None:
+        self._handing_over = True
+        self._stopping.set()
+
+    async def _take_over(self) -> None:
+        await self._ready.wait()
+        await self._instance.take_over()
+        log.info("handover: this instance now serves node %s", self.config.hostname_override)
+
     async def _stop_when_asked(self) -> None:
         await self._stopping.wait()
-        log.info("stopping")
+        log.info("stopping%s", " (handing over to the new instance)" if self._handing_over else "")
         raise _Stop
+
+    async def _shutdown(self, status: StatusServer) -> None:
+        self._stopping.set()
+        self._instance.release()
+        config = self.config
+        if not self._handing_over and self._applied:
+            await self._unless_forced(asyncio.sleep(config.dns.lame_duck), "lame duck")
+        if self._dns is not None:
+            await self._dns.stop()
+        if self._healthchecks is not None:
+            await self._healthchecks.close()
+        if self._proxier is not None:
+            await self._proxier.stop(
+                grace=config.shutdown_grace_period, abort=self._forced, release=not self._handing_over)
+        await status.stop()
+        log.info("stopped")
+
+    async def _unless_forced(self, work: Awaitable[Any], what: str) -> None:
+        task = asyncio.ensure_future(work)
+        forced = asyncio.ensure_future(self._forced.wait())
+        done, _ = await asyncio.wait({task, forced}, return_when=asyncio.FIRST_COMPLETED)
+        for pending in (task, forced):
+            pending.cancel()
+        if forced in done:
+            log.info("%s cut short", what)
+
+    # --- following the snapshots ----------------------------------------------------------
+
+    async def _apply_proxy(self, snapshot: Snapshot) -> None:
+        from kubeport.proxy.healthcheck import update_health_checks
+
+        started = time.monotonic()
+        await self._proxier.apply(snapshot)
+        self._health_desired = update_health_checks(
+            self._health_desired, snapshot.services, snapshot.changed_since(self._last_proxy_snapshot),
+            self.config.hostname_override)
+        self._last_proxy_snapshot = snapshot
+        await self._healthchecks.sync(self._health_desired, self._nodeport_addresses())
+        self.metrics.synced(snapshot, time.monotonic() - started)
+
+    _last_proxy_snapshot: Snapshot | None = None
+
+    def _nodeport_addresses(self) -> tuple[str, ...]:
+        return tuple(getattr(self._proxier, "nodeport_addresses", ()) or ())
 
     async def _apply_dns(self, snapshot: Snapshot) -> None:
         self._dns.apply(snapshot)
@@ -207,6 +271,7 @@ class Daemon:
             snapshot = await self.state.wait_newer(generation)
             if consumer == "proxy":
                 self._health.queued_update(time.time())
+                self.metrics.queued(snapshot)
             if not snapshot.synced:
                 generation = snapshot.generation
                 continue
@@ -223,31 +288,35 @@ class Daemon:
             if consumer not in self._applied:
                 log.info("%s: first snapshot applied (generation %d, %d services)",
                          consumer, generation, len(snapshot.services))
+            elif snapshot.changed:
+                log.info("%s: applied generation %d (%d services changed)",
+                         consumer, generation, len(snapshot.changed))
             self._applied[consumer] = generation
+            if len(self._applied) == 2:
+                self._ready.set()
 
-    async def _shutdown(self, status: StatusServer) -> None:
-        self._stopping.set()
-        if self._dns is not None:
-            await self._dns.stop()
-        if self._proxier is not None:
-            await self._proxier.stop(grace=0.0)
-        await status.stop()
+    # --- SIGHUP ---------------------------------------------------------------------------
 
-
-class _Stop(Exception):
-    pass
-
-
-def _host_port(text: str, default_port: int) -> tuple[str, int]:
-    if text.startswith("["):
-        host, _, port = text[1:].partition("]:")
-        return host.rstrip("]"), int(port) if port else default_port
-    if text.count(":") == 1:
-        host, port = text.split(":")
-        return host, int(port)
-    return text, default_port
+    async def _reload(self, new: KubeportConfiguration) -> None:
+        applied, kept = await components.apply_live(self.config, new, self._dns)
+        self.config = self.config.model_copy(update=applied)
+        for field in kept:
+            log.warning("configuration: %s changed; it takes effect at the next restart", field)
 
 
 def run(config: KubeportConfiguration, config_file: Path | None = None, flags: dict | None = None) -> int:
-    uvloop.run(Daemon(config).serve())
+    try:
+        uvloop.run(Daemon(config, config_file, flags).serve())
+    except ExceptionGroup as group:
+        # A task of the daemon failed in a way it cannot recover from (it logged the rest).
+        for error in _leaves(group):
+            log.critical("fatal: %s", error, exc_info=error)
+        return 1
     return 0
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        found.extend(_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])
+    return found

@@ -221,3 +221,8 @@ def render(kind: str, listing: dict[str, Any], output: str | None, all_namespace
     lines = ["   ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
              for row in [headers, *rows]]
     return "\n".join(lines)
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """`kubeport get status` as indented YAML: nested counters read better than a table."""
+    return yaml.safe_dump(status, sort_keys=False).rstrip()

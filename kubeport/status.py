@@ -3,12 +3,19 @@
 - healthz server (``--healthz-bind-address``, kube-proxy's 10256): /healthz, /livez, /readyz
 - metrics server (``--metrics-bind-address``, kube-proxy's 10249): /metrics, /healthz,
   /proxyMode, and the status API that `kubeport get` reads (/api/v1/...).
+
+/readyz is polled (kubelet probes, a start-up wait loop) while the daemon loads a large
+cluster, so its per-request work is O(1): the problem list it carries (which costs work
+proportional to the cluster) is computed at most once per ``problems_ttl`` seconds, and at
+once whenever the snapshot generation or the pending list changes. /api/v1/problems and
+the listings always compute it afresh.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any, Callable, Protocol
 
 from aiohttp import web
@@ -34,6 +41,8 @@ class DaemonView(Protocol):
 
     def problems(self) -> list[str]: ...
 
+    def status(self) -> dict[str, Any]: ...
+
     def proxy_health(self, path: str) -> HealthResponse:
         """kube-proxy's /healthz or /livez response."""
         ...
@@ -52,8 +61,16 @@ class StatusServer:
         metrics_bind: str,
         registry: CollectorRegistry,
         on_request: Callable[[str, int], None] | None = None,
+        problems_ttl: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """
+        :param problems_ttl: how long /readyz may reuse its problem list while neither the
+            snapshot generation nor the pending list changed.
+        :param clock: monotonic seconds (injected in tests).
+        """
         self._view = view
+        self._readyz_problems = _CachedProblems(view, problems_ttl, clock)
         self._healthz_bind = healthz_bind
         self._metrics_bind = metrics_bind
         self._registry = registry
@@ -70,9 +87,10 @@ class StatusServer:
         metrics.router.add_get("/healthz", self._plain_ok)
         metrics.router.add_get("/proxyMode", self._proxy_mode)
         metrics.router.add_get("/readyz", self._readyz)
+        metrics.router.add_get("/api/v1/problems", self._problems)
+        metrics.router.add_get("/api/v1/status", self._status)
         metrics.router.add_get("/api/v1/{kind}", self._list)
         metrics.router.add_get("/api/v1/namespaces/{namespace}/{kind}", self._list)
-        metrics.router.add_get("/api/v1/problems", self._problems)
         for app, bind in ((healthz, self._healthz_bind), (metrics, self._metrics_bind)):
             host, port = split_host_port(bind)
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -99,7 +117,7 @@ class StatusServer:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         pending = self._view.pending()
-        body = {"ready": not pending, "pending": pending, "problems": self._view.problems()}
+        body = {"ready": not pending, "pending": pending, "problems": self._readyz_problems.get(pending)}
         return _json(body, 503 if pending else 200)
 
     async def _plain_ok(self, request: web.Request) -> web.Response:
@@ -121,5 +139,28 @@ class StatusServer:
         listing["problems"] = self._view.problems()
         return _json(listing)
 
+    async def _status(self, request: web.Request) -> web.Response:
+        return _json(self._view.status())
+
     async def _problems(self, request: web.Request) -> web.Response:
         return _json({"problems": self._view.problems()})
+
+
+class _CachedProblems:
+    """The view's problems, recomputed when the generation or pending list moves, or after ``ttl``."""
+
+    def __init__(self, view: DaemonView, ttl: float, clock: Callable[[], float]) -> None:
+        self._view = view
+        self._ttl = ttl
+        self._clock = clock
+        self._key: tuple[int, tuple[str, ...]] | None = None
+        self._expires = 0.0
+        self._problems: list[str] = []
+
+    def get(self, pending: list[str]) -> list[str]:
+        key = (self._view.snapshot().generation, tuple(pending))
+        now = self._clock()
+        if key != self._key or now >= self._expires:
+            self._problems = self._view.problems()
+            self._key, self._expires = key, now + self._ttl
+        return self._problems

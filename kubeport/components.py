@@ -1,0 +1,115 @@
+"""Building the daemon's parts from the configuration, and applying a reloaded one live."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from kubeport.endpoints.state import ClusterState
+
+from .config import KubeportConfiguration
+from .logs import configure_logging
+
+log = logging.getLogger("kubeport.daemon")
+
+
+class ComponentError(Exception):
+    """A part cannot be built from this configuration; the message says why."""
+
+
+def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry) -> Any:
+    if config.source_kind != "manifests":
+        from kubeport.endpoints.apiserver import ApiServerSource
+
+        source = ApiServerSource(
+            state,
+            kubeconfig=config.client_connection.kubeconfig,
+            in_cluster=config.in_cluster,
+            node_name=config.hostname_override,
+        )
+        registry.register(source.collector())
+        return source
+    from kubeport.endpoints.allocstore import AllocationStore, StoreError
+    from kubeport.endpoints.manifests import ManifestSource
+    from kubeport.endpoints.registry import Registry
+
+    directory = config.manifests
+    if directory is None:
+        raise ComponentError("no source: give --manifests DIR (or --kubeconfig FILE / --in-cluster)")
+    if not directory.is_dir():
+        raise ComponentError(f"--manifests {directory}: not a directory")
+    try:
+        store = AllocationStore.in_state_dir(config.state_dir)
+    except (OSError, StoreError) as exc:
+        raise ComponentError(f"--state-dir {config.state_dir}: {exc}") from exc
+    registry_ = Registry(store, list(config.service_cluster_ip_range), config.service_node_port_range)
+    return ManifestSource(directory, registry_, state)
+
+
+def dns_config(config: KubeportConfiguration) -> Any:
+    from kubeport.dns.config import DnsConfig, parse_upstream
+
+    dns = config.dns
+    return DnsConfig(
+        zone=dns.cluster_domain,
+        ttl=dns.ttl,
+        pods=dns.pods,
+        endpoint_pod_names=dns.endpoint_pod_names,
+        upstreams=[parse_upstream(u) for u in dns.upstreams] if dns.upstreams else None,
+        addresses=config.dns_addresses,
+        port=dns.port,
+        cache_size=dns.cache_size,
+        cache_max_ttl=int(dns.cache_max_ttl),
+        cache_max_negative_ttl=int(dns.cache_max_denial_ttl),
+    )
+
+
+def build_dns(config: KubeportConfiguration, registry: CollectorRegistry) -> Any:
+    from kubeport.dns.metrics import DnsCollector
+    from kubeport.dns.server import DnsServer
+
+    server = DnsServer(dns_config(config))
+    registry.register(DnsCollector(server))
+    return server
+
+
+def build_proxier(config: KubeportConfiguration) -> Any:
+    from kubeport.proxy.config import ProxyConfig
+    from kubeport.proxy.proxier import Proxier
+
+    reserved = {(ip, config.dns.port, proto) for ip in config.dns_addresses for proto in ("UDP", "TCP")}
+    return Proxier(
+        ProxyConfig(
+            nodeport_addresses=tuple(config.node_port_addresses),
+            cluster_cidrs=tuple(str(cidr) for cidr in config.cluster_cidr),
+            vip_interface=config.vip_interface,
+            udp_idle_timeout=config.conntrack.udp_stream_timeout,
+            reserved_frontends=frozenset(reserved),
+        ),
+        node_name=config.hostname_override,
+    )
+
+
+#: What a SIGHUP can change without a restart.
+LIVE_FIELDS = ("dns", "log_format", "verbosity")
+
+
+async def apply_live(
+    running: KubeportConfiguration, new: KubeportConfiguration, dns_server: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """Apply what can change live; returns (fields applied, names of fields that need a restart)."""
+    applied: dict[str, Any] = {}
+    if new.dns != running.dns:
+        await dns_server.reconfigure(dns_config(new))
+        applied["dns"] = new.dns
+        log.info("configuration: dns settings applied (ttl %d, pods %s)", new.dns.ttl, new.dns.pods)
+    if (new.log_format, new.verbosity) != (running.log_format, running.verbosity):
+        configure_logging(new.log_format, new.verbosity)
+        applied.update(log_format=new.log_format, verbosity=new.verbosity)
+    kept = [
+        name for name in type(new).model_fields
+        if name not in LIVE_FIELDS and getattr(new, name) != getattr(running, name)
+    ]
+    return applied, kept

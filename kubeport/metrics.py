@@ -1,0 +1,192 @@
+"""Proxy metrics: kube-proxy's names where kube-proxy has one, ours for the relay.
+
+Everything is either updated once per sync or read from the proxier's counters at
+scrape time; nothing is done per connection or per packet. Per-service-port series are
+capped (the busiest ``MAX_SERVICE_PORT_SERIES``, the rest summed as ``_other``) so
+a large cluster cannot blow up a scrape.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kubeport.endpoints.types import ServiceName, ServiceState, Snapshot
+
+#: kube-proxy's sync histogram: 1 ms doubling, 15 buckets.
+SYNC_BUCKETS = tuple(0.001 * 2**k for k in range(15))
+#: kube-proxy's network programming histogram.
+PROGRAMMING_BUCKETS = (
+    (0.25, 0.5)
+    + tuple(float(s) for s in range(1, 60))
+    + tuple(float(s) for s in range(60, 120, 5))
+    + tuple(float(s) for s in range(120, 301, 30))
+)
+MAX_SERVICE_PORT_SERIES = 1000
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry, node_name: str, clock=time.time) -> None:
+        self._node_name = node_name
+        self._clock = clock
+        prefix = "kubeproxy"
+        self.sync_duration = Histogram(
+            f"{prefix}_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds",
+            buckets=SYNC_BUCKETS, registry=registry)
+        self.last_sync = Gauge(
+            f"{prefix}_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced", registry=registry)
+        self.last_queued = Gauge(
+            f"{prefix}_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued", registry=registry)
+        self.programming = Histogram(
+            f"{prefix}_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds", buckets=PROGRAMMING_BUCKETS, registry=registry)
+        self.endpoint_changes = Counter(
+            f"{prefix}_sync_proxy_rules_endpoint_changes", "Cumulative proxy rules Endpoint changes",
+            registry=registry)
+        self.service_changes = Counter(
+            f"{prefix}_sync_proxy_rules_service_changes", "Cumulative proxy rules Service changes",
+            registry=registry)
+        self.endpoint_changes_pending = Gauge(
+            f"{prefix}_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes",
+            registry=registry)
+        self.service_changes_pending = Gauge(
+            f"{prefix}_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes",
+            registry=registry)
+        self.no_local_endpoints = Gauge(
+            f"{prefix}_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints", ["traffic_policy"],
+            registry=registry)
+        self.healthz = Counter(f"{prefix}_proxy_healthz", "Cumulative proxy healthz HTTP status", ["code"],
+                               registry=registry)
+        self.livez = Counter(f"{prefix}_proxy_livez", "Cumulative proxy livez HTTP status", ["code"],
+                             registry=registry)
+        self._registry = registry
+        self._applied: Snapshot | None = None
+        self._no_local: dict[ServiceName, tuple[bool, bool]] = {}
+
+    def attach_proxier(self, proxier: Any) -> None:
+        self._registry.register(RelayCollector(proxier))
+
+    def health_request(self, path: str, code: int) -> None:
+        (self.healthz if path == "healthz" else self.livez).labels(code=str(code)).inc()
+
+    def queued(self, snapshot: Snapshot) -> None:
+        self.last_queued.set(self._clock())
+        services, endpoints = _split_changes(self._applied, snapshot)
+        self.service_changes_pending.set(services)
+        self.endpoint_changes_pending.set(endpoints)
+
+    def synced(self, snapshot: Snapshot, seconds: float) -> None:
+        now = self._clock()
+        self.sync_duration.observe(seconds)
+        self.last_sync.set(now)
+        services, endpoints = _split_changes(self._applied, snapshot)
+        self.service_changes.inc(services)
+        self.endpoint_changes.inc(endpoints)
+        self.service_changes_pending.set(0)
+        self.endpoint_changes_pending.set(0)
+        if snapshot.changed_at is not None and self._applied is not None:
+            self.programming.observe(max(0.0, now - snapshot.changed_at))
+        self._count_no_local(snapshot)
+        self._applied = snapshot
+
+    def _count_no_local(self, snapshot: Snapshot) -> None:
+        node = self._node_name
+        for name in snapshot.changed_since(self._applied):
+            state = snapshot.services.get(name)
+            if state is None:
+                self._no_local.pop(name, None)
+            else:
+                self._no_local[name] = _lacks_local_endpoints(state, node)
+        self.no_local_endpoints.labels(traffic_policy="internal").set(sum(i for i, _ in self._no_local.values()))
+        self.no_local_endpoints.labels(traffic_policy="external").set(sum(e for _, e in self._no_local.values()))
+
+
+def _split_changes(old: Snapshot | None, new: Snapshot) -> tuple[int, int]:
+    """(service changes, endpoint-only changes) between two snapshots."""
+    services = endpoints = 0
+    for name in new.changed_since(old):
+        before = old.services.get(name) if old is not None else None
+        after = new.services.get(name)
+        if before is not None and after is not None and before.service == after.service:
+            endpoints += 1
+        else:
+            services += 1
+    return services, endpoints
+
+
+def _lacks_local_endpoints(state: ServiceState, node: str) -> tuple[bool, bool]:
+    """(internal, external): a Local policy applies and no ready endpoint is on this node."""
+    info = state.service
+    if not info.proxied:
+        return False, False
+    external = info.external_policy_local and any(info.externally_accessible(p) for p in info.ports)
+    if not (info.internal_policy_local or external):
+        return False, False
+    local = any(e.ready and e.node_name == node for s in state.slices for e in s.endpoints)
+    return info.internal_policy_local and not local, external and not local
+
+
+class RelayCollector(Collector):
+    """The relay's counters per service port, read at scrape time."""
+
+    def __init__(self, proxier: Any) -> None:
+        self._proxier = proxier
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator:
+        stats: Mapping[Any, Any] = self._proxier.stats
+        families = {
+            "active": GaugeMetricFamily("kubeport_proxy_connections_active", "Open relayed TCP connections",
+                                        labels=["service_port"]),
+            "total": CounterMetricFamily("kubeport_proxy_connections", "Accepted TCP connections",
+                                         labels=["service_port"]),
+            "bytes": CounterMetricFamily("kubeport_proxy_bytes", "Bytes relayed",
+                                         labels=["service_port", "direction"]),
+            "connect_failures": CounterMetricFamily("kubeport_proxy_connect_failures",
+                                                    "Backend connects that failed (retried elsewhere)",
+                                                    labels=["service_port"]),
+            "connect_giveups": CounterMetricFamily("kubeport_proxy_connect_giveups",
+                                                   "Client connections reset after every attempt failed",
+                                                   labels=["service_port"]),
+            "ejections": CounterMetricFamily("kubeport_proxy_endpoint_ejections",
+                                             "Endpoints ejected after failed connects", labels=["service_port"]),
+            "udp_flows": GaugeMetricFamily("kubeport_proxy_udp_flows_active", "Live UDP flows",
+                                           labels=["service_port"]),
+            "udp_flows_total": CounterMetricFamily("kubeport_proxy_udp_flows", "UDP flows created",
+                                                   labels=["service_port"]),
+            "udp_flows_rejected": CounterMetricFamily("kubeport_proxy_udp_flows_rejected",
+                                                      "UDP flows refused by the flow limits",
+                                                      labels=["service_port"]),
+        }
+        for label, values in _capped(stats):
+            families["active"].add_metric([label], values["active"])
+            families["total"].add_metric([label], values["total"])
+            families["bytes"].add_metric([label, "to_backend"], values["bytes_to_backend"])
+            families["bytes"].add_metric([label, "to_client"], values["bytes_to_client"])
+            for key in ("connect_failures", "connect_giveups", "ejections", "udp_flows", "udp_flows_total",
+                        "udp_flows_rejected"):
+                families[key].add_metric([label], values[key])
+        yield from families.values()
+
+
+_FIELDS = ("active", "total", "bytes_to_backend", "bytes_to_client", "connect_failures", "connect_giveups",
+           "ejections", "udp_flows", "udp_flows_total", "udp_flows_rejected")
+
+
+def _capped(stats: Mapping[Any, Any]) -> list[tuple[str, dict[str, int]]]:
+    rows = [(str(name), {f: getattr(s, f, 0) for f in _FIELDS}) for name, s in stats.items()]
+    if len(rows) <= MAX_SERVICE_PORT_SERIES:
+        return rows
+    rows.sort(key=lambda row: (row[1]["total"] + row[1]["udp_flows_total"]), reverse=True)
+    kept, rest = rows[:MAX_SERVICE_PORT_SERIES], rows[MAX_SERVICE_PORT_SERIES:]
+    other = {f: sum(row[1][f] for row in rest) for f in _FIELDS}
+    return kept + [("_other", other)]

@@ -1,0 +1,223 @@
+"""Seamless-restart coordination, SIGHUP reloads and proxy metrics — the pure or in-process parts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import generate_latest
+
+from kubeport import components, config, handover
+from kubeport.endpoints import model
+from kubeport.endpoints.state import ClusterState
+from kubeport.metrics import ProxyMetrics, RelayCollector
+from kubeport.reload import Reloader
+
+
+def unique_node() -> str:
+    return f"test-node-{os.getpid()}-{id(object())}"
+
+
+async def test_first_instance_claims_the_node_and_a_second_takes_over():
+    node = unique_node()
+    left = asyncio.Event()
+    first = handover.Instance(node, left.set)
+    assert await first.claim()
+    second = handover.Instance(node, lambda: None)
+    assert not await second.claim()
+    assert second.predecessor
+    async with asyncio.timeout(5):
+        await second.take_over()
+        await left.wait()
+    assert not second.predecessor
+    assert handover.abstract_name_in_use(node)
+    # A third instance now talks to the second one.
+    third = handover.Instance(node, lambda: None)
+    assert not await third.claim()
+    second.release()
+    assert not handover.abstract_name_in_use(node)
+
+
+async def test_take_over_without_a_living_predecessor_just_claims():
+    node = unique_node()
+    instance = handover.Instance(node, lambda: None)
+    async with asyncio.timeout(5):
+        await instance.take_over(timeout=1)
+    assert handover.abstract_name_in_use(node)
+    instance.release()
+
+
+def test_request_migration_reports_a_read_only_sysctl(tmp_path):
+    assert handover.enable_request_migration(str(tmp_path / "missing" / "tcp_migrate_req")) is False
+    writable = tmp_path / "tcp_migrate_req"
+    assert handover.enable_request_migration(str(writable)) is True
+    assert writable.read_text() == "1"
+
+
+class FakeDns:
+    def __init__(self):
+        self.configs = []
+
+    async def reconfigure(self, dns_config):
+        self.configs.append(dns_config)
+
+
+@pytest.mark.parametrize(
+    "change, applied, kept",
+    [
+        pytest.param({"dns": {"ttl": 30}}, {"dns"}, [], id="dns_ttl_live"),
+        pytest.param({"logFormat": "json"}, {"log_format", "verbosity"}, [], id="log_format_live"),
+        pytest.param({"stateDir": "/elsewhere"}, set(), ["state_dir"], id="state_dir_needs_restart"),
+        pytest.param({}, set(), [], id="nothing_changed"),
+    ],
+)
+async def test_apply_live(change, applied, kept):
+    running = config.build(None, {"manifests": "examples"})
+    new = config.build(None, {"manifests": "examples", **change})
+    dns = FakeDns()
+    done, restart = await components.apply_live(running, new, dns)
+    assert set(done) == applied
+    assert restart == kept
+    assert len(dns.configs) == (1 if "dns" in applied else 0)
+    if dns.configs:
+        assert dns.configs[0].ttl == 30
+    config_module_reset()
+
+
+def config_module_reset():
+    from kubeport.logs import configure_logging
+
+    configure_logging("text", 0)
+
+
+async def test_reloader_keeps_running_config_on_a_bad_file(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("apiVersion: kubeport.io/v1alpha1\nkind: KubeportConfiguration\ndns: {ttl: 7}\n")
+    seen = []
+
+    async def apply(new):
+        seen.append(new.dns.ttl)
+
+    reloader = Reloader(path, {})
+    task = asyncio.create_task(reloader.run(apply))
+    reloader.request()
+    async with asyncio.timeout(2):
+        while not seen:
+            await asyncio.sleep(0)
+    path.write_text("apiVersion: kubeport.io/v1alpha1\nkind: KubeportConfiguration\ndns: {ttl: lots}\n")
+    reloader.request()
+    async with asyncio.timeout(2):
+        while not reloader.failures:
+            await asyncio.sleep(0)
+    task.cancel()
+    assert seen == [7] and reloader.reloads == 1
+
+
+def _snapshot_with(services, node="node-a", changed_at=None):
+    state = ClusterState(node, clock=lambda: changed_at or 0.0)
+    state.mark_synced("Service")
+    state.mark_synced("EndpointSlice")
+    for obj in services:
+        state.upsert(obj)
+    return state
+
+
+def _svc(name, **spec):
+    spec.setdefault("clusterIP", "10.96.0.20")
+    spec.setdefault("ports", [{"name": "http", "port": 80, "nodePort": 30080}])
+    return model.Service.model_validate({"metadata": {"name": name}, "spec": spec})
+
+
+def _slice(service, node):
+    return model.EndpointSlice.model_validate({
+        "metadata": {"name": f"{service}-1", "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}],
+        "endpoints": [{"addresses": ["10.244.2.11"], "nodeName": node}]})
+
+
+def scrape(registry) -> dict[str, float]:
+    values = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}"] = sample.value
+    return values
+
+
+def test_kube_proxy_sync_metrics_and_change_counts():
+    registry = CollectorRegistry()
+    clock = iter([100.0, 101.0, 102.0, 103.0, 104.0])
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: next(clock))
+    state = _snapshot_with([_svc("web", type="NodePort", externalTrafficPolicy="Local"), _slice("web", "node-b")],
+                           changed_at=99.0)
+    first = state.commit()
+    metrics.queued(first)
+    metrics.synced(first, 0.004)
+    state.upsert(model.EndpointSlice.model_validate({
+        "metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}],
+        "endpoints": [{"addresses": ["10.244.1.11"], "nodeName": "node-a"}]}))
+    second = state.commit()
+    metrics.synced(second, 0.002)
+    values = scrape(registry)
+    assert values["kubeproxy_sync_proxy_rules_duration_seconds_count{}"] == 2
+    assert values["kubeproxy_sync_proxy_rules_service_changes_total{}"] == 1
+    assert values["kubeproxy_sync_proxy_rules_endpoint_changes_total{}"] == 1
+    assert values["kubeproxy_network_programming_duration_seconds_count{}"] == 1
+    # After the second sync node-a has a local endpoint: the eTP=Local service is no longer counted.
+    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=external}"] == 0
+    assert values["kubeproxy_sync_proxy_rules_last_timestamp_seconds{}"] > 0
+
+
+def test_no_local_endpoints_counted_per_policy():
+    registry = CollectorRegistry()
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: 1.0)
+    state = _snapshot_with([
+        _svc("internal", internalTrafficPolicy="Local", ports=[{"name": "http", "port": 80}]),
+        _slice("internal", "node-b"),
+        _svc("external", clusterIP="10.96.0.21", type="NodePort", externalTrafficPolicy="Local"),
+        _slice("external", "node-b"),
+    ])
+    metrics.synced(state.commit(), 0.001)
+    values = scrape(registry)
+    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=internal}"] == 1
+    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=external}"] == 1
+
+
+class FakeStats:
+    def __init__(self, total):
+        self.active, self.total = 1, total
+        self.bytes_to_backend = self.bytes_to_client = 10
+        self.connect_failures = self.connect_giveups = self.ejections = 0
+        self.udp_flows = self.udp_flows_total = self.udp_flows_rejected = 0
+
+
+class FakeProxier:
+    def __init__(self, count):
+        self.stats = {f"ns/svc{i}:http/TCP": FakeStats(i) for i in range(count)}
+
+
+def test_relay_series_are_capped(monkeypatch):
+    import kubeport.metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "MAX_SERVICE_PORT_SERIES", 3)
+    registry = CollectorRegistry()
+    registry.register(RelayCollector(FakeProxier(5)))
+    values = scrape(registry)
+    totals = {k: v for k, v in values.items() if k.startswith("kubeport_proxy_connections_total")}
+    assert totals == {
+        "kubeport_proxy_connections_total{service_port=ns/svc4:http/TCP}": 4,
+        "kubeport_proxy_connections_total{service_port=ns/svc3:http/TCP}": 3,
+        "kubeport_proxy_connections_total{service_port=ns/svc2:http/TCP}": 2,
+        "kubeport_proxy_connections_total{service_port=_other}": 1,
+    }
+
+
+def test_handover_works_on_uvloop_too():
+    import uvloop
+
+    uvloop.run(test_first_instance_claims_the_node_and_a_second_takes_over())
