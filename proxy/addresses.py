@@ -36,9 +36,9 @@ def canonical(address: str) -> str:
 
 
 class AddressManager(Protocol):
-    async def sync(self, wanted: Iterable[str]) -> None: ...
+    async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None: ...
     async def interface_addresses(self) -> tuple[str, ...]: ...
-    async def stop(self) -> None: ...
+    async def stop(self, *, release: bool = True) -> None: ...
     @property
     def owned(self) -> frozenset[str]: ...
 
@@ -80,7 +80,7 @@ class NetlinkAddresses:
             for msg in self._route().get_addr()
         ]
 
-    def _apply(self, wanted: frozenset[str]) -> None:
+    def _apply(self, wanted: frozenset[str], prune: bool = True) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
 
         ipr = self._route()
@@ -107,6 +107,8 @@ class NetlinkAddresses:
                     raise AddressError(f"adding {address}/{ip.max_prefixlen} to {self.interface}: {exc}") from exc
                 continue  # it appeared meanwhile; not ours
             self._owned.add(address)
+        if not prune:
+            return
         for address in sorted(self._owned - wanted):
             self._delete(address, NetlinkError)
 
@@ -119,10 +121,10 @@ class NetlinkAddresses:
                 raise AddressError(f"removing {address} from {self.interface}: {exc}") from exc
         self._owned.discard(address)
 
-    def _close(self) -> None:
+    def _close(self, release: bool) -> None:
         from pyroute2.netlink.exceptions import NetlinkError
 
-        for address in sorted(self._owned):
+        for address in sorted(self._owned) if release else ():
             try:
                 self._delete(address, NetlinkError)
             except AddressError as exc:
@@ -133,37 +135,46 @@ class NetlinkAddresses:
 
     # --- the event loop side -------------------------------------------------------------
 
-    async def sync(self, wanted: Iterable[str]) -> None:
+    async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None:
         """Add the wanted addresses that are missing, remove ours that are no longer wanted.
 
+        ``prune=False`` only adds: at start, a predecessor's addresses (adopted by their
+        IFA_PROTO) must stay until this run knows which it wants (seamless restart).
         Addresses must be in canonical text form (the slim types and ``canonical`` give that).
         """
-        await self._call(self._apply, frozenset(wanted))
+        await self._call(self._apply, frozenset(wanted), prune)
 
     async def interface_addresses(self) -> tuple[str, ...]:
         """Every address on the node's links except the ones kubeport added."""
         dump = await self._call(self._dump)
         return tuple(sorted({a for a, _, _ in dump} - self._owned))
 
-    async def stop(self) -> None:
-        await self._call(self._close)
+    async def stop(self, *, release: bool = True) -> None:
+        """Remove our addresses; ``release=False`` (handover) leaves them to the successor."""
+        await self._call(self._close, release)
         self._executor.shutdown(wait=True)
 
 
 class FakeAddresses:
-    """For unit tests: a set of addresses, plus fixed node addresses."""
+    """For unit tests: a set of addresses, plus fixed node addresses.
 
-    def __init__(self, node_addresses: Iterable[str] = ()) -> None:
+    ``owned``: addresses a predecessor left (NetlinkAddresses adopts those by IFA_PROTO).
+    """
+
+    def __init__(self, node_addresses: Iterable[str] = (), owned: Iterable[str] = ()) -> None:
         self.node_addresses = tuple(node_addresses)
-        self._owned: set[str] = set()
+        self._owned: set[str] = set(owned)
         self.history: list[frozenset[str]] = []
+        self.released: bool | None = None
 
     @property
     def owned(self) -> frozenset[str]:
         return frozenset(self._owned)
 
-    async def sync(self, wanted: Iterable[str]) -> None:
+    async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None:
         wanted = set(wanted) - set(self.node_addresses)
+        if not prune:
+            wanted |= self._owned
         if wanted != self._owned:
             self._owned = wanted
             self.history.append(frozenset(wanted))
@@ -171,5 +182,31 @@ class FakeAddresses:
     async def interface_addresses(self) -> tuple[str, ...]:
         return self.node_addresses
 
-    async def stop(self) -> None:
-        self._owned = set()
+    async def stop(self, *, release: bool = True) -> None:
+        self.released = release
+        if release:
+            self._owned = set()
+
+
+class SharedAddresses:
+    """A relay worker's view: another process owns the addresses; the node's link addresses are told.
+
+    Workers (see workers.py) bind with IP_FREEBIND, so they need no address of their own;
+    they only need the node's link addresses for NodePort selection and local clients.
+    """
+
+    def __init__(self, node_addresses: Iterable[str] = ()) -> None:
+        self.node_addresses = tuple(node_addresses)
+
+    @property
+    def owned(self) -> frozenset[str]:
+        return frozenset()
+
+    async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None:
+        return None
+
+    async def interface_addresses(self) -> tuple[str, ...]:
+        return self.node_addresses
+
+    async def stop(self, *, release: bool = True) -> None:
+        return None

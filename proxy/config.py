@@ -46,8 +46,15 @@ class ProxyConfig:
     pipe_pool_size: int = 256
     #: listen(2) backlog.
     backlog: int = 4096
-    #: worker processes sharing the listeners through SO_REUSEPORT (1: this process only).
+    #: relay processes sharing the listeners through SO_REUSEPORT: this one plus ``workers - 1``
+    #: children fed the same snapshots (workers.py). 1: this process only (the default).
     workers: int = 1
+    #: seconds between worker statistics reports to the parent (the merged stats lag by this much).
+    worker_stats_interval: float = 1.0
+    #: seconds between sweeps of the ClientIP affinity tables (one timer for all of them).
+    affinity_sweep_interval: float = 10.0
+    #: affinity entries removed per sweep at most, so a sweep never stalls the loop.
+    affinity_sweep_budget: int = 4096
     #: seed of the balancer's random generator (None: from the OS). Tests pass one.
     seed: int | None = None
     #: manage the nftables table ``inet kubeport`` (DROP for Local policies without local endpoints).
@@ -76,6 +83,8 @@ class ProxyConfig:
             "udp_idle_timeout": self.udp_idle_timeout,
             "accept_pause": self.accept_pause,
             "eject_base_seconds": self.eject_base_seconds,
+            "worker_stats_interval": self.worker_stats_interval,
+            "affinity_sweep_interval": self.affinity_sweep_interval,
         }
         for name, value in positive.items():
             if not value > 0:
@@ -88,6 +97,7 @@ class ProxyConfig:
             "backlog": self.backlog,
             "workers": self.workers,
             "pipe_size": self.pipe_size,
+            "affinity_sweep_budget": self.affinity_sweep_budget,
         }
         for name, value in at_least_one.items():
             if not isinstance(value, int) or value < 1:

@@ -137,6 +137,8 @@ class RelayContext:
         self.timeouts = ConnectTimeouts(loop, config.connect_timeout)
         #: every live TCP relay, for draining at shutdown.
         self.conns: set = set()
+        #: UDP frontends still serving their flows after stop() began.
+        self.draining: set = set()
         #: per-endpoint connection sets are only needed to cut connections after a grace period.
         self.track_endpoint_conns = config.endpoint_grace_period is not None
         self.on_fatal = on_fatal
@@ -144,12 +146,18 @@ class RelayContext:
 
     def conn_closed(self, conn) -> None:
         self.conns.discard(conn)
-        if self._idle is not None and not self.conns:
+        if self._idle is not None and not self.conns and not self.draining:
+            self._idle.set()
+
+    def udp_drained(self, listener) -> None:
+        """A draining UDP frontend closed: its flows are gone."""
+        self.draining.discard(listener)
+        if self._idle is not None and not self.conns and not self.draining:
             self._idle.set()
 
     async def wait_idle(self) -> None:
-        """Until no TCP relay is left."""
-        if not self.conns:
+        """Until no TCP relay and no draining UDP frontend is left."""
+        if not self.conns and not self.draining:
             return
         self._idle = asyncio.Event()
         await self._idle.wait()

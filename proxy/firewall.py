@@ -1,4 +1,4 @@
-"""DROP for frontends whose Local traffic policy has no local endpoint (reference A.6).
+"""nftables rules for what a listening socket cannot do: DROP, and loadBalancerSourceRanges.
 
 A listening socket cannot drop a SYN (the kernel completes the handshake before
 accept), and no listener means "refused", so kube-proxy's DROP needs a packet
@@ -9,6 +9,12 @@ input hook and sets of (daddr . l4proto . dport) elements. Each sync sends one
 * ``drop4``/``drop6``: every client is dropped (ClusterIP with iTP=Local).
 * ``dropext4``/``dropext6``: only clients outside the pod CIDRs (``local4``/``local6``)
   and not the node itself (``fib saddr type local``) are dropped (eTP=Local).
+* ``fw4``/``fw6``: LB VIP frontends with loadBalancerSourceRanges; a client whose
+  (frontend . source) is not in ``fwallow4``/``fwallow6`` is dropped (reference A.6, E.3).
+
+The first sync of a run replaces the whole table, elements included, in one
+transaction: a successor taking over from a running instance (seamless restart)
+never leaves a moment where the table is empty, and ``start`` touches nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ TABLE = "inet kubeport"
 
 #: frontend -> True when only non-local clients are dropped.
 DropSet = Mapping[Frontend, bool]
+#: LB VIP frontend -> the source CIDRs let in (normalised, non-overlapping).
+AllowSet = Mapping[Frontend, tuple[str, ...]]
 
 
 class FirewallError(RuntimeError):
@@ -41,47 +49,92 @@ def _element(frontend: Frontend) -> str:
     return f"{frontend.ip} . {frontend.protocol.lower()} . {frontend.port}"
 
 
-def render_setup(cluster_cidrs: Iterable[str]) -> str:
-    """The whole table, replacing any leftover of a previous run, as one atomic batch."""
+def _source(cidr: str) -> str:
+    network = ipaddress.ip_network(cidr, strict=False)
+    if network.prefixlen == network.max_prefixlen:
+        return str(network.network_address)  # nft lists host ranges as addresses
+    return str(network)
+
+
+def _allow_elements(frontend: Frontend, sources: Iterable[str]) -> list[str]:
+    return [f"{_element(frontend)} . {_source(cidr)}" for cidr in sources]
+
+
+def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, allowed: AllowSet | None = None) -> str:
+    """The whole table with its elements, replacing any previous one, as one atomic batch."""
+    drops, allowed = drops or {}, allowed or {}
     local: dict[int, list[str]] = {4: [], 6: []}
     for cidr in cluster_cidrs:
         network = ipaddress.ip_network(cidr, strict=False)
         local[network.version].append(str(network))
+    members: dict[str, list[str]] = {}
+    for frontend, only_external in sorted(drops.items()):
+        members.setdefault(_set_name(frontend, only_external), []).append(_element(frontend))
+    for frontend, sources in sorted(allowed.items()):
+        members.setdefault(f"fw{frontend.family}", []).append(_element(frontend))
+        members.setdefault(f"fwallow{frontend.family}", []).extend(_allow_elements(frontend, sources))
+
+    def elements(name: str, values: list[str] | None = None) -> str:
+        values = members.get(name) if values is None else values
+        return f" elements = {{ {', '.join(values)} }};" if values else ""
+
     lines = [f"table {TABLE} {{}}", f"delete table {TABLE}", f"table {TABLE} {{"]
     for family, addr_type in ((4, "ipv4_addr"), (6, "ipv6_addr")):
-        for name in (f"drop{family}", f"dropext{family}"):
-            lines.append(f"  set {name} {{ type {addr_type} . inet_proto . inet_service; }}")
-        elements = f" elements = {{ {', '.join(local[family])} }};" if local[family] else ""
-        lines.append(f"  set local{family} {{ type {addr_type}; flags interval;{elements} }}")
+        key = f"{addr_type} . inet_proto . inet_service"
+        for name in (f"drop{family}", f"dropext{family}", f"fw{family}"):
+            lines.append(f"  set {name} {{ type {key};{elements(name)} }}")
+        lines.append(f"  set fwallow{family} {{ type {key} . {addr_type}; flags interval;"
+                     f"{elements(f'fwallow{family}')} }}")
+        lines.append(f"  set local{family} {{ type {addr_type}; flags interval;{elements('', local[family])} }}")
+    frontend_key = "daddr . meta l4proto . th dport"
     lines += [
         "  chain input {",
         "    type filter hook input priority filter - 5; policy accept;",
-        "    ip daddr . meta l4proto . th dport @drop4 drop",
-        "    ip6 daddr . meta l4proto . th dport @drop6 drop",
-        "    ip daddr . meta l4proto . th dport @dropext4 ip saddr != @local4 fib saddr type != local drop",
-        "    ip6 daddr . meta l4proto . th dport @dropext6 ip6 saddr != @local6 fib saddr type != local drop",
+        f"    ip {frontend_key} @drop4 drop",
+        f"    ip6 {frontend_key} @drop6 drop",
+        f"    ip {frontend_key} @dropext4 ip saddr != @local4 fib saddr type != local drop",
+        f"    ip6 {frontend_key} @dropext6 ip6 saddr != @local6 fib saddr type != local drop",
+        f"    ip {frontend_key} @fw4 ip {frontend_key} . ip saddr != @fwallow4 drop",
+        f"    ip6 {frontend_key} @fw6 ip6 {frontend_key} . ip6 saddr != @fwallow6 drop",
         "  }",
         "}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def render_changes(current: DropSet, desired: DropSet) -> str:
+def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet | None = None,
+                   desired_allowed: AllowSet | None = None) -> str:
     """The batch turning ``current`` into ``desired``; "" when they are the same."""
-    lines = []
+    current_allowed, desired_allowed = current_allowed or {}, desired_allowed or {}
+    deletes: list[tuple[str, str]] = []
+    adds: list[tuple[str, str]] = []
     for frontend, only_external in sorted(current.items()):
         if desired.get(frontend) != only_external:
-            lines.append(f"delete element {TABLE} {_set_name(frontend, only_external)} {{ {_element(frontend)} }}")
+            deletes.append((_set_name(frontend, only_external), _element(frontend)))
     for frontend, only_external in sorted(desired.items()):
         if current.get(frontend) != only_external:
-            lines.append(f"add element {TABLE} {_set_name(frontend, only_external)} {{ {_element(frontend)} }}")
+            adds.append((_set_name(frontend, only_external), _element(frontend)))
+    for frontend in sorted(current_allowed.keys() | desired_allowed.keys()):
+        old, new = current_allowed.get(frontend), desired_allowed.get(frontend)
+        if old == new:
+            continue
+        allow = f"fwallow{frontend.family}"
+        old_sources, new_sources = set(old or ()), set(new or ())
+        deletes += [(allow, e) for e in _allow_elements(frontend, sorted(old_sources - new_sources))]
+        adds += [(allow, e) for e in _allow_elements(frontend, sorted(new_sources - old_sources))]
+        if new is None:
+            deletes.append((f"fw{frontend.family}", _element(frontend)))
+        elif old is None:
+            adds.append((f"fw{frontend.family}", _element(frontend)))
+    lines = [f"delete element {TABLE} {name} {{ {element} }}" for name, element in deletes]
+    lines += [f"add element {TABLE} {name} {{ {element} }}" for name, element in adds]
     return "".join(line + "\n" for line in lines)
 
 
 class Firewall(Protocol):
     async def start(self, cluster_cidrs: Iterable[str]) -> None: ...
-    async def sync(self, desired: DropSet) -> None: ...
-    async def stop(self) -> None: ...
+    async def sync(self, desired: DropSet, allowed: AllowSet | None = None) -> None: ...
+    async def stop(self, *, release: bool = True) -> None: ...
 
 
 class NftFirewall:
@@ -89,7 +142,9 @@ class NftFirewall:
 
     def __init__(self, nft: str = "nft") -> None:
         self._nft = nft
-        self._current: dict[Frontend, bool] = {}
+        self._cluster_cidrs: tuple[str, ...] = ()
+        #: what the kernel holds; None until this run has written the table (the first sync).
+        self._current: tuple[dict[Frontend, bool], dict[Frontend, tuple[str, ...]]] | None = None
         self.enabled = False
 
     async def _run(self, script: str) -> None:
@@ -102,31 +157,36 @@ class NftFirewall:
             raise FirewallError(f"nft -f - failed ({proc.returncode}): {err.decode(errors='replace').strip()}")
 
     async def start(self, cluster_cidrs: Iterable[str]) -> None:
+        """Check for nft; the table itself is written by the first sync (a predecessor's stays until then)."""
         if shutil.which(self._nft) is None:
-            log.error("nft not found: Local traffic policies without local endpoints refuse instead of drop")
+            log.error("nft not found: Local traffic policies without local endpoints refuse instead of drop, "
+                      "loadBalancerSourceRanges are not enforced")
             return
-        try:
-            await self._run(render_setup(cluster_cidrs))
-        except FirewallError as exc:
-            log.error("%s: Local traffic policies without local endpoints refuse instead of drop", exc)
-            return
-        self._current = {}
+        self._cluster_cidrs = tuple(cluster_cidrs)
+        self._current = None
         self.enabled = True
 
-    async def sync(self, desired: DropSet) -> None:
+    async def sync(self, desired: DropSet, allowed: AllowSet | None = None) -> None:
         if not self.enabled:
             return
-        script = render_changes(self._current, desired)
-        if not script:
-            return
+        allowed = dict(allowed or {})
+        if self._current is None:
+            script = render_setup(self._cluster_cidrs, desired, allowed)
+        else:
+            script = render_changes(self._current[0], desired, self._current[1], allowed)
+            if not script:
+                return
         await self._run(script)  # atomic: on failure nothing changed, the next sync retries
-        self._current = dict(desired)
+        self._current = (dict(desired), allowed)
 
-    async def stop(self) -> None:
+    async def stop(self, *, release: bool = True) -> None:
+        """Remove the table; ``release=False`` (handover) leaves it to the successor."""
         if not self.enabled:
             return
         self.enabled = False
-        self._current = {}
+        written, self._current = self._current, None
+        if not release or written is None:
+            return
         try:
             await self._run(f"delete table {TABLE}\n")
         except FirewallError as exc:
@@ -134,23 +194,29 @@ class NftFirewall:
 
 
 class FakeFirewall:
-    """For unit tests: holds the desired drops, records every sync."""
+    """For unit tests: holds the desired drops and source ranges, records every change of the drops."""
 
     def __init__(self) -> None:
         self.drops: dict[Frontend, bool] = {}
+        self.allowed: dict[Frontend, tuple[str, ...]] = {}
         self.syncs: list[dict[Frontend, bool]] = []
         self.cluster_cidrs: tuple[str, ...] = ()
         self.enabled = False
+        self.released: bool | None = None
 
     async def start(self, cluster_cidrs: Iterable[str]) -> None:
         self.cluster_cidrs = tuple(cluster_cidrs)
         self.enabled = True
 
-    async def sync(self, desired: DropSet) -> None:
+    async def sync(self, desired: DropSet, allowed: AllowSet | None = None) -> None:
+        self.allowed = dict(allowed or {})
         if dict(desired) != self.drops:
             self.drops = dict(desired)
             self.syncs.append(dict(desired))
 
-    async def stop(self) -> None:
+    async def stop(self, *, release: bool = True) -> None:
         self.enabled = False
-        self.drops = {}
+        self.released = release
+        if release:
+            self.drops = {}
+            self.allowed = {}

@@ -185,7 +185,8 @@ class HealthCheckServers:
         handler = web.Server(handle, access_log=None)
         try:
             server = await asyncio.get_running_loop().create_server(
-                handler, host=list(self._addresses) or None, port=port, reuse_address=True
+                # SO_REUSEPORT: a successor (seamless restart) binds the same ports before we leave.
+                handler, host=list(self._addresses) or None, port=port, reuse_address=True, reuse_port=True,
             )
         except OSError as err:
             service = self._records[port][0]

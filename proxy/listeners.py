@@ -6,6 +6,7 @@ import logging
 import socket
 from typing import Callable
 
+from . import steering
 from .balancer import Route
 from .context import RelayContext
 from .table import Frontend, FrontendRule, RuleChange
@@ -18,9 +19,11 @@ RouteFor = Callable[[FrontendRule], Route]
 
 
 class Listeners:
-    def __init__(self, ctx: RelayContext, *, sctp: bool) -> None:
+    def __init__(self, ctx: RelayContext, *, sctp: bool, steer_affinity: bool = False) -> None:
         self._ctx = ctx
         self._sctp = sctp
+        #: several workers share the sockets: steer affinity frontends by client address (steering.py).
+        self._steer_affinity = steer_affinity
         self._open: dict[Frontend, tuple[TcpListener | UdpListener, FrontendRule]] = {}
         #: frontends whose listener could not be opened: (rule, error), retried on every apply.
         self._failed: dict[Frontend, tuple[FrontendRule, str]] = {}
@@ -48,8 +51,11 @@ class Listeners:
             self._unsupported.add(frontend)
             wanted = False
         if held is not None and wanted and held[1].port_name == new.port_name:
-            held[0].route = route_for(new)  # endpoints swapped; socket and connections untouched
-            self._open[frontend] = (held[0], new)
+            listener, old = held
+            listener.route = route_for(new)  # endpoints swapped; socket and connections untouched
+            self._open[frontend] = (listener, new)
+            if bool(old.affinity_timeout) != bool(new.affinity_timeout):
+                self._steer(listener, new)
             return
         if held is not None:
             held[0].close()
@@ -78,10 +84,37 @@ class Listeners:
             self._failed[frontend] = (rule, str(exc))
             return
         self._open[frontend] = (listener, rule)
+        if rule.affinity_timeout:
+            self._steer(listener, rule)
         log.debug("listening on %s for %s", frontend, rule.port_name)
+
+    def _steer(self, listener: TcpListener | UdpListener, rule: FrontendRule) -> None:
+        if not self._steer_affinity or listener.sock is None:
+            return
+        if not rule.affinity_timeout:
+            steering.detach(listener.sock)
+            return
+        try:
+            steering.attach(listener.sock, listener.frontend.family, self._ctx.config.workers)
+        except OSError as exc:  # affinity then holds per worker only
+            log.warning("%s: cannot steer clients to workers by address: %s", listener.frontend, exc)
+
+    def stop_accepting(self, *, hand_over: bool = False, accept_queued: bool = True) -> None:
+        """Shutdown: TCP and SCTP listeners close now (``accept_queued``: after taking what the
+        kernel queued); UDP ones drain (``hand_over``: new datagrams go to the successor's
+        sockets, see UdpListener.drain)."""
+        for frontend, (listener, _) in list(self._open.items()):
+            if isinstance(listener, UdpListener):
+                listener.drain(hand_over=hand_over)
+            else:
+                listener.close(accept_queued=accept_queued)
+            del self._open[frontend]
+        self._failed.clear()
 
     def close_all(self) -> None:
         for listener, _ in self._open.values():
             listener.close()
         self._open.clear()
         self._failed.clear()
+        for listener in list(self._ctx.draining):
+            listener.close()

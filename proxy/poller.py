@@ -27,6 +27,8 @@ EPOLLERR = select.EPOLLERR
 EPOLLHUP = select.EPOLLHUP
 EPOLLRDHUP = select.EPOLLRDHUP
 _EDGE = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
+#: input only: output edges are asked for when a write first blocks (see watch_output).
+EDGE_INPUT = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
 _BATCH = 256
 
 Handler = Callable[[int], None]
@@ -43,12 +45,17 @@ class EdgePoller:
         self._fd = self._epoll.fileno()
         loop.add_reader(self._fd, self._dispatch)
 
-    def register(self, fd: int, handler: Handler) -> None:
+    def register(self, fd: int, handler: Handler, events: int = _EDGE) -> None:
         """``handler(events)`` is called on every edge of ``fd`` until ``forget(fd)``."""
         self._handlers[fd] = handler
-        self._epoll.register(fd, _EDGE)
+        self._epoll.register(fd, events)
         if self._dispatching:
             self._fresh.add(fd)
+
+    def watch_output(self, fd: int) -> None:
+        """Add output edges to a descriptor registered with EDGE_INPUT (one is reported at once
+        if it is writable now)."""
+        self._epoll.modify(fd, _EDGE)
 
     def forget(self, fd: int) -> None:
         """Call before closing ``fd`` (the close itself removes it from the epoll set)."""

@@ -13,25 +13,24 @@ import asyncio
 import logging
 import random
 import socket
-from collections import Counter
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, Snapshot
 
-from .addresses import AddressError, AddressManager, NetlinkAddresses, canonical
+from .addresses import AddressManager, NetlinkAddresses, canonical
 from .balancer import Balancer, Route, ServicePortPool, default_affinity_factory
 from .config import ProxyConfig
 from .context import RelayContext
-from .firewall import Firewall, FirewallError, NftFirewall
+from .firewall import Firewall, NftFirewall
+from .host import HostState
+from .housekeeping import AffinitySweeper
 from .listeners import Listeners
 from .nodeports import select_nodeport_addresses
 from .stats import ServicePortStats
 from .table import (
-    Action,
     ForwardingTable,
     Frontend,
-    FrontendKind,
     FrontendRule,
     RuleChange,
     TableContext,
@@ -39,8 +38,6 @@ from .table import (
 )
 
 log = logging.getLogger(__name__)
-
-_VIP_KINDS = (FrontendKind.CLUSTER_IP, FrontendKind.EXTERNAL_IP, FrontendKind.LOAD_BALANCER)
 
 
 def sctp_supported() -> bool:
@@ -66,16 +63,15 @@ class Proxier:
         self._addresses = addresses if addresses is not None else (
             NetlinkAddresses(config.vip_interface) if config.manage_addresses else None
         )
-        self._firewall = firewall if firewall is not None else (NftFirewall() if config.firewall else None)
+        if firewall is None and config.firewall:
+            firewall = NftFirewall()
+        self._host = HostState(self._addresses, firewall)
         self._affinity_factory = affinity_factory
         self._rng = random.Random(config.seed)
         self._table = ForwardingTable()
         self._pools: dict[ServicePortName, ServicePortPool] = {}
         self._pool_affinity: dict[ServicePortName, int] = {}
         self._ports_of: dict[ServiceName, set[ServicePortName]] = {}
-        #: frontends per VIP address, and the DROP set, kept up to date change by change.
-        self._vip_frontends: Counter[str] = Counter()
-        self._drops: dict[Frontend, bool] = {}
         self._ctx: RelayContext | None = None
         self._listeners: Listeners | None = None
         self._table_ctx: TableContext | None = None
@@ -84,12 +80,15 @@ class Proxier:
         self._reserved: frozenset[Frontend] = frozenset()
         self._fatal: asyncio.Future | None = None
         self._ready = asyncio.Event()
+        self._stopping = False
+        self._forced = asyncio.Event()
+        self._stopped = asyncio.Event()
         self._grace_timers: set[asyncio.TimerHandle] = set()
-        #: the VIP set last given to the address manager, and to the local-client test.
-        self._vips: frozenset[str] = frozenset()
+        self._sweeper: AffinitySweeper | None = None
+        #: the node's link addresses (not the VIPs) as last read, for workers and the table.
+        self.node_addresses: tuple[str, ...] = ()
+        #: the VIP set last given to the local-client test.
         self._local_vips: frozenset[str] = frozenset()
-        #: side-effect failures of the last apply (addresses, firewall), for status and logs.
-        self._side_problems: dict[str, str] = {}
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -105,6 +104,9 @@ class Proxier:
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
         self._ctx = RelayContext(loop, self.config, on_fatal=self._on_fatal)
+        config = self.config
+        self._sweeper = AffinitySweeper(loop, self._ctx.clock, config.affinity_sweep_interval,
+                                        config.affinity_sweep_budget)
         self._extra_addresses = frozenset(canonical(a) for a in extra_addresses)
         if reserved_frontends is None and self.config.reserved_frontends:
             reserved_frontends = [
@@ -118,33 +120,49 @@ class Proxier:
         sctp = sctp_supported()
         if not sctp:
             log.warning("SCTP is not supported by this kernel: SCTP service ports are not served")
-        self._listeners = Listeners(self._ctx, sctp=sctp)
-        await self._sync_addresses(self._extra_addresses)
-        if self._firewall is not None:
-            await self._firewall.start(self.config.cluster_cidrs)
+        self._listeners = Listeners(self._ctx, sctp=sctp, steer_affinity=config.workers > 1)
+        await self._host.start(self._extra_addresses, config.cluster_cidrs)
 
-    async def stop(self, grace: float = 0.0) -> None:
-        """Stop accepting, drain established connections for up to ``grace`` seconds, close, remove VIPs."""
+    async def stop(
+        self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True
+    ) -> None:
+        """Stop accepting, drain, close; ``release=False`` leaves VIPs and nftables to a successor.
+
+        TCP and SCTP listeners close at once. What the kernel already queued is accepted
+        and served first when there is a drain to serve it in, except in a handover with
+        net.ipv4.tcp_migrate_req=1: then the kernel moves it to the successor's listener. UDP frontends serve their flows until they are idle: closing
+        one would orphan them; with ``release=False`` (a successor took over) new
+        datagrams go to the successor meanwhile, else this process keeps taking them.
+        Established connections run until they end, ``grace`` seconds pass or ``abort``
+        is set; the rest are reset.
+        """
         if self._ctx is None:
             return
-        ctx, listeners = self._ctx, self._listeners
-        listeners.close_all()
-        if ctx.conns and grace > 0:
-            try:
-                await asyncio.wait_for(ctx.wait_idle(), grace)
-            except asyncio.TimeoutError:
-                log.info("shutdown: resetting %d connections still open after %.1fs", len(ctx.conns), grace)
+        if self._stopping:  # a second stop cuts the first one's drain short and waits for it
+            self._forced.set()
+            await self._stopped.wait()
+            return
+        ctx = self._ctx
+        self._stopping = True
+        # Connections the kernel queued already: served here while draining, unless a successor
+        # gets them anyway (tcp_migrate_req) or no drain would let them finish.
+        take_queued = grace > 0 and (release or not _requests_migrate())
+        self._listeners.stop_accepting(hand_over=not release, accept_queued=take_queued)
+        if grace > 0 and (ctx.conns or ctx.draining):
+            await _wait_until(ctx.wait_idle(), grace, abort, self._forced)
+        if ctx.conns:
+            log.info("shutdown: resetting %d connections still open", len(ctx.conns))
         for conn in list(ctx.conns):
             conn.abort()
+        self._listeners.close_all()
         for timer in self._grace_timers:
             timer.cancel()
         self._grace_timers.clear()
+        self._sweeper.close()
         ctx.close()
-        if self._firewall is not None:
-            await self._firewall.stop()
-        if self._addresses is not None:
-            await self._addresses.stop()
+        await self._host.stop(release=release)
         self._ctx = None
+        self._stopped.set()
 
     def _on_fatal(self, exc: BaseException) -> None:
         if self._fatal is not None and not self._fatal.done():
@@ -177,8 +195,22 @@ class Proxier:
         return self._listeners.open_frontends() if self._listeners else frozenset()
 
     @property
+    def reserved_frontends(self) -> frozenset[Frontend]:
+        """Frontends left to someone else (the DNS server's), as decided at start."""
+        return self._reserved
+
+    def listener(self, frontend: Frontend):
+        """The live listener of ``frontend`` (TcpListener or UdpListener), None without one."""
+        return self._listeners.listener(frontend) if self._listeners else None
+
+    @property
+    def pending_endpoint_cuts(self) -> int:
+        """Endpoint grace periods still running (connections to cut when they end)."""
+        return len(self._grace_timers)
+
+    @property
     def problems(self) -> list[str]:
-        found = [str(c) for c in self._table.conflicts()] + list(self._side_problems.values())
+        found = [str(c) for c in self._table.conflicts()] + list(self._host.problems.values())
         if self._listeners is not None:
             found += self._listeners.problems()
         return found
@@ -189,6 +221,8 @@ class Proxier:
         """Bring listeners, addresses and DROP rules in line with ``snapshot`` (incrementally)."""
         if self._ctx is None:
             raise RuntimeError("Proxier.apply before start")
+        if self._stopping:
+            return  # draining: the listeners are closed for good
         if not snapshot.synced:
             log.debug("snapshot %d is not synced yet: nothing applied", snapshot.generation)
             return
@@ -214,6 +248,7 @@ class Proxier:
         local = await self._addresses.interface_addresses() if self._addresses is not None else ()
         if self._addresses is None:
             local = _interface_addresses_fallback(primary)
+        self.node_addresses = tuple(local)
         self._ctx.local_clients.set_node_addresses(local)
         nodeport_ips = select_nodeport_addresses(self.config.nodeport_addresses, primary, local)
         return TableContext(
@@ -221,6 +256,7 @@ class Proxier:
             zone=node.zone if node is not None else None,
             nodeport_addresses=nodeport_ips,
             reserved=self._reserved,
+            node_ips=tuple(primary),
         )
 
     def _update_service(self, name: ServiceName, snapshot: Snapshot, ctx: TableContext) -> list[RuleChange]:
@@ -235,6 +271,7 @@ class Proxier:
         for port_name in self._ports_of.pop(name, set()) - wanted.keys():
             self._retire(port_name, self._pools.pop(port_name).sync(()))
             self._pool_affinity.pop(port_name, None)
+            self._sweeper.track(port_name, None)
         for port_name, endpoints in wanted.items():
             pool = self._pool(port_name, affinity)
             self._retire(port_name, pool.sync(endpoints))
@@ -255,6 +292,7 @@ class Proxier:
         if self._pool_affinity.get(port_name, 0) != affinity_timeout:
             pool.balancer.affinity = self._affinity_factory(affinity_timeout) if affinity_timeout else None
             self._pool_affinity[port_name] = affinity_timeout
+            self._sweeper.track(port_name, pool.balancer.affinity)
         return pool
 
     def _retire(self, port_name: ServicePortName, removed) -> None:
@@ -279,65 +317,43 @@ class Proxier:
         self._grace_timers.add(timer)
 
     async def _reconcile(self, changes: list[RuleChange]) -> None:
-        for change in changes:
-            self._account(change.frontend, change.old, -1)
-            self._account(change.frontend, change.new, +1)
-        wanted = self._extra_addresses | frozenset(self._vip_frontends)
-        if wanted - self._vips:  # add first, so new listeners bind to addresses that exist
-            await self._sync_addresses(wanted | self._vips)
-        await self._sync_firewall(self._drops)
+        host = self._host
+        host.account(changes)
+        await host.before_listeners()
         listeners = self._listeners
         for change in changes:
             listeners.apply(change, self._route_for)
         listeners.retry_failed(self._route_for)
-        if wanted != self._vips:  # remove last, once nothing listens on them
-            await self._sync_addresses(wanted)
+        await host.after_listeners()
+        wanted = host.wanted
         if wanted != self._local_vips:
             self._local_vips = wanted
             self._ctx.local_clients.set_vips(wanted)
-
-    def _account(self, frontend: Frontend, rule: FrontendRule | None, sign: int) -> None:
-        """Count a rule in or out of the VIP addresses and the DROP set."""
-        if rule is None:
-            return
-        if rule.kind in _VIP_KINDS:
-            self._vip_frontends[frontend.ip] += sign
-            if not self._vip_frontends[frontend.ip]:
-                del self._vip_frontends[frontend.ip]
-        if rule.action is Action.DROP:
-            if sign > 0:
-                self._drops[frontend] = rule.drops_only_external
-            else:
-                self._drops.pop(frontend, None)
-
-    async def _sync_addresses(self, wanted: frozenset[str]) -> None:
-        if self._addresses is None:
-            self._vips = wanted
-            return
-        try:
-            await self._addresses.sync(wanted)
-        except AddressError as exc:
-            log.error("VIP addresses: %s", exc)
-            self._side_problems["addresses"] = f"VIP addresses: {exc}"
-            return
-        self._side_problems.pop("addresses", None)
-        self._vips = wanted
-
-    async def _sync_firewall(self, drops: dict[Frontend, bool]) -> None:
-        if self._firewall is None:
-            return
-        try:
-            await self._firewall.sync(dict(drops))
-        except FirewallError as exc:
-            log.error("nftables: %s", exc)
-            self._side_problems["firewall"] = f"nftables DROP rules: {exc}"
-            return
-        self._side_problems.pop("firewall", None)
 
     def _route_for(self, rule: FrontendRule) -> Route:
         pool = self._pools[rule.port_name]
         local = rule.local_client_endpoints
         return Route(pool, pool.states(rule.endpoints), pool.states(local) if local is not None else None)
+
+
+def _requests_migrate(path: str = "/proc/sys/net/ipv4/tcp_migrate_req") -> bool:
+    """Does a closing listener hand its queued connections to its SO_REUSEPORT siblings?"""
+    try:
+        with open(path) as sysctl:
+            return sysctl.read().strip() == "1"
+    except OSError:
+        return False
+
+
+async def _wait_until(work, timeout: float, *aborts: asyncio.Event | None) -> None:
+    """Await ``work`` for up to ``timeout`` seconds, or until one of ``aborts`` is set."""
+    waiters = {asyncio.ensure_future(work)}
+    waiters.update(asyncio.ensure_future(abort.wait()) for abort in aborts if abort is not None)
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def _interface_addresses_fallback(primary: Iterable[str]) -> tuple[str, ...]:

@@ -29,15 +29,18 @@ import socket
 _splice = os.splice
 _FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _SHUT_WR = socket.SHUT_WR
+#: the client socket may still be blocking (see tcp.py): copy mode never waits.
+_DONTWAIT = socket.MSG_DONTWAIT
 
 
 class Direction:
     __slots__ = (
         "conn", "src", "src_fd", "dst", "dst_fd", "pipe", "pipe_r", "pipe_w", "cap", "leftover",
         "pending", "readable", "writable", "eof", "done", "up", "stats", "splice_ok", "_bulk", "peer_closed",
+        "fin_clean",
     )
 
-    def __init__(self, conn, src: socket.socket, dst: socket.socket, up: bool) -> None:
+    def __init__(self, conn, src, dst, up: bool) -> None:
         self.conn = conn
         self.src = src
         self.src_fd = src.fileno()
@@ -49,6 +52,9 @@ class Direction:
         self.readable = True  # the source may have input (until EAGAIN)
         #: the source reported EPOLLRDHUP: its FIN has arrived, a read of 0 will follow the data.
         self.peer_closed = False
+        #: that report was a TCP FIN, not an error: once a read comes back short, only the
+        #: FIN is left (all data precedes it), so the read of 0 can be skipped.
+        self.fin_clean = False
         self.writable = True  # the destination may take output (until EAGAIN)
         self.eof = False
         self.done = False
@@ -68,6 +74,13 @@ class Direction:
         if self.eof and not self.pending and not self.done:
             self._finish()
 
+    def _full(self) -> None:
+        """The destination refused more: wait for its output edge (asked for on the client
+        socket only now: most connections never fill it and so pay no epoll_ctl for it)."""
+        self.writable = False
+        if not self.up:
+            self.conn.watch_client_output()
+
     # --- copy mode ----------------------------------------------------------------------
 
     def _copy(self) -> int:
@@ -81,9 +94,9 @@ class Direction:
                 if not self.writable:
                     return moved
                 try:
-                    sent = self.dst.send(leftover)
+                    sent = self.dst.send(leftover, _DONTWAIT)
                 except BlockingIOError:
-                    self.writable = False
+                    self._full()
                     return moved
                 except OSError as exc:
                     self.conn.abort(exc)
@@ -92,7 +105,7 @@ class Direction:
                 if sent < len(leftover):
                     self.leftover = leftover[sent:]
                     self.pending = len(self.leftover)
-                    self.writable = False
+                    self._full()
                     return moved
                 self.leftover = None
                 self.pending = 0
@@ -101,7 +114,7 @@ class Direction:
             if self.splice_ok and self.pipe is None and self._bulk:
                 return moved + self._start_splicing()
             try:
-                n = self.src.recv_into(buffer)
+                n = self.src.recv_into(buffer, 0, _DONTWAIT)
             except BlockingIOError:
                 self.readable = False
                 return moved
@@ -113,16 +126,20 @@ class Direction:
                 self.eof = True
                 return moved
             self._bulk = n == size
-            if n < size and not self.peer_closed:
+            if n < size:
                 # A short TCP read empties the receive queue; new data, or a FIN, is a new edge.
-                # A FIN that came with this data was flagged (EPOLLRDHUP): then read on to the EOF.
-                self.readable = False
+                # A FIN flagged before this read (EPOLLRDHUP) is all that is left: the EOF.
+                if not self.peer_closed:
+                    self.readable = False
+                elif self.fin_clean:
+                    self.readable = False
+                    self.eof = True
             sent = 0
             if self.writable:
                 try:
-                    sent = self.dst.send(view[:n])
+                    sent = self.dst.send(view[:n], _DONTWAIT)
                 except BlockingIOError:
-                    self.writable = False
+                    self._full()
                 except OSError as exc:
                     self.conn.abort(exc)
                     return moved
@@ -130,10 +147,14 @@ class Direction:
             if sent < n:
                 self.leftover = bytes(view[sent:n])
                 self.pending = n - sent
-                self.writable = False
+                self._full()
 
     def _start_splicing(self) -> int:
-        pipe = self.conn.ctx.pipes.get()
+        conn = self.conn
+        if not conn.client_nonblocking:
+            conn.client.setblocking(False)  # splice(2) waits on a blocking socket
+            conn.client_nonblocking = True
+        pipe = conn.ctx.pipes.get()
         self.pipe = pipe
         self.pipe_r = pipe.read_fd
         self.pipe_w = pipe.write_fd
@@ -153,7 +174,7 @@ class Direction:
                         pending -= sent
                         moved += sent
                 except BlockingIOError:
-                    self.writable = False
+                    self._full()
                 except OSError as exc:
                     self.pending = pending
                     self.conn.abort(exc)

@@ -18,7 +18,9 @@ its clusterIPs.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -73,6 +75,9 @@ class FrontendRule:
     local_client_endpoints: tuple[PortEndpoint, ...] | None = None
     #: ClientIP session affinity timeout in seconds, 0: none.
     affinity_timeout: int = 0
+    #: LB VIP frontends with loadBalancerSourceRanges: the only sources let in (normalised CIDRs);
+    #: None: every source (reference A.6, E.3).
+    source_ranges: tuple[str, ...] | None = None
 
     @property
     def needs_listener(self) -> bool:
@@ -94,6 +99,8 @@ class TableContext:
     nodeport_addresses: tuple[str, ...] = ()
     #: frontends owned by someone else (the DNS server's address:53): never proxied.
     reserved: frozenset[Frontend] = frozenset()
+    #: the node's primary IPs (kube-proxy's nodeIP per family), for loadBalancerSourceRanges.
+    node_ips: tuple[str, ...] = ()
 
 
 def _family(address: str) -> int:
@@ -102,6 +109,32 @@ def _family(address: str) -> int:
 
 def _of_family(addresses: Iterable[str], family: int) -> tuple[str, ...]:
     return tuple(a for a in addresses if _family(a) == family)
+
+
+def allowed_sources(
+    ranges: Iterable[str], family: int, lb_ips: Iterable[str], node_ips: Iterable[str]
+) -> tuple[str, ...] | None:
+    """The sources an LB VIP of ``family`` lets in; None: no restriction (kube-proxy A.6, E.3).
+
+    Only ranges of the frontend's family count (each family is its own proxier); with none,
+    the VIP is open. When a range holds the node's own IP, the LB VIPs themselves are
+    allowed too: the node reaching its own VIP arrives with the VIP as source
+    (kube-proxy's ``allowFromNode``). Overlaps are merged (an nftables interval set needs that).
+    """
+    networks = []
+    for text in ranges:
+        try:
+            network = ipaddress.ip_network(text.strip(), strict=False)
+        except ValueError:
+            continue  # the API validation rejects it before it gets here
+        if network.version == family:
+            networks.append(network)
+    if not networks:
+        return None
+    node = [ipaddress.ip_address(ip) for ip in node_ips if _family(ip) == family]
+    if any(ip in network for ip in node for network in networks):
+        networks += [ipaddress.ip_network(ip) for ip in lb_ips]
+    return tuple(str(n) for n in ipaddress.collapse_addresses(networks))
 
 
 def _rule(
@@ -164,6 +197,10 @@ def _port_rules(
             port_name, kind, sets,
             local_policy=external_local, short_circuit=external_local, affinity=affinity,
         )
+        if kind is FrontendKind.LOAD_BALANCER and info.load_balancer_source_ranges:
+            sources = allowed_sources(info.load_balancer_source_ranges, family, lb_ips, ctx.node_ips)
+            if sources is not None:
+                rule = dataclasses.replace(rule, source_ranges=sources)
         for ip in ips:
             rules.setdefault(Frontend(ip, number, port.protocol), rule)
     return rules

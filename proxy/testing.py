@@ -178,17 +178,18 @@ class Backends:
             transport.close()
 
 
-async def start_proxier(**config):
-    """A started Proxier with fake addresses (node: 127.0.0.1, ::1) and a fake firewall."""
+async def start_proxier(*, leftover_addresses=(), **config):
+    """A started Proxier (ProxyWorkers with ``workers`` > 1) with fake addresses (node: 127.0.0.1,
+    ::1; ``leftover_addresses`` as a predecessor left them) and a fake firewall."""
     from .addresses import FakeAddresses
     from .config import ProxyConfig
     from .firewall import FakeFirewall
-    from .proxier import Proxier
+    from .workers import create_proxier
 
     config.setdefault("seed", 1)
     config.setdefault("nodeport_addresses", ("primary", "localhost"))
-    addresses = FakeAddresses(["127.0.0.1", "::1"])
+    addresses = FakeAddresses(["127.0.0.1", "::1"], owned=leftover_addresses)
     firewall = FakeFirewall()
-    proxier = Proxier(ProxyConfig(**config), "node-a", addresses=addresses, firewall=firewall)
+    proxier = create_proxier(ProxyConfig(**config), "node-a", addresses=addresses, firewall=firewall)
     await proxier.start(extra_addresses=["127.0.0.53"])
     return proxier, addresses, firewall

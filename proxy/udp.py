@@ -41,6 +41,8 @@ class UdpListener:
         self.sock: socket.socket | None = None
         self._fd = -1
         self._timer = None
+        #: shutting down: serve until the flows are gone, then close.
+        self._draining = False
 
     @property
     def route(self) -> Route:
@@ -72,6 +74,27 @@ class UdpListener:
         self._fd = sock.fileno()
         self.ctx.loop.add_reader(self._fd, self._on_datagrams)
 
+    def drain(self, *, hand_over: bool = False) -> None:
+        """Shutdown: keep serving (closing would orphan the flows), close once no flow is left.
+
+        ``hand_over``: a successor bound the same frontend (SO_REUSEPORT). Connecting this
+        socket to its own address takes it out of the kernel's choice for new datagrams
+        (a connected socket only matches its peer), so every client, old or new, now
+        reaches the successor; the replies of this socket's flows still go out through
+        it (sendto works on a connected UDP socket) until the flows are idle.
+        """
+        if self.sock is None:
+            return
+        self._draining = True
+        self.ctx.draining.add(self)
+        if hand_over:
+            try:
+                self.sock.connect(self.sock.getsockname())
+            except OSError as exc:
+                log.warning("%s: cannot step aside for the successor: %s", self.frontend, exc)
+        if not len(self.flows):
+            self.close()
+
     def close(self) -> None:
         if self.sock is None:
             return
@@ -83,6 +106,8 @@ class UdpListener:
             self._timer = None
         for flow in self.flows.clear():
             self._release(flow)
+        if self._draining:
+            self.ctx.udp_drained(self)
 
     # --- client -> endpoint -------------------------------------------------------------
 
@@ -116,6 +141,8 @@ class UdpListener:
                 continue  # UDP: a full socket buffer drops, as the network would
             except OSError as exc:
                 self._endpoint_failed(flow, exc)
+                if self.sock is None:
+                    return  # that was a draining frontend's last flow
                 continue
             stats.bytes_to_backend += size
 
@@ -202,3 +229,5 @@ class UdpListener:
         upstream.close()
         flow.endpoint.active -= 1
         self._route.stats.udp_flows -= 1
+        if self._draining and self.sock is not None and not len(self.flows):
+            self.close()

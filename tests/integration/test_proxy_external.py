@@ -12,6 +12,7 @@ pytestmark = pytest.mark.integration
 
 NODE_A, NODE_A6, NODE_B = "192.168.50.11", "fd00:50::11", "192.168.50.12"
 EXTERNAL_IP, LB_IP, LB_PROXY_IP = "192.168.60.10", "192.168.70.10", "192.168.70.11"
+GUARDED_LB_IP, WELCOME_LB_IP = "192.168.70.20", "192.168.70.21"
 HTTP = {"name": "http", "protocol": "TCP", "port": 8080}
 UDP = {"name": "udp", "protocol": "UDP", "port": 9090}
 ALL_PODS = {"a1", "a2", "b1", "b2"}
@@ -37,6 +38,16 @@ def cluster(topology, pods, tmp_path_factory):
           service("remote-only", ["10.96.0.31"], [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30081}],
                   type="NodePort", externalTrafficPolicy="Local"),
           endpoint_slice("remote-only-1", "remote-only", [HTTP], b_pods))
+    # loadBalancerSourceRanges: "guarded" lets only 203.0.113.0/24 in, "welcome" the LAN.
+    for name, cluster_ip, lb_ip, node_port, ranges in (
+        ("guarded", "10.96.0.32", GUARDED_LB_IP, 30082, ["203.0.113.0/24"]),
+        ("welcome", "10.96.0.33", WELCOME_LB_IP, 30083, ["192.168.50.0/24"]),
+    ):
+        write(manifests, name,
+              service(name, [cluster_ip], [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": node_port}],
+                      type="LoadBalancer", loadBalancerSourceRanges=ranges,
+                      status={"loadBalancer": {"ingress": [{"ip": lb_ip}]}}),
+              endpoint_slice(f"{name}-1", name, [HTTP], everyone))
     daemon = start_daemon(topology, "a", manifests, state)
     yield manifests, state
     daemon.stop()
@@ -59,6 +70,18 @@ def test_external_ip_and_load_balancer_vip_from_outside__e2_e3(topology, cluster
 def test_load_balancer_ip_in_proxy_mode_is_not_captured__e3(topology, cluster):
     listing = run_in(topology.node("a"), "ip", "-o", "addr", "show").stdout
     assert LB_IP in listing and LB_PROXY_IP not in listing
+
+
+def test_load_balancer_source_ranges__outside_the_ranges_dropped__a6_e3(topology, cluster):
+    with pytest.raises(CommandFailed) as failure:
+        curl_in(topology.client, http_url(GUARDED_LB_IP, 80), timeout=1.5)
+    assert failure.value.returncode == 28  # timed out: DROP
+    assert pods_seen(topology.client, WELCOME_LB_IP, 80, ALL_PODS) == ALL_PODS  # inside its ranges
+
+
+def test_load_balancer_source_ranges__node_port_and_cluster_ip_unaffected__a6(topology, cluster):
+    assert "pod=" in curl_in(topology.client, http_url(NODE_A, 30082))
+    assert "pod=" in curl_in(topology.pod("a", 1), http_url("10.96.0.32", 80))
 
 
 def test_etp_local_without_local_endpoints__outside_clients_dropped__a6(topology, cluster):

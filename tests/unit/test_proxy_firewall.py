@@ -1,4 +1,4 @@
-"""nftables DROP rules: the rendered batches (pure) and the fake the Proxier tests use."""
+"""nftables rules (DROP, loadBalancerSourceRanges): the rendered batches (pure) and the fake."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from kubeport.proxy.table import Frontend
 
 CIP = Frontend("10.96.0.20", 80, "TCP")
 NP6 = Frontend("fd00:1::10", 30053, "UDP")
+LB = Frontend("198.51.100.9", 80, "TCP")
+LB6 = Frontend("2001:db8::9", 443, "TCP")
 
 
 def test_setup_replaces_leftovers_atomically_and_marks_pod_cidrs_local():
@@ -19,6 +21,44 @@ def test_setup_replaces_leftovers_atomically_and_marks_pod_cidrs_local():
     assert "  set local6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 }; }" in lines
     assert any("@dropext4 ip saddr != @local4 fib saddr type != local drop" in line for line in lines)
     assert any(line.strip() == "ip daddr . meta l4proto . th dport @drop4 drop" for line in lines)
+    assert any(line.strip() == "ip daddr . meta l4proto . th dport @fw4 "
+               "ip daddr . meta l4proto . th dport . ip saddr != @fwallow4 drop" for line in lines)
+
+
+def test_setup_carries_the_current_elements__a_successor_replaces_the_table_without_a_gap():
+    script = render_setup([], {CIP: False, NP6: True}, {LB: ("203.0.113.0/24", "198.51.100.9/32")})
+    assert "  set drop4 { type ipv4_addr . inet_proto . inet_service; elements = { 10.96.0.20 . tcp . 80 }; }" in script
+    assert "elements = { fd00:1::10 . udp . 30053 }" in script
+    assert "set fw4 { type ipv4_addr . inet_proto . inet_service; elements = { 198.51.100.9 . tcp . 80 }; }" in script
+    assert ("set fwallow4 { type ipv4_addr . inet_proto . inet_service . ipv4_addr; flags interval; elements = { "
+            "198.51.100.9 . tcp . 80 . 203.0.113.0/24, 198.51.100.9 . tcp . 80 . 198.51.100.9 }; }") in script
+    assert script.count("delete table inet kubeport") == 1  # one transaction: never an empty table
+
+
+@pytest.mark.parametrize(
+    ("current", "desired", "expected"),
+    [
+        pytest.param({}, {LB: ("203.0.113.0/24",)},
+                     "add element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 203.0.113.0/24 }\n"
+                     "add element inet kubeport fw4 { 198.51.100.9 . tcp . 80 }\n",
+                     id="ranges_appear__frontend_restricted__a6"),
+        pytest.param({LB: ("203.0.113.0/24",)}, {},
+                     "delete element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 203.0.113.0/24 }\n"
+                     "delete element inet kubeport fw4 { 198.51.100.9 . tcp . 80 }\n",
+                     id="ranges_removed__open_again"),
+        pytest.param({LB: ("203.0.113.0/24", "10.0.0.0/8")}, {LB: ("10.0.0.0/8", "192.0.2.7/32")},
+                     "delete element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 203.0.113.0/24 }\n"
+                     "add element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 192.0.2.7 }\n",
+                     id="ranges_changed__only_the_difference"),
+        pytest.param({}, {LB6: ("2001:db8:1::/48",)},
+                     "add element inet kubeport fwallow6 { 2001:db8::9 . tcp . 443 . 2001:db8:1::/48 }\n"
+                     "add element inet kubeport fw6 { 2001:db8::9 . tcp . 443 }\n",
+                     id="ipv6_vip__v6_sets"),
+        pytest.param({LB: ("10.0.0.0/8",)}, {LB: ("10.0.0.0/8",)}, "", id="unchanged__no_batch"),
+    ],
+)
+def test_render_changes__source_ranges(current, desired, expected):
+    assert render_changes({}, {}, current, desired) == expected
 
 
 @pytest.mark.parametrize(
@@ -46,6 +86,18 @@ async def test_fake_firewall_records_real_changes_only():
     fake = FakeFirewall()
     await fake.start(["10.244.0.0/16"])
     await fake.sync({CIP: False})
-    await fake.sync({CIP: False})
+    await fake.sync({CIP: False}, {LB: ("10.0.0.0/8",)})
     await fake.sync({})
     assert fake.syncs == [{CIP: False}, {}]
+    assert fake.allowed == {}
+
+
+@pytest.mark.parametrize("release", [pytest.param(True, id="shutdown__table_removed"),
+                                     pytest.param(False, id="handover__table_left_to_the_successor")])
+async def test_fake_firewall_stop(release):
+    fake = FakeFirewall()
+    await fake.start([])
+    await fake.sync({CIP: False}, {LB: ("10.0.0.0/8",)})
+    await fake.stop(release=release)
+    assert fake.released is release
+    assert (fake.drops == {}) is release

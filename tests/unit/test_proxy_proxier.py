@@ -105,13 +105,13 @@ async def test_endpoint_change__swapped_in_place__established_connection_survive
         a, b = await backends.tcp("a"), await backends.tcp("b")
         first = snapshot([web([a])], node=NODE)
         await proxier.apply(first)
-        listener = proxier._listeners.listener(Frontend("127.0.0.10", 80, "TCP"))
+        listener = proxier.listener(Frontend("127.0.0.10", 80, "TCP"))
         reader, writer = await asyncio.open_connection("127.0.0.10", 80)
         assert await reader.readline() == b"a\n"
 
         second = snapshot([web([b])], node=NODE, previous=first)
         await proxier.apply(second)
-        assert proxier._listeners.listener(Frontend("127.0.0.10", 80, "TCP")) is listener
+        assert proxier.listener(Frontend("127.0.0.10", 80, "TCP")) is listener
         assert await fetch("127.0.0.10", 80) == "b"
         writer.write(b"still there?\n")
         assert await asyncio.wait_for(reader.readline(), DEADLINE) == b"still there?\n"
@@ -129,11 +129,11 @@ async def test_change_to_one_service_touches_only_it():
         a, b = await backends.tcp("a"), await backends.tcp("b")
         first = snapshot([web([a]), web([a], vip="127.0.0.20", name="other")], node=NODE)
         await proxier.apply(first)
-        other = proxier._listeners.listener(Frontend("127.0.0.20", 80, "TCP"))
+        other = proxier.listener(Frontend("127.0.0.20", 80, "TCP"))
         other_route = other.route
         second = snapshot([web([b]), first.services[other_route.pool.name.service]], node=NODE, previous=first)
         await proxier.apply(second)
-        assert proxier._listeners.listener(Frontend("127.0.0.20", 80, "TCP")) is other
+        assert proxier.listener(Frontend("127.0.0.20", 80, "TCP")) is other
         assert other.route is other_route
     finally:
         await proxier.stop()
@@ -200,7 +200,7 @@ async def test_grace_period__endpoint_back_in_time__connection_kept():
         second = snapshot([web([b])], node=NODE, previous=first)
         await proxier.apply(second)
         await proxier.apply(snapshot([web([a, b])], node=NODE, previous=second))
-        await until(lambda: not proxier._grace_timers, "the grace period to end")
+        await until(lambda: not proxier.pending_endpoint_cuts, "the grace period to end")
         writer.write(b"still here\n")
         assert await asyncio.wait_for(reader.readline(), DEADLINE) == b"still here\n"
         writer.close()

@@ -282,3 +282,45 @@ def test_build_table__whole_snapshot():
     headless = ServiceState(service("db", [], [port(5432)], headless=True))
     snap = snapshot([web, headless], node=NodeInfo(name="node-a"))
     assert [str(f) for f in build_table(snap, CTX)] == ["10.96.0.20:80/TCP"]
+
+
+LB_CTX = TableContext(node_name="node-a", nodeport_addresses=("192.168.1.10", "fd00:1::10"),
+                      node_ips=("192.168.1.10", "fd00:1::10"))
+
+
+def _lb(ranges, **fields):
+    return service("web", ["10.96.0.20", "fd00:96::20"], [port(80, target=8080, node_port=30080)],
+                   type="LoadBalancer", load_balancer_ips=("198.51.100.9", "2001:db8::9"),
+                   load_balancer_source_ranges=tuple(ranges), **fields)
+
+
+@pytest.mark.parametrize(
+    ("ranges", "expected"),
+    [
+        pytest.param((), {}, id="no_ranges__every_source__a6"),
+        pytest.param(("203.0.113.0/24",), {"198.51.100.9:80/TCP": ("203.0.113.0/24",)},
+                     id="v4_range__only_the_v4_lb_vip_restricted__per_family_proxier"),
+        pytest.param(("203.0.113.0/24", "2001:db8:1::/48"),
+                     {"198.51.100.9:80/TCP": ("203.0.113.0/24",), "[2001:db8::9]:80/TCP": ("2001:db8:1::/48",)},
+                     id="both_families__each_vip_its_own_ranges"),
+        pytest.param((" 203.0.113.0/24 ", "203.0.113.128/25", "203.0.112.0/24"),
+                     {"198.51.100.9:80/TCP": ("203.0.112.0/23",)},
+                     id="padding_tolerated_overlaps_and_neighbours_merged"),
+        pytest.param(("192.168.0.0/16",), {"198.51.100.9:80/TCP": ("192.168.0.0/16", "198.51.100.9/32")},
+                     id="range_holds_the_node_ip__the_vip_itself_allowed__allow_from_node"),
+    ],
+)
+def test_load_balancer_source_ranges__only_lb_vips__a6_e3(ranges, expected):
+    rules = service_rules(ServiceState(_lb(ranges), (WEB_SLICE,)), LB_CTX)
+    restricted = {str(f): r.source_ranges for f, r in rules.items() if r.source_ranges is not None}
+    assert restricted == expected
+    # NodePorts, ClusterIPs (and externalIPs) are never subject to source ranges.
+    assert all(r.source_ranges is None for r in rules.values() if r.kind is not FrontendKind.LOAD_BALANCER)
+
+
+def test_load_balancer_source_ranges__change_is_a_rule_change():
+    table = ForwardingTable()
+    name = ServiceName("default", "web")
+    table.update(name, service_rules(ServiceState(_lb(["203.0.113.0/24"]), (WEB_SLICE,)), LB_CTX))
+    changes = table.update(name, service_rules(ServiceState(_lb(["203.0.114.0/24"]), (WEB_SLICE,)), LB_CTX))
+    assert [str(c.frontend) for c in changes] == ["198.51.100.9:80/TCP"]

@@ -1,0 +1,133 @@
+"""Relay workers: child processes fed the same snapshots, sharing the listeners (SO_REUSEPORT)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from kubeport.endpoints.types import NodeInfo, ServiceName, ServiceState
+from kubeport.proxy.stats import ServicePortStats
+from kubeport.proxy.table import Frontend
+from kubeport.proxy.testing import (
+    DEADLINE,
+    Backends,
+    endpoint,
+    endpoint_slice,
+    on_uvloop,
+    port,
+    service,
+    snapshot,
+    start_proxier,
+    until,
+)
+from kubeport.proxy.worker import SnapshotMirror, StatsReporter
+from kubeport.proxy.workers import SAME_NODE, ProxyWorkerError, create_proxier
+
+NODE = NodeInfo(name="node-a", addresses=(("InternalIP", "127.0.0.1"),))
+WEB, API = ServiceName("default", "web"), ServiceName("default", "api")
+
+
+def web(*backends: int, name: str = "web", vip: str = "127.0.0.10", **fields) -> ServiceState:
+    info = service(name, [vip], [port(80, target=8080)], **fields)
+    slices = tuple(endpoint_slice(f"{name}-{i}", [endpoint("127.0.0.1")], [("", "TCP", b)])
+                   for i, b in enumerate(backends))
+    return ServiceState(info, slices)
+
+
+async def greeting(host: str, port_: int = 80, source: str | None = None) -> str:
+    reader, writer = await asyncio.open_connection(host, port_, local_addr=(source, 0) if source else None)
+    try:
+        return (await asyncio.wait_for(reader.readline(), DEADLINE)).decode().strip()
+    finally:
+        writer.close()
+
+
+def test_snapshot_mirror__consecutive_generations_changes_and_a_stable_node():
+    mirror = SnapshotMirror()
+    first = mirror.update(True, NODE, {WEB: web(1), API: web(2, name="api")})
+    second = mirror.update(True, SAME_NODE, {API: None})
+    assert (first.generation, second.generation) == (1, 2)
+    assert set(second.services) == {WEB} and second.changed == frozenset({API})
+    assert second.node is first.node and not second.node_changed  # the table context is kept
+    assert second.changed_since(first) == frozenset({API})
+
+
+def test_stats_reporter__only_what_changed_and_what_went_away():
+    class Stub:
+        stats = {WEB: ServicePortStats(total=1), API: ServicePortStats()}
+
+    reporter = StatsReporter(Stub)
+    assert set(reporter.changes()[0]) == {WEB, API}
+    assert reporter.changes() is None
+    Stub.stats = {WEB: ServicePortStats(total=2)}
+    changed, gone = reporter.changes()
+    assert changed == {WEB: ServicePortStats(total=2)} and gone == [API]
+
+
+def test_one_worker__a_plain_proxier():
+    from kubeport.proxy.config import ProxyConfig
+    from kubeport.proxy.proxier import Proxier
+
+    assert type(create_proxier(ProxyConfig(), "node-a")) is Proxier
+
+
+@on_uvloop
+async def test_two_workers__both_serve__stats_summed__children_gone_after_stop():
+    backends = Backends()
+    proxier, _, _ = await start_proxier(workers=2, worker_stats_interval=0.05)
+    try:
+        await proxier.apply(snapshot([web(await backends.tcp("a"))], node=NODE))
+        assert proxier.ready and proxier.workers == 2
+        assert proxier.listening == frozenset({Frontend("127.0.0.10", 80, "TCP")})
+        for _ in range(40):
+            assert await greeting("127.0.0.10") == "a"
+        await until(lambda: proxier.stats[next(iter(proxier.stats))].total == 40, "the workers' reports")
+        child = proxier.pids[0]
+        await proxier.stop(1.0)
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+    finally:
+        await proxier.stop()
+        backends.close()
+
+
+@on_uvloop
+async def test_two_workers__endpoint_change_reaches_every_worker():
+    backends = Backends()
+    proxier, _, _ = await start_proxier(workers=2)
+    try:
+        first = snapshot([web(await backends.tcp("a"))], node=NODE)
+        await proxier.apply(first)
+        await proxier.apply(snapshot([web(await backends.tcp("b"))], node=NODE, previous=first))
+        assert {await greeting("127.0.0.10") for _ in range(30)} == {"b"}
+    finally:
+        await proxier.stop()
+        backends.close()
+
+
+@on_uvloop
+async def test_two_workers__client_affinity_holds_across_workers__issue4():
+    backends = Backends()
+    proxier, _, _ = await start_proxier(workers=2)
+    try:
+        state = web(await backends.tcp("a"), await backends.tcp("b"), affinity_timeout=600)
+        await proxier.apply(snapshot([state], node=NODE))
+        for client in (f"127.0.0.{i}" for i in range(100, 106)):
+            assert len({await greeting("127.0.0.10", source=client) for _ in range(8)}) == 1, client
+    finally:
+        await proxier.stop()
+        backends.close()
+
+
+@on_uvloop
+async def test_a_worker_that_dies_is_reported():
+    proxier, _, _ = await start_proxier(workers=2)
+    try:
+        os.kill(proxier.pids[0], signal.SIGKILL)
+        with pytest.raises(ProxyWorkerError, match="worker 1"):
+            await asyncio.wait_for(proxier.wait_failed(), DEADLINE)
+    finally:
+        await proxier.stop()
