@@ -77,16 +77,17 @@ def build_dns(config: KubeportConfiguration, registry: CollectorRegistry) -> Any
 
 def build_proxier(config: KubeportConfiguration) -> Any:
     from kubeport.proxy.config import ProxyConfig
-    from kubeport.proxy.proxier import Proxier
+    from kubeport.proxy.workers import create_proxier
 
     reserved = {(ip, config.dns.port, proto) for ip in config.dns_addresses for proto in ("UDP", "TCP")}
-    return Proxier(
+    return create_proxier(
         ProxyConfig(
             nodeport_addresses=tuple(config.node_port_addresses),
             cluster_cidrs=tuple(str(cidr) for cidr in config.cluster_cidr),
             vip_interface=config.vip_interface,
             udp_idle_timeout=config.conntrack.udp_stream_timeout,
             reserved_frontends=frozenset(reserved),
+            workers=config.workers,
         ),
         node_name=config.hostname_override,
     )

@@ -190,6 +190,9 @@ class KubeportConfiguration(_Section):
     shutdown_grace_period: Duration = Field(
         30.0, ge=0, description="How long established connections may drain after SIGTERM."
     )
+    workers: int = Field(
+        1, ge=1, le=64, description="Relay processes sharing the service listeners (SO_REUSEPORT)."
+    )
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     verbosity: int = Field(0, ge=0, le=10, description="Log verbosity (-v).")
     dns: DnsSettings = Field(default_factory=DnsSettings)

@@ -259,7 +259,7 @@ class Daemon:
     _last_proxy_snapshot: Snapshot | None = None
 
     def _nodeport_addresses(self) -> tuple[str, ...]:
-        return tuple(getattr(self._proxier, "nodeport_addresses", ()) or ())
+        return self._proxier.nodeport_addresses
 
     async def _apply_dns(self, snapshot: Snapshot) -> None:
         self._dns.apply(snapshot)

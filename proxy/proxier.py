@@ -209,6 +209,11 @@ class Proxier:
         return len(self._grace_timers)
 
     @property
+    def nodeport_addresses(self) -> tuple[str, ...]:
+        """Where NodePorts (and health-check node ports) listen, per --nodeport-addresses."""
+        return self._table_ctx.nodeport_addresses if self._table_ctx is not None else ()
+
+    @property
     def problems(self) -> list[str]:
         found = [str(c) for c in self._table.conflicts()] + list(self._host.problems.values())
         if self._listeners is not None:

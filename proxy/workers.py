@@ -294,6 +294,10 @@ class ProxyWorkers:
         return self._local.node_addresses
 
     @property
+    def nodeport_addresses(self) -> tuple[str, ...]:
+        return self._local.nodeport_addresses
+
+    @property
     def problems(self) -> list[str]:
         found = self._local.problems
         for child in self._children:

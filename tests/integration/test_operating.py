@@ -84,7 +84,8 @@ def test_sigterm_drains_an_open_stream_then_removes_addresses(topology, pods, ma
 
 def test_restart_hands_over_with_zero_failures(topology, pods, manifests, tmp_path):
     state = tmp_path / "state"
-    old = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS)
+    # A grace period above zero: with 0 s the old instance would reset requests in flight.
+    old = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS, "--shutdown-grace-period", "5s")
     old.wait_ready()
     status = tmp_path / "client.json"
     client = spawn_in(topology.pod("a", 1), sys.executable, str(CLIENT_LOOP), "--tcp", f"{WEB_IP}:80",
