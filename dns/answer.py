@@ -1,6 +1,6 @@
 """The sans-IO answerer: query bytes -> reply bytes, or a Forward for the shell to resolve.
 
-Cluster answers are encoded once (dnslib) and kept per question in an
+Cluster answers are encoded once (:mod:`.encode`) and kept per question in an
 :class:`AnswerCache`; a repeated question costs a slice, a dict lookup and the ID patch.
 Entries remember which services they depend on: an update drops the answers of the
 services that changed plus every "volatile" one (negative answers carry the SOA serial,
@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import bisect
 import struct
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from dnslib import RR, DNSHeader, DNSLabel, DNSQuestion, DNSRecord
+from dnslib import RR, DNSRecord
 from dnslib.label import DNSBuffer
 
 from kubeport.endpoints.types import ServiceName
 
 from .config import DnsConfig
+from .encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, Packer, Record
+from .forwarded import ForwardedAnswers, ForwardedReply
 from .lookup import Lookup, Resolution, not_synced, qtype_name, reverse_records, soa_record
 from .names import Zone, classify, reverse_address
 from .records import IndexChange, RecordIndex
 from .stats import DnsStats
+from .upstream import StoredMessage
 from .wire import (
     HEADER,
     NOERROR,
@@ -102,7 +106,10 @@ class Forward:
     labels: tuple[bytes, ...]
     qtype: int
     #: ExternalName: the CNAME chain to put before the upstream answer; None: plain forward
-    chain: tuple[RR, ...] | None = None
+    chain: tuple[Record, ...] | None = None
+    #: the relayed reply may be kept encoded for this query shape: never for names the
+    #: cluster could claim later (reverse names fall through only while unknown)
+    shareable: bool = False
 
     @property
     def question(self) -> bytes:
@@ -111,16 +118,20 @@ class Forward:
 
 class Answerer:
     def __init__(self, config: DnsConfig, index: RecordIndex, stats: DnsStats | None = None, *,
-                 timer: Callable[[], float] | None = None):
+                 timer: Callable[[], float] | None = None, clock: Callable[[], float] = time.monotonic):
         """``timer`` (a monotonic clock, in seconds): time the answers that are built, for
-        the duration histogram; None (the default, and the pure tests) times nothing."""
+        the duration histogram; None (the default, and the pure tests) times nothing.
+        ``clock`` (monotonic seconds): ages the relayed upstream answers kept encoded."""
         self.config = config
         self.index = index
         self.stats = stats if stats is not None else DnsStats()
         self.cache = AnswerCache(config.answer_cache_size)
+        self.forwarded = ForwardedAnswers(config.cache_size)
         self._entries = self.cache.entries
+        self._forwarded = self.forwarded.entries
         self._hits = self.stats.answer_cache_hits_cell
         self._timer = timer
+        self._clock = clock
         self._started = 0.0
 
     def answer(self, packet: bytes, tcp: bool = False) -> bytes | Forward | None:
@@ -130,17 +141,23 @@ class Answerer:
         end = packet.find(b"\x00", 12) + 5
         size = len(packet)
         if size == end:
-            entry = self._entries.get(packet[2:end])
+            key = packet[2:end]
         elif end >= 17 and size >= end + 11 and packet[end : end + 3] == b"\x00\x00\x29" \
                 and size == end + 11 + ((packet[end + 9] << 8) | packet[end + 10]):
-            entry = self._entries.get(packet[2:end] + packet[end + 3 : end + 9])
+            key = packet[2:end] + packet[end + 3 : end + 9]
         else:
-            entry = None
-        if entry is not None:
-            self._hits[0] += 1
-            entry[2 + tcp][0] += 1
-            entry[4][0] += 1
-            return packet[:2] + entry[tcp]
+            key = None
+        if key is not None:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._hits[0] += 1
+                entry[2 + tcp][0] += 1
+                entry[4][0] += 1
+                return packet[:2] + entry[tcp]
+            if key in self._forwarded:
+                reply = self.forwarded.get(key, tcp, self._clock())
+                if reply is not None:
+                    return packet[:2] + reply
         if self._timer is not None:
             self._started = self._timer()  # read back by _reply: only built answers are timed
         return self._answer(packet, tcp)
@@ -156,6 +173,8 @@ class Answerer:
         self.index = index
         self.cache.capacity = config.answer_cache_size
         self.cache.clear()
+        self.forwarded.capacity = config.cache_size
+        self.forwarded.clear()
 
     # --- the slow path ---------------------------------------------------------------
 
@@ -176,7 +195,7 @@ class Answerer:
         lower = query.lower_labels
         where = classify(lower, self.index.zone_labels)
         if where is Zone.OTHER:
-            return Forward(query, tcp, query.labels, qtype)
+            return Forward(query, tcp, query.labels, qtype, shareable=True)
         if where is Zone.REVERSE:
             # Unknown reverse names fall through to upstream (CoreDNS `fallthrough in-addr.arpa ip6.arpa`);
             # so does a reverse zone's apex itself (CoreDNS answers NODATA there).
@@ -189,7 +208,7 @@ class Answerer:
             result = not_synced()
         else:
             lookup = Lookup(self.index, ttl=self.config.ttl, pods=self.config.pods,
-                            local_addresses=self.config.addresses, labels=query.labels)
+                            local_addresses=self.config.addresses, labels=query.labels, lower=lower)
             result = lookup.resolve(qtype)
         if result.forward is not None:
             target = tuple(label.encode() for label in result.forward.split(".") if label)
@@ -219,7 +238,7 @@ class Answerer:
     def _encode(self, query: Query, result: Resolution) -> tuple[bytes, bytes]:
         """(UDP reply, TCP reply), both without the 2-byte ID."""
         flags = reply_flags(query.flags, result.rcode, authoritative=True)
-        authority: list[RR] = []
+        authority: list[Record] = []
         if result.negative:
             zone = query.labels[len(query.labels) - len(self.index.zone_labels):]
             authority.append(soa_record(self.index, zone, self.config.ttl))
@@ -230,7 +249,7 @@ class Answerer:
         udp = full if len(full) <= limit else self._fit(query, flags, sections, packed, ends, limit)
         return udp[2:], full[2:]
 
-    def _fit(self, query: Query, flags: int, sections: tuple[list[RR], list[RR], list[RR]], packed: bytes,
+    def _fit(self, query: Query, flags: int, sections: tuple[list[Record], ...], packed: bytes,
              ends: list[int], limit: int) -> bytes:
         """The packed message, or if too big the longest prefix of records (answer,
         authority, additional) that fits, with TC (CoreDNS/miekg Msg.Truncate). Compression
@@ -257,22 +276,48 @@ class Answerer:
         if message is None:
             return self.reply_raw(query, forward.tcp, question_reply(
                 query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL)
-        flags = struct.unpack_from("!H", message, 2)[0]
-        rd = query.flags & 0x0100
-        flags = (flags & ~0x0100) | rd
+        reply = self._relayed(query, message, MAX_TCP_MESSAGE if forward.tcp else query.udp_limit())
+        return self.reply_raw(query, forward.tcp, reply, reply[3] & 0xF)
+
+    def relay_stored(self, forward: Forward, stored: StoredMessage, now: float) -> bytes:
+        """:meth:`relay` of a cached upstream answer, TTLs aged to ``now``; the reply is kept
+        encoded for this query shape when the forward is shareable, so the next identical
+        query is answered by :meth:`answer` without parsing it."""
+        query = forward.query
+        if forward.chain is not None:
+            return self.complete_chain(forward, stored.aged(now))
+        tcp = self._relayed(query, stored.message, MAX_TCP_MESSAGE)
+        udp = self._relayed(query, stored.message, query.udp_limit())
+        qtype, rcode = qtype_name(query.qtype), RCODE_NAMES.get(tcp[3] & 0xF, str(tcp[3] & 0xF))
+        stats = self.stats
+        whole = udp == tcp  # else the UDP reply is the question-only TC one, without TTLs
+        body = tcp[2:]
+        entry = ForwardedReply(
+            body if whole else udp[2:], body, [offset - 2 for offset, _ in stored.ttls],
+            [ttl for _, ttl in stored.ttls], stored=stored.stored, expires=stored.expires, udp_ages=whole,
+            cells=(stats.request_cell("udp", qtype), stats.request_cell("tcp", qtype), stats.response_cell(rcode),
+                   stats.cache_hit_cell("denial" if stored.negative else "success")))
+        if forward.shareable and query.cache_key is not None:
+            self.forwarded.put(query.cache_key, entry)
+        stats.count("tcp" if forward.tcp else "udp", qtype, rcode)
+        return query.id.to_bytes(2, "big") + entry.reply(forward.tcp, now)
+
+    def _relayed(self, query: Query, message: bytes, limit: int) -> bytes:
+        """An upstream message (ID 0, no OPT) as the reply to ``query``: its ID, RD echoed,
+        our OPT if it had EDNS; TC and the question only when over ``limit``."""
+        flags = ((message[2] << 8) | message[3]) & ~0x0100 | (query.flags & 0x0100)
         reply = query.id.to_bytes(2, "big") + flags.to_bytes(2, "big") + message[4:]
         reply = with_opt(reply, query, self.config.edns_udp_size)
-        limit = MAX_TCP_MESSAGE if forward.tcp else query.udp_limit()
         if len(reply) > limit:  # too big for this client: TC and the question only
             reply = question_reply(query, flags & 0xF, self.config.edns_udp_size, authoritative=False,
                                    truncated=True)
-        return self.reply_raw(query, forward.tcp, reply, flags & 0xF)
+        return reply
 
     def complete_chain(self, forward: Forward, message: bytes | None) -> bytes:
         """CNAME chain + upstream answer, NOERROR whatever upstream said, TC copied; NODATA
         when upstream could not be asked (CoreDNS A() for an out-of-zone CNAME target)."""
         query = forward.query
-        answer: list[RR] = []
+        answer: list[Record] = []
         truncated = False
         if message is not None:
             try:
@@ -280,7 +325,7 @@ class Answerer:
             except Exception:  # dnslib raises many types on garbage; treat as no answer
                 upstream = None
             if upstream is not None:
-                answer = list(forward.chain or ()) + list(upstream.rr)
+                answer = list(forward.chain or ()) + [_from_dnslib(rr) for rr in upstream.rr]
                 truncated = bool(upstream.header.tc)
         result = Resolution(rcode=NOERROR, answer=answer, negative=not answer, deps=None)
         udp, full = self._encode(query, result)
@@ -290,14 +335,30 @@ class Answerer:
         return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR)
 
 
-def _pack(flags: int, query: Query, sections: tuple[list[RR], list[RR], list[RR]]) -> tuple[bytes, list[int]]:
+def _pack(flags: int, query: Query, sections: tuple[list[Record], ...]) -> tuple[bytes, list[int]]:
     """The packed message (ID 0) and the offset after the question and after each record."""
-    buffer = DNSBuffer()
-    DNSHeader(id=0, bitmap=flags, q=1, a=len(sections[0]), auth=len(sections[1]), ar=len(sections[2])).pack(buffer)
-    DNSQuestion(DNSLabel(list(query.labels)), query.qtype, query.qclass).pack(buffer)
-    ends = [buffer.offset]
+    header = HEADER.pack(0, flags, 1, len(sections[0]), len(sections[1]), len(sections[2]))
+    packer = Packer(header, query.question, query.labels)
     for records in sections:
-        for record in records:
-            record.pack(buffer)
-            ends.append(buffer.offset)
-    return bytes(buffer.data), ends
+        packer.records(records)
+    return bytes(packer.buffer), packer.ends
+
+
+class _NoNames(dict):
+    """A dnslib name table that never matches: RDATA packed on its own has no pointers."""
+
+    def __contains__(self, key: object) -> bool:
+        return False
+
+
+def _from_dnslib(rr: RR) -> Record:
+    """An upstream record (dnslib) as a Record; names in CNAME/NS/PTR data stay compressible."""
+    owner = tuple(rr.rname.label)
+    if rr.rtype in (T_CNAME, T_NS, T_PTR):
+        return Record(owner, rr.rtype, rr.ttl, (tuple(rr.rdata.label.label),))
+    if rr.rtype in (T_A, T_AAAA):
+        return Record(owner, rr.rtype, rr.ttl, (bytes(rr.rdata.data),))
+    buffer = DNSBuffer()
+    buffer.names = _NoNames()
+    rr.rdata.pack(buffer)
+    return Record(owner, rr.rtype, rr.ttl, (bytes(buffer.data),))

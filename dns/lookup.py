@@ -17,10 +17,11 @@ import ipaddress
 import math
 from dataclasses import dataclass, field
 
-from dnslib import AAAA, CNAME, NS, PTR, QTYPE, RR, SOA, SRV, TXT, A, DNSLabel
+from dnslib import QTYPE
 
 from kubeport.endpoints.types import ServiceName
 
+from .encode import Record, address_record, same_name, soa_data, srv_record, txt_data
 from .names import POD, InvalidName, Request, match, parse_request, pod_address
 from .records import NO_PORT, RecordIndex, ServiceRecords
 from .wire import NOERROR, NXDOMAIN, SERVFAIL
@@ -50,8 +51,8 @@ class Candidate:
 @dataclass(slots=True)
 class Resolution:
     rcode: int = NOERROR
-    answer: list[RR] = field(default_factory=list)
-    additional: list[RR] = field(default_factory=list)
+    answer: list[Record] = field(default_factory=list)
+    additional: list[Record] = field(default_factory=list)
     #: SOA in the authority section (every NXDOMAIN, NODATA and SERVFAIL)
     negative: bool = False
     #: services the answer depends on; None: it may change with any change (volatile)
@@ -61,33 +62,29 @@ class Resolution:
     forward: str | None = None
 
 
-def _name(labels: tuple[bytes, ...]) -> DNSLabel:
-    return DNSLabel(list(labels))
-
-
 def _labels(text: str) -> tuple[bytes, ...]:
     return tuple(label.encode() for label in text.rstrip(".").split(".") if label)
 
 
-def soa_record(index: RecordIndex, zone: tuple[bytes, ...], ttl: int) -> RR:
+def soa_record(index: RecordIndex, zone: tuple[bytes, ...], ttl: int) -> Record:
     """``<zone>. min(ttl,300) IN SOA ns.dns.<zone>. hostmaster.<zone>. <serial> 7200 1800 86400 <ttl>``,
     the zone spelled as in the query (CoreDNS plugin.SOA)."""
-    rdata = SOA(_name((b"ns", b"dns") + zone), _name((b"hostmaster",) + zone),
-                (index.serial & 0xFFFFFFFF, 7200, 1800, 86400, ttl))
-    return RR(_name(zone), T_SOA, rdata=rdata, ttl=min(ttl, 300))
+    data = soa_data((b"ns", b"dns") + zone, (b"hostmaster",) + zone, index.serial, 7200, 1800, 86400, ttl)
+    return Record(zone, T_SOA, min(ttl, 300), data)
 
 
 class Lookup:
     """One question about the cluster zone."""
 
     def __init__(self, index: RecordIndex, *, ttl: int, pods: str, local_addresses: tuple[str, ...],
-                 labels: tuple[bytes, ...]):
+                 labels: tuple[bytes, ...], lower: tuple[str, ...] | None = None):
+        """``lower``: the labels lowercased as text, when the caller has them already."""
         self.index = index
         self.ttl = ttl
         self.pods = pods
         self.local_addresses = local_addresses
         self.qname = labels
-        self.lower = tuple(label.lower().decode("latin-1") for label in labels)
+        self.lower = lower if lower is not None else tuple(label.lower().decode("latin-1") for label in labels)
         zone_length = len(index.zone_labels)
         self.zone = labels[len(labels) - zone_length :]
         self.result = Resolution()
@@ -230,10 +227,10 @@ class Lookup:
     # --- records per qtype (CoreDNS plugin/backend_lookup.go) -----------------------
 
     def _addresses(self, qname: tuple[bytes, ...], base: tuple[str, ...], qtype: int,
-                   previous: list[RR]) -> tuple[list[RR], str | None]:
+                   previous: list[Record]) -> tuple[list[Record], str | None]:
         """CoreDNS A()/AAAA(): addresses of the family, CNAMEs chased in the zone; a CNAME
         leaving the zone returns (the CNAME chain, the target to ask upstream)."""
-        records: list[RR] = []
+        records: list[Record] = []
         seen: set[str] = set()
         family = 4 if qtype == T_A else 6
         lower_qname = tuple(label.lower() for label in qname)
@@ -244,7 +241,7 @@ class Lookup:
                     continue  # x CNAME x (or below x) is a direct loop
                 if len(previous) > MAX_CNAME_CHAIN:
                     continue
-                cname = RR(_name(qname), T_CNAME, rdata=CNAME(_name(target)), ttl=self.ttl)
+                cname = Record(qname, T_CNAME, self.ttl, (target,))
                 if any(_same_cname(cname, held) for held in previous):
                     continue
                 zone = tuple(label.lower() for label in self.zone)
@@ -260,16 +257,15 @@ class Lookup:
                 if inner:
                     records += [cname] + inner
                 continue
-            ip = ipaddress.ip_address(candidate.host)
-            if ip.version == family and candidate.host not in seen:
-                seen.add(candidate.host)
-                rdata = A(candidate.host) if family == 4 else AAAA(candidate.host)
-                records.append(RR(_name(qname), qtype, rdata=rdata, ttl=self.ttl))
+            host = candidate.host  # canonical (records.py): ":" tells the family
+            if (":" in host) == (family == 6) and host not in seen:
+                seen.add(host)
+                records.append(address_record(qname, host, self.ttl))
         return records, None
 
-    def _txt(self, base: tuple[str, ...]) -> list[RR]:
+    def _txt(self, base: tuple[str, ...]) -> list[Record]:
         if base == ("dns-version",):
-            return [RR(_name(self.qname), T_TXT, rdata=TXT(DNS_SCHEMA_VERSION), ttl=DNS_VERSION_TTL)]
+            return [Record(self.qname, T_TXT, DNS_VERSION_TTL, txt_data(DNS_SCHEMA_VERSION.encode()))]
         try:
             exists = bool(self._records(base))
         except NoSuchName:
@@ -278,22 +274,21 @@ class Lookup:
             raise NoSuchName  # even on the apex and <ns>.svc (CoreDNS's TXT quirk)
         return []
 
-    def _cname(self, base: tuple[str, ...]) -> list[RR]:
+    def _cname(self, base: tuple[str, ...]) -> list[Record]:
         candidates = self._services(base, T_CNAME)
         if candidates and candidates[0].cname:
-            target = _name(_labels(candidates[0].host))
-            return [RR(_name(self.qname), T_CNAME, rdata=CNAME(target), ttl=self.ttl)]
+            return [Record(self.qname, T_CNAME, self.ttl, (_labels(candidates[0].host),))]
         return []
 
-    def _srv(self, base: tuple[str, ...]) -> tuple[list[RR], list[RR]]:
+    def _srv(self, base: tuple[str, ...]) -> tuple[list[Record], list[Record]]:
         """CoreDNS SRV(): priority 0, weight floor(100/N) over every candidate before
         de-duplication, SRV de-duplicated on (target, port), glue on (target, address)."""
         candidates = self._services(base, T_SRV)
         if not candidates:
             return [], []
         weight = max(1, math.floor(100.0 / (100 * len(candidates)) * 100))
-        records: list[RR] = []
-        extra: list[RR] = []
+        records: list[Record] = []
+        extra: list[Record] = []
         seen: set[tuple[tuple[str, ...], str | int]] = set()
         for candidate in candidates:
             if candidate.port == NO_PORT:
@@ -301,26 +296,25 @@ class Lookup:
             target = tuple(t.encode() for t in candidate.target) + self.zone
             if (candidate.target, candidate.port) not in seen:
                 seen.add((candidate.target, candidate.port))
-                rdata = SRV(priority=0, weight=weight, port=candidate.port, target=_name(target))
-                records.append(RR(_name(self.qname), T_SRV, rdata=rdata, ttl=self.ttl))
+                records.append(srv_record(self.qname, self.ttl, 0, weight, candidate.port, target))
             if (candidate.target, candidate.host) not in seen:
                 seen.add((candidate.target, candidate.host))
-                extra.append(_address_record(target, candidate.host, self.ttl))
+                extra.append(address_record(target, candidate.host, self.ttl))
         return records, extra
 
-    def _ns(self) -> tuple[list[RR], list[RR]]:
+    def _ns(self) -> tuple[list[Record], list[Record]]:
         self.result.deps = None
-        records: list[RR] = []
-        extra: list[RR] = []
+        records: list[Record] = []
+        extra: list[Record] = []
         names: set[tuple[str, ...]] = set()
         for candidate in self._ns_candidates(()):
             target = tuple(t.encode() for t in candidate.target) + self.zone
-            extra.append(_address_record(target, candidate.host, self.ttl))
+            extra.append(address_record(target, candidate.host, self.ttl))
             if candidate.target not in names:
                 names.add(candidate.target)
-                records.append(RR(_name(self.qname), T_NS, rdata=NS(_name(target)), ttl=self.ttl))
+                records.append(Record(self.qname, T_NS, self.ttl, (target,)))
         if not records:  # no routable address of ours: still name the zone's server
-            records.append(RR(_name(self.qname), T_NS, rdata=NS(_name((b"ns", b"dns") + self.zone)), ttl=self.ttl))
+            records.append(Record(self.qname, T_NS, self.ttl, ((b"ns", b"dns") + self.zone,)))
         return records, extra
 
 
@@ -330,25 +324,16 @@ def not_synced() -> Resolution:
     return Resolution(rcode=SERVFAIL, negative=True, deps=None)
 
 
-def reverse_records(index: RecordIndex, qname: tuple[bytes, ...], address: str, ttl: int) -> list[RR]:
+def reverse_records(index: RecordIndex, qname: tuple[bytes, ...], address: str, ttl: int) -> list[Record]:
     """PTR records for an IP (CoreDNS PTR/serviceRecordForIP), targets in the primary zone."""
     zone = tuple(label.encode() for label in index.zone_labels)
-    records = []
-    for target in index.ptr_targets(address):
-        labels = tuple(t.encode() for t in target) + zone
-        records.append(RR(_name(qname), T_PTR, rdata=PTR(_name(labels)), ttl=ttl))
-    return records
+    return [Record(qname, T_PTR, ttl, (tuple(t.encode() for t in target) + zone,))
+            for target in index.ptr_targets(address)]
 
 
-def _address_record(owner: tuple[bytes, ...], address: str, ttl: int) -> RR:
-    if ipaddress.ip_address(address).version == 4:
-        return RR(_name(owner), T_A, rdata=A(address), ttl=ttl)
-    return RR(_name(owner), T_AAAA, rdata=AAAA(address), ttl=ttl)
-
-
-def _same_cname(a: RR, b: RR) -> bool:
-    return (b.rtype == T_CNAME and str(a.rname).lower() == str(b.rname).lower()
-            and str(a.rdata.label).lower() == str(b.rdata.label).lower())
+def _same_cname(a: Record, b: Record) -> bool:
+    return (b.rtype == T_CNAME and same_name(a.owner, b.owner)
+            and same_name(a.data[0], b.data[0]))  # type: ignore[arg-type]
 
 
 def _loopback(address: str) -> bool:

@@ -71,6 +71,8 @@ METRICS: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
                              (_S,)),
     "kubeport_dns_tcp_rejected": (CounterMetricFamily, "TCP connections closed at once: the connection cap was "
                                   "reached.", (_S,)),
+    "kubeport_dns_send_failed": (CounterMetricFamily, "UDP replies the kernel refused to send (a full send "
+                                 "buffer); the client retries.", (_S,)),
 }
 
 
@@ -118,7 +120,8 @@ class DnsCollector:
                             ("kubeport_dns_answer_cache_misses", stats.answer_cache_misses),
                             ("kubeport_dns_answer_cache_entries", len(server.answerer.cache)),
                             ("kubeport_dns_dropped", stats.dropped),
-                            ("kubeport_dns_tcp_rejected", stats.tcp_rejected)):
+                            ("kubeport_dns_tcp_rejected", stats.tcp_rejected),
+                            ("kubeport_dns_send_failed", stats.send_failed)):
             families[name].add_metric(own, value)
         return iter(families.values())
 

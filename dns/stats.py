@@ -42,7 +42,7 @@ class DnsStats:
     answer_cache_hits_cell: Cell = field(default_factory=lambda: [0])
     answer_cache_misses: int = 0
     #: upstream answers from the cache, by "success"|"denial": coredns_cache_hits_total{type}
-    cache_hits: Counter[str] = field(default_factory=Counter)
+    _cache_hits: dict[str, Cell] = field(default_factory=dict)
     #: coredns_cache_misses_total
     cache_misses: int = 0
     #: upstream "ip:port" -> queries sent: coredns_forward_requests_total{to}
@@ -56,6 +56,8 @@ class DnsStats:
     forward_refused: int = 0
     #: packets not answered: no complete header, or a response sent to us
     dropped: int = 0
+    #: UDP replies the kernel refused to send (a full send buffer): the client retries
+    send_failed: int = 0
     #: TCP connections closed at once because max_tcp_connections were open
     tcp_rejected: int = 0
     #: qtype name -> durations of the answers that were timed: answers built (answer cache
@@ -73,6 +75,12 @@ class DnsStats:
         cell = self._responses.get(rcode)
         if cell is None:
             cell = self._responses[rcode] = [0]
+        return cell
+
+    def cache_hit_cell(self, kind: str) -> Cell:
+        cell = self._cache_hits.get(kind)
+        if cell is None:
+            cell = self._cache_hits[kind] = [0]
         return cell
 
     def count(self, proto: str, qtype: str, rcode: str) -> None:
@@ -94,6 +102,11 @@ class DnsStats:
     def responses(self) -> Counter[str]:
         """rcode name -> count: coredns_dns_responses_total{rcode}"""
         return Counter({key: cell[0] for key, cell in self._responses.items() if cell[0]})
+
+    @property
+    def cache_hits(self) -> Counter[str]:
+        """"success"|"denial" -> upstream answers served from the cache"""
+        return Counter({key: cell[0] for key, cell in self._cache_hits.items() if cell[0]})
 
     @property
     def answer_cache_hits(self) -> int:

@@ -16,6 +16,7 @@ from kubeport.endpoints import model
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import Snapshot
 
+from .encode import Packer, Record
 from .wire import RCODE_NAMES
 
 
@@ -95,6 +96,14 @@ class Reply:
 
 def zone_line(rr: Any) -> str:
     return " ".join(rr.toZone().split())
+
+
+def record_lines(records: Iterable[Record]) -> list[str]:
+    """Records (kubeport.dns.encode) as zone text lines, through the wire and dnslib."""
+    records = list(records)
+    packer = Packer(struct.pack("!HHHHHH", 0, 0x8000, 0, len(records), 0, 0), b"", ())
+    packer.records(records)
+    return [zone_line(rr) for rr in DNSRecord.parse(bytes(packer.buffer)).rr]
 
 
 def read_reply(packet: bytes) -> Reply:

@@ -27,12 +27,24 @@ T_SOA = 6
 
 
 @dataclass(slots=True)
-class _Stored:
+class StoredMessage:
+    """An upstream answer as cached: ID 0, no OPT, TTLs as received."""
+
     message: bytes
     ttls: tuple[tuple[int, int], ...]  # (offset, ttl as received)
     stored: float
     expires: float
     negative: bool
+
+    def aged(self, now: float) -> bytes:
+        """The message with every TTL lowered by the whole seconds since it was stored."""
+        age = int(now - self.stored)
+        if age <= 0 or not self.ttls:
+            return self.message
+        message = bytearray(self.message)
+        for offset, ttl in self.ttls:
+            struct.pack_into("!I", message, offset, max(0, ttl - age))
+        return bytes(message)
 
 
 def without_opt(message: bytes) -> tuple[bytes, list[RecordSpan]]:
@@ -67,7 +79,7 @@ class UpstreamCache:
         self.capacity = capacity
         self.max_ttl = max_ttl
         self.max_negative_ttl = max_negative_ttl
-        self._entries: dict[bytes, _Stored] = {}
+        self._entries: dict[bytes, StoredMessage] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -78,19 +90,18 @@ class UpstreamCache:
 
     def get(self, key: bytes, now: float) -> tuple[bytes, bool] | None:
         """(the message with TTLs aged, negative?) or None."""
+        stored = self.lookup(key, now)
+        return None if stored is None else (stored.aged(now), stored.negative)
+
+    def lookup(self, key: bytes, now: float) -> StoredMessage | None:
+        """The stored answer, unless absent or expired (then it is dropped)."""
         stored = self._entries.get(key)
         if stored is None:
             return None
         if now >= stored.expires:
             del self._entries[key]
             return None
-        age = int(now - stored.stored)
-        if age <= 0 or not stored.ttls:
-            return stored.message, stored.negative
-        message = bytearray(stored.message)
-        for offset, ttl in stored.ttls:
-            struct.pack_into("!I", message, offset, max(0, ttl - age))
-        return bytes(message), stored.negative
+        return stored
 
     def put(self, key: bytes, message: bytes, spans: list[RecordSpan], now: float) -> None:
         """Cache a message (ID 0, no OPT) if it can be: a positive answer for its lowest
@@ -117,7 +128,7 @@ class UpstreamCache:
         if key not in self._entries and len(self._entries) >= self.capacity:
             del self._entries[next(iter(self._entries))]  # oldest first
         ttls = tuple((span.ttl_offset, span.ttl) for span in spans)
-        self._entries[key] = _Stored(message, ttls, now, now + ttl, negative)
+        self._entries[key] = StoredMessage(message, ttls, now, now + ttl, negative)
 
 
 def upstream_query(query_id: int, question: bytes, *, do: bool, cd: bool, udp_size: int) -> bytes:
@@ -177,13 +188,14 @@ class Forwarder:
     def cache_key(question: bytes, *, do: bool, cd: bool) -> bytes:
         return question + bytes((do | (cd << 1),))
 
-    def cached(self, key: bytes, now: float) -> bytes | None:
-        hit = self.cache.get(key, now)
-        if hit is None:
+    def cached(self, key: bytes, now: float) -> StoredMessage | None:
+        """The cached answer to relay, counted as a cache hit or miss."""
+        stored = self.cache.lookup(key, now)
+        if stored is None:
             self.stats.cache_misses += 1
             return None
-        self.stats.cache_hits["denial" if hit[1] else "success"] += 1
-        return hit[0]
+        self.stats.cache_hit_cell("denial" if stored.negative else "success")[0] += 1
+        return stored
 
     async def resolve(self, question: bytes, *, do: bool, cd: bool, now: float) -> bytes | None:
         """An upstream's answer (ID 0, no OPT), cached; None when every upstream failed."""

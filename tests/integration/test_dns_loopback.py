@@ -188,6 +188,9 @@ async def test_external_names_are_forwarded_and_cached(dns: DnsServer, upstream:
     assert again.answer[0].startswith("www.example.test. ") and again.answer[0].endswith(" IN A 203.0.113.7")
     assert len(upstream.queries) == asked  # from the cache
     assert dns.stats.cache_hits["success"] == 1
+    assert len(dns.answerer.forwarded) == 1  # kept encoded: the repeat was not even parsed
+    over_tcp = await dig(dns.port, "+tcp", "www.example.test", "A")
+    assert over_tcp.answer[0].endswith(" IN A 203.0.113.7") and len(upstream.queries) == asked
     missing = await dig(dns.port, "nothing.example.test", "A")
     assert missing.status == "NXDOMAIN"
 

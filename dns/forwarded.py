@@ -1,0 +1,101 @@
+"""Relayed upstream answers kept encoded per client query shape, with their TTLs aged. Pure.
+
+The upstream cache (:class:`~.upstream.UpstreamCache`) keeps one message per question;
+turning it into a client's reply (ID, RD, OPT, the UDP size limit) costs a parse of the
+query and a few copies. This cache keeps that finished reply under the same key as the
+encoded cluster answers (header minus ID, question as sent, OPT fixed part), so a
+repeated forwarded question costs what a cluster answer costs: a dict lookup and the ID
+patch. TTLs are aged like the upstream cache ages them (whole seconds elapsed since the
+answer was stored, RFC 1035 7.3), patched at offsets found once; the aged reply is kept
+until the age changes, so most hits patch nothing. An entry ends when its upstream answer
+does (its lowest TTL).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Sequence
+
+_TTL = struct.Struct("!I")
+
+Cell = list[int]
+
+
+class ForwardedReply:
+    """One encoded reply, UDP and TCP variants without the 2-byte ID."""
+
+    __slots__ = ("stored", "expires", "udp", "tcp", "offsets", "ttls", "udp_ages", "age", "aged",
+                 "requests", "response", "hits")
+
+    def __init__(self, udp: bytes, tcp: bytes, offsets: Sequence[int], ttls: Sequence[int], *, stored: float,
+                 expires: float, udp_ages: bool, cells: tuple[Cell, Cell, Cell, Cell]):
+        self.stored = stored
+        self.expires = expires
+        self.udp = udp
+        self.tcp = tcp
+        #: TTL offsets within ``tcp`` (and ``udp`` when ``udp_ages``: the same message)
+        self.offsets = tuple(offsets)
+        self.ttls = tuple(ttls)
+        #: False when the UDP variant is the question-only TC reply (it has no TTLs)
+        self.udp_ages = udp_ages
+        self.age = 0
+        self.aged = (udp, tcp)
+        self.requests = (cells[0], cells[1])  # udp, tcp request counters of the qtype
+        self.response = cells[2]
+        self.hits = cells[3]
+
+    def reply(self, tcp: bool, now: float) -> bytes:
+        """The reply without ID, TTLs aged to ``now`` (whole seconds since it was stored)."""
+        age = int(now - self.stored)
+        if age != self.age:
+            self.age = age
+            tcp_aged = self._aged(self.tcp, age)
+            self.aged = (tcp_aged if self.udp is self.tcp else self._aged(self.udp, age) if self.udp_ages
+                         else self.udp, tcp_aged)
+        return self.aged[tcp]
+
+    def _aged(self, message: bytes, age: int) -> bytes:
+        if not self.offsets:
+            return message
+        patched = bytearray(message)
+        for offset, ttl in zip(self.offsets, self.ttls):
+            _TTL.pack_into(patched, offset, ttl - age if ttl > age else 0)
+        return bytes(patched)
+
+
+class ForwardedAnswers:
+    """Encoded relayed replies by client query key, at most ``capacity`` (oldest dropped)."""
+
+    __slots__ = ("entries", "capacity")
+
+    def __init__(self, capacity: int):
+        self.entries: dict[bytes, ForwardedReply] = {}
+        self.capacity = capacity
+
+    def get(self, key: bytes, tcp: bool, now: float) -> bytes | None:
+        """The reply without ID, TTLs aged to ``now``, counted as a cache hit; None when
+        absent or expired."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        if now >= entry.expires or now < entry.stored:
+            del self.entries[key]
+            return None
+        entry.requests[tcp][0] += 1
+        entry.response[0] += 1
+        entry.hits[0] += 1
+        return entry.reply(tcp, now)
+
+    def put(self, key: bytes, entry: ForwardedReply) -> None:
+        if self.capacity <= 0:
+            return
+        entries = self.entries
+        if key not in entries and len(entries) >= self.capacity:
+            del entries[next(iter(entries))]
+        entries[key] = entry
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def __len__(self) -> int:
+        return len(self.entries)

@@ -1,0 +1,141 @@
+"""Batched UDP I/O: recvmmsg/sendmmsg through ctypes (Linux), for the DNS hot path.
+
+One system call reads up to ``slots`` datagrams and one sends every reply of the batch,
+where a recvfrom/sendto pair per query costs two. The buffers (messages, iovecs,
+addresses, data) are allocated once per socket and reused; per datagram Python only
+reads its length, copies the query out and the reply in. The client address never
+becomes a Python tuple: its sockaddr, as received, is where the reply is sent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import socket
+import struct
+import sys
+from typing import Callable
+
+MSG_DONTWAIT = 0x40
+MSG_TRUNC = 0x20
+#: sizes on 64-bit Linux: struct iovec, struct mmsghdr (a msghdr plus msg_len, padded)
+IOVEC_SIZE = 16
+MMSGHDR_SIZE = 64
+#: offsets inside struct mmsghdr
+NAME, NAMELEN, IOV, IOVLEN, FLAGS, LENGTH = 0, 8, 16, 24, 48, 56
+SOCKADDR_SIZE = 28  # sockaddr_in6, room for sockaddr_in too
+SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and dropped; replies longer go alone
+
+_U32 = struct.Struct("=I")
+_U64 = struct.Struct("=Q")
+_NAME = struct.Struct("=QI")  # msg_name, msg_namelen
+
+
+def _libc_functions() -> tuple[Callable[..., int], Callable[..., int]] | None:
+    if struct.calcsize("P") != 8:
+        return None
+    try:
+        # PyDLL keeps the GIL: the calls never block (MSG_DONTWAIT), and releasing it for
+        # microseconds would only invite another thread to hold the event loop up.
+        libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        recvmmsg, sendmmsg = libc.recvmmsg, libc.sendmmsg
+    except (OSError, AttributeError):
+        return None
+    recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+    sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+    recvmmsg.restype = sendmmsg.restype = ctypes.c_int
+    return recvmmsg, sendmmsg
+
+
+_FUNCTIONS = _libc_functions()
+
+
+def available() -> bool:
+    return _FUNCTIONS is not None
+
+
+def address_of(name: bytes) -> tuple:
+    """A received sockaddr (sockaddr_in or sockaddr_in6) as the tuple socket.sendto takes."""
+    family = int.from_bytes(name[:2], sys.byteorder)
+    port = int.from_bytes(name[2:4], "big")
+    if family == socket.AF_INET6:
+        flowinfo = int.from_bytes(name[4:8], "big")
+        scope = int.from_bytes(name[24:28], sys.byteorder)
+        return socket.inet_ntop(socket.AF_INET6, name[8:24]), port, flowinfo, scope
+    return socket.inet_ntop(socket.AF_INET, name[4:8]), port
+
+
+class BatchIO:
+    """Preallocated recvmmsg/sendmmsg buffers for one socket."""
+
+    def __init__(self, fd: int, slots: int):
+        assert _FUNCTIONS is not None
+        self.fd = fd
+        self.slots = slots
+        self._recvmmsg, self._sendmmsg = _FUNCTIONS
+        self.received = ctypes.create_string_buffer(slots * MMSGHDR_SIZE)
+        self.to_send = ctypes.create_string_buffer(slots * MMSGHDR_SIZE)
+        self.names = ctypes.create_string_buffer(slots * SOCKADDR_SIZE)
+        self.data = ctypes.create_string_buffer(slots * SLOT_SIZE)
+        self.replies = ctypes.create_string_buffer(slots * SLOT_SIZE)
+        self._iovecs = ctypes.create_string_buffer(2 * slots * IOVEC_SIZE)
+        self.received_view = memoryview(self.received).cast("B")
+        self.to_send_view = memoryview(self.to_send).cast("B")
+        self.data_view = memoryview(self.data).cast("B")
+        self.replies_view = memoryview(self.replies).cast("B")
+        self.names_view = memoryview(self.names).cast("B")
+        self.send_iovecs_view = memoryview(self._iovecs).cast("B")[slots * IOVEC_SIZE :]
+        names, data = ctypes.addressof(self.names), ctypes.addressof(self.data)
+        replies, iovecs = ctypes.addressof(self.replies), ctypes.addressof(self._iovecs)
+        #: address of each slot's sockaddr, for the replies' msg_name
+        self.name_addresses = [names + i * SOCKADDR_SIZE for i in range(slots)]
+        iovec_view = memoryview(self._iovecs).cast("B")
+        for i in range(slots):
+            receive_iov = iovecs + i * IOVEC_SIZE
+            send_iov = iovecs + (slots + i) * IOVEC_SIZE
+            struct.pack_into("=QQ", iovec_view, i * IOVEC_SIZE, data + i * SLOT_SIZE, SLOT_SIZE)
+            struct.pack_into("=QQ", iovec_view, (slots + i) * IOVEC_SIZE, replies + i * SLOT_SIZE, 0)
+            struct.pack_into("=QIxxxxQQ", self.received_view, i * MMSGHDR_SIZE, self.name_addresses[i],
+                             SOCKADDR_SIZE, receive_iov, 1)
+            struct.pack_into("=QIxxxxQQ", self.to_send_view, i * MMSGHDR_SIZE, 0, 0, send_iov, 1)
+        #: the receive headers as set up: restored before each recvmmsg (msg_namelen is in-out)
+        self._received_template = bytes(self.received_view)
+        self._fields: dict[int, struct.Struct] = {}
+        self._received_address = ctypes.addressof(self.received)
+        self._to_send_address = ctypes.addressof(self.to_send)
+
+    def receive(self) -> int:
+        """Datagrams now in the slots (0: none waiting); raises OSError on other errors."""
+        self.received_view[:] = self._received_template
+        count = self._recvmmsg(self.fd, self._received_address, self.slots, MSG_DONTWAIT, None)
+        if count < 0:
+            error = ctypes.get_errno()
+            if error in (errno.EAGAIN, errno.EINTR):
+                return 0
+            raise OSError(error, errno.errorcode.get(error, str(error)))
+        return count
+
+    def received_fields(self, count: int) -> tuple[int, ...]:
+        """(msg_namelen, msg_flags, msg_len) of the first ``count`` slots, flattened: one
+        struct call for the batch."""
+        fields = self._fields.get(count)
+        if fields is None:
+            fields = self._fields[count] = struct.Struct("=" + "8xI36xI4xI4x" * count)
+        return fields.unpack_from(self.received_view, 0)
+
+    def send(self, count: int) -> int:
+        """Send the first ``count`` prepared replies; how many the kernel refused.
+
+        sendmmsg stops at the first message that fails (a full send buffer, a client the
+        kernel cannot route to): that one is skipped and the rest go in another call, so
+        one bad address costs its own reply only."""
+        start = failed = 0
+        while start < count:
+            sent = self._sendmmsg(self.fd, self._to_send_address + start * MMSGHDR_SIZE, count - start,
+                                  MSG_DONTWAIT)
+            start += max(sent, 0)
+            if start < count:
+                start += 1
+                failed += 1
+        return failed

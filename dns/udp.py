@@ -1,0 +1,220 @@
+"""The UDP hot path: a non-blocking socket drained in batches from one reader callback.
+
+asyncio's DatagramProtocol costs a callback, an address tuple and a transport check per
+datagram on top of the two system calls. Here one readiness event reads datagrams until
+the socket is empty (EAGAIN) or a batch is done, and answers them in the same callback:
+cached answers never leave this loop. On Linux :class:`BatchedUdpListener` reads a
+batch with one recvmmsg and sends its answers with one sendmmsg (:mod:`.mmsg`);
+:class:`UdpListener` is the portable recvfrom/sendto loop. A batch cap keeps TCP and the
+rest of the event loop served under a flood (the reader is level-triggered: a socket left
+non-empty is reported again at once). Questions that need an upstream go to ``forward``
+with a function that sends the answer later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from typing import Callable, Protocol
+
+from . import mmsg
+from .answer import Answerer, Forward
+from .stats import DnsStats
+
+log = logging.getLogger(__name__)
+
+#: datagrams answered per readiness event at most
+BATCH = 128
+#: a DNS query over UDP is at most this big (EDNS payloads above 64 KiB do not exist)
+MAX_DATAGRAM = 65535
+#: receive buffer asked for: room for bursts (the kernel default drops after ~200 KiB)
+RECEIVE_BUFFER = 4 << 20
+
+Address = tuple  # (host, port) or (host, port, flowinfo, scope_id)
+Send = Callable[[bytes], None]
+ForwardHandler = Callable[[Forward, Send], None]
+
+
+class DatagramSocket(Protocol):
+    def recvfrom(self, size: int, /) -> tuple[bytes, Address]: ...
+
+    def sendto(self, data: bytes, address: Address, /) -> int: ...
+
+
+class UdpListener:
+    """Answers the queries arriving on one bound UDP socket."""
+
+    def __init__(self, sock: DatagramSocket, answerer: Answerer, forward: ForwardHandler, stats: DnsStats,
+                 *, batch: int = BATCH):
+        self.sock = sock
+        self.answerer = answerer
+        self.forward = forward
+        self.stats = stats
+        self.batch = batch
+        self.closed = False
+
+    def drain(self) -> int:
+        """Answer what is queued on the socket, at most ``batch`` datagrams; how many were read."""
+        recvfrom = self.sock.recvfrom
+        sendto = self.sock.sendto
+        answer = self.answerer.answer
+        count = 0
+        while count < self.batch:
+            try:
+                packet, address = recvfrom(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as error:  # nothing is lost by stopping: the socket reports again
+                log.debug("dns: udp receive failed: %s", error)
+                break
+            count += 1
+            try:
+                reply = answer(packet)
+            except Exception:  # a bug costs this query, not the rest of the batch
+                self._failed()
+                continue
+            if reply.__class__ is bytes:
+                try:
+                    sendto(reply, address)  # type: ignore[arg-type]
+                except OSError:
+                    self.stats.send_failed += 1  # full send buffer: the client will retry
+            elif reply is not None:
+                self.forward(reply, self._sender(address))  # type: ignore[arg-type]
+        return count
+
+    def _failed(self) -> None:
+        self.stats.dropped += 1
+        log.exception("dns: answering a query failed; it is dropped")
+
+    def _sender(self, address: Address) -> Send:
+        def send(reply: bytes) -> None:
+            if self.closed:
+                return
+            try:
+                self.sock.sendto(reply, address)
+            except OSError:
+                self.stats.send_failed += 1
+
+        return send
+
+
+_U64 = struct.Struct("=Q")
+_NAME = struct.Struct("=QI")
+
+
+class BatchedUdpListener(UdpListener):
+    """The same answers, read with recvmmsg and sent with sendmmsg (:mod:`.mmsg`)."""
+
+    def __init__(self, sock: socket.socket, answerer: Answerer, forward: ForwardHandler, stats: DnsStats,
+                 *, batch: int = BATCH, slots: int = 64):
+        super().__init__(sock, answerer, forward, stats, batch=batch)
+        self.io = mmsg.BatchIO(sock.fileno(), slots)
+
+    def drain(self) -> int:
+        io = self.io
+        total = 0
+        while total < self.batch:
+            try:
+                count = io.receive()
+            except OSError as error:
+                log.debug("dns: udp receive failed: %s", error)
+                break
+            total += count
+            self._answer_batch(count)
+            if count < io.slots:
+                break
+        return total
+
+    def _answer_batch(self, count: int) -> None:
+        io = self.io
+        data, replies = io.data_view, io.replies_view
+        to_send, iovecs, names = io.to_send_view, io.send_iovecs_view, io.name_addresses
+        fields = iter(io.received_fields(count))
+        answer = self.answerer.answer
+        slot_size = mmsg.SLOT_SIZE
+        ready = 0
+        for i, (name_length, flags, length) in enumerate(zip(fields, fields, fields)):
+            if flags & mmsg.MSG_TRUNC:
+                self.stats.dropped += 1  # longer than any real query
+                continue
+            start = i * slot_size
+            try:
+                reply = answer(bytes(data[start : start + length]))
+            except Exception:  # a bug costs this query, not the rest of the batch
+                self._failed()
+                continue
+            if reply.__class__ is bytes:
+                size = len(reply)  # type: ignore[arg-type]
+                if size <= slot_size:
+                    at = ready * slot_size
+                    replies[at : at + size] = reply  # type: ignore[index]
+                    _U64.pack_into(iovecs, ready * mmsg.IOVEC_SIZE + 8, size)
+                    _NAME.pack_into(to_send, ready * mmsg.MMSGHDR_SIZE, names[i], name_length)
+                    ready += 1
+                else:
+                    self._sender(self._address(i, name_length))(reply)  # type: ignore[arg-type]
+            elif reply is not None:
+                self.forward(reply, self._sender(self._address(i, name_length)))  # type: ignore[arg-type]
+        if ready:
+            self.stats.send_failed += io.send(ready)
+
+    def _address(self, slot: int, length: int) -> Address:
+        start = slot * mmsg.SOCKADDR_SIZE
+        return mmsg.address_of(bytes(self.io.names_view[start : start + length]))
+
+
+def bind_udp(address: str, port: int, family: socket.AddressFamily) -> socket.socket:
+    """A non-blocking UDP socket on (address, port) with SO_REUSEPORT (a new instance or
+    another worker binds beside it) and a large receive buffer."""
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        enlarge_receive_buffer(sock)
+        sock.bind((address, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def enlarge_receive_buffer(sock: socket.socket) -> None:
+    """Best effort: SO_RCVBUFFORCE passes net.core.rmem_max with CAP_NET_ADMIN (the
+    daemon has it), else SO_RCVBUF up to that cap."""
+    for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+        if option is None:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, RECEIVE_BUFFER)
+            return
+        except OSError as error:
+            log.debug("dns: cannot enlarge the UDP receive buffer: %s", error)
+
+
+def udp_listener(sock: socket.socket, answerer: Answerer, forward: ForwardHandler,
+                 stats: DnsStats) -> UdpListener:
+    """The batched listener where recvmmsg/sendmmsg are available, else the portable one."""
+    if mmsg.available():
+        return BatchedUdpListener(sock, answerer, forward, stats)
+    return UdpListener(sock, answerer, forward, stats)
+
+
+class UdpServing:
+    """A bound socket read by the event loop through a :class:`UdpListener`."""
+
+    def __init__(self, sock: socket.socket, listener: UdpListener, loop: asyncio.AbstractEventLoop):
+        self.sock = sock
+        self.listener = listener
+        self.loop = loop
+        loop.add_reader(sock.fileno(), listener.drain)
+
+    def close(self) -> None:
+        if self.listener.closed:
+            return
+        self.listener.closed = True
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()

@@ -1,0 +1,302 @@
+"""The UDP drain loops: every queued datagram answered in one readiness event (up to the batch
+cap), malformed packets dropped or answered without stopping the loop, send failures
+counted, forwards answered later to the right client. The portable loop runs on a fake
+socket; the recvmmsg/sendmmsg loop on real sockets on 127.0.0.1 and ::1."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections import deque
+
+import pytest
+
+from kubeport.dns import mmsg
+from kubeport.dns.answer import Answerer, Forward
+from kubeport.dns.config import DnsConfig
+from kubeport.dns.records import RecordIndex
+from kubeport.dns.stats import DnsStats
+from kubeport.dns.testing import endpoint_slice, header_only, question, read_reply, service, snapshot_of
+from kubeport.dns.udp import BatchedUdpListener, UdpListener, bind_udp, udp_listener
+
+WEB = "web.default.svc.cluster.local."
+BIG = "big.default.svc.cluster.local."
+CLIENT = ("10.0.0.7", 40000)
+HTTP = [{"name": "http", "port": 80}]
+
+
+def make_answerer(stats: DnsStats | None = None) -> Answerer:
+    objects = [
+        service("web", clusterIP="10.96.0.20", ports=HTTP),
+        service("big", clusterIP="None", ports=HTTP),
+        endpoint_slice("big", ports=HTTP, endpoints=[f"10.244.{i // 250 + 1}.{i % 250 + 1}" for i in range(300)]),
+    ]
+    return Answerer(DnsConfig(upstreams=()), RecordIndex.build(snapshot_of(objects), now=1), stats)
+
+
+class FakeSocket:
+    def __init__(self, datagrams: list[tuple[bytes, tuple]], *, send_error: OSError | None = None,
+                 receive_error: OSError | None = None):
+        self.inbox = deque(datagrams)
+        self.sent: list[tuple[bytes, tuple]] = []
+        self.send_error = send_error
+        self.receive_error = receive_error
+
+    def recvfrom(self, size: int) -> tuple[bytes, tuple]:
+        if self.receive_error is not None:
+            raise self.receive_error
+        if not self.inbox:
+            raise BlockingIOError
+        return self.inbox.popleft()
+
+    def sendto(self, data: bytes, address: tuple) -> int:
+        if self.send_error is not None:
+            raise self.send_error
+        self.sent.append((data, address))
+        return len(data)
+
+
+class Forwards:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Forward, object]] = []
+
+    def __call__(self, forward: Forward, send) -> None:
+        self.calls.append((forward, send))
+
+
+def portable(datagrams, **kwargs) -> tuple[UdpListener, FakeSocket, Forwards, DnsStats]:
+    sock = FakeSocket(datagrams, **{k: v for k, v in kwargs.items() if k.endswith("_error")})
+    stats, forwards = DnsStats(), Forwards()
+    listener = UdpListener(sock, make_answerer(stats), forwards, stats, **{k: v for k, v in kwargs.items()
+                                                                       if k == "batch"})
+    return listener, sock, forwards, stats
+
+
+def test_drain_answers_everything_queued_then_stops_at_eagain() -> None:
+    listener, sock, _, _ = portable([(question(WEB, query_id=i), (CLIENT[0], 40000 + i)) for i in range(5)])
+    assert listener.drain() == 5
+    assert [(read_reply(data).id, address[1]) for data, address in sock.sent] == [(i, 40000 + i) for i in range(5)]
+    assert listener.drain() == 0
+
+
+def test_drain_stops_at_the_batch_cap_the_rest_waits_for_the_next_event() -> None:
+    listener, sock, _, _ = portable([(question(WEB), CLIENT)] * 5, batch=2)
+    assert (listener.drain(), listener.drain(), listener.drain(), listener.drain()) == (2, 2, 1, 0)
+    assert len(sock.sent) == 5
+
+
+@pytest.mark.parametrize("packet, answered", [
+    pytest.param(b"", False, id="empty_dropped"),
+    pytest.param(b"\x12\x34\x01\x00", False, id="short_header_dropped"),
+    pytest.param(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05ab", True, id="cut_question_formerr"),
+    pytest.param(b"\x12\x34\x81\x00" + bytes(8), False, id="response_dropped"),
+])
+def test_malformed_packets_do_not_stop_the_loop(packet: bytes, answered: bool) -> None:
+    listener, sock, _, stats = portable([(packet, CLIENT), (question(WEB, query_id=77), CLIENT)])
+    assert listener.drain() == 2
+    replies = [data for data, _ in sock.sent]
+    assert read_reply(replies[-1]).id == 77
+    assert len(replies) == 1 + answered and stats.dropped == (not answered)
+    if answered:
+        assert header_only(replies[0])[2] == "FORMERR"
+
+
+def test_a_refused_send_is_counted_and_the_loop_goes_on() -> None:
+    listener, _, _, stats = portable([(question(WEB), CLIENT)] * 3, send_error=BlockingIOError())
+    assert listener.drain() == 3 and stats.send_failed == 3
+
+
+def test_a_receive_error_ends_the_batch_without_raising() -> None:
+    listener, _, _, _ = portable([], receive_error=ConnectionRefusedError())
+    assert listener.drain() == 0
+
+
+def test_a_forward_is_answered_later_to_its_client_unless_closed() -> None:
+    listener, sock, forwards, _ = portable([(question("www.example.com."), CLIENT)])
+    listener.drain()
+    (forward, send), = forwards.calls
+    assert forward.labels == (b"www", b"example", b"com") and sock.sent == []
+    send(b"answer")
+    assert sock.sent == [(b"answer", CLIENT)]
+    listener.closed = True
+    send(b"late")
+    assert len(sock.sent) == 1
+
+
+# --- recvmmsg/sendmmsg on real sockets -----------------------------------------------------------
+
+needs_mmsg = pytest.mark.skipif(not mmsg.available(), reason="recvmmsg/sendmmsg need 64-bit Linux")
+
+
+class Loopback:
+    def __init__(self, host: str = "127.0.0.1", slots: int = 64, batch: int = 128):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.server = bind_udp(host, 0, family)
+        self.stats, self.forwards = DnsStats(), Forwards()
+        self.listener = BatchedUdpListener(self.server, make_answerer(self.stats), self.forwards, self.stats,
+                                           slots=slots, batch=batch)
+        self.clients = [socket.socket(family, socket.SOCK_DGRAM) for _ in range(2)]
+        for client in self.clients:
+            client.bind((host, 0))
+            client.settimeout(2)
+
+    def send(self, client: int, packet: bytes) -> None:
+        self.clients[client].sendto(packet, self.server.getsockname())
+
+    def replies(self, client: int, count: int) -> list[bytes]:
+        return [self.clients[client].recv(65535) for _ in range(count)]
+
+    def close(self) -> None:
+        for sock in (self.server, *self.clients):
+            sock.close()
+
+
+@pytest.fixture
+def loopback():
+    rig = Loopback()
+    yield rig
+    rig.close()
+
+
+@needs_mmsg
+def test_batched_replies_reach_each_client_with_its_id(loopback: Loopback) -> None:
+    for i in range(10):
+        loopback.send(i % 2, question(WEB, query_id=i))
+    assert loopback.listener.drain() == 10
+    assert sorted(read_reply(r).id for r in loopback.replies(0, 5)) == [0, 2, 4, 6, 8]
+    assert sorted(read_reply(r).id for r in loopback.replies(1, 5)) == [1, 3, 5, 7, 9]
+
+
+@needs_mmsg
+def test_batched_drain_reads_several_batches_up_to_the_cap() -> None:
+    rig = Loopback(slots=8, batch=20)
+    try:
+        for i in range(30):
+            rig.send(0, question(WEB, query_id=i))
+        assert (rig.listener.drain(), rig.listener.drain(), rig.listener.drain()) == (24, 6, 0)
+        assert sorted(read_reply(r).id for r in rig.replies(0, 30)) == list(range(30))
+    finally:
+        rig.close()
+
+
+@needs_mmsg
+def test_oversized_datagram_is_dropped_and_the_next_answered(loopback: Loopback) -> None:
+    loopback.send(0, question(WEB, query_id=1) + bytes(mmsg.SLOT_SIZE))
+    loopback.send(0, question(WEB, query_id=2))
+    assert loopback.listener.drain() == 2
+    assert read_reply(loopback.replies(0, 1)[0]).id == 2 and loopback.stats.dropped == 1
+
+
+@needs_mmsg
+def test_reply_bigger_than_a_slot_is_sent_on_its_own(loopback: Loopback) -> None:
+    loopback.send(0, question(BIG, query_id=5, edns=65000))
+    loopback.send(0, question(WEB, query_id=6))
+    loopback.listener.drain()
+    replies = {read_reply(r).id: r for r in loopback.replies(0, 2)}
+    assert len(replies[5]) > mmsg.SLOT_SIZE and read_reply(replies[5]).records == 300
+    assert read_reply(replies[6]).answer == (f"{WEB[:-1]}. 5 IN A 10.96.0.20",)
+
+
+@needs_mmsg
+def test_batched_forward_is_answered_to_the_sender_address(loopback: Loopback) -> None:
+    loopback.send(1, question("www.example.com."))
+    loopback.listener.drain()
+    (_, send), = loopback.forwards.calls
+    send(b"later")
+    assert loopback.replies(1, 1) == [b"later"]
+
+
+@needs_mmsg
+def test_batched_over_ipv6_loopback() -> None:
+    try:
+        rig = Loopback("::1")
+    except OSError as error:
+        pytest.skip(f"no IPv6 loopback: {error}")
+    try:
+        rig.send(0, question(WEB, query_id=3))
+        rig.send(1, question("www.example.com."))
+        assert rig.listener.drain() == 2
+        assert read_reply(rig.replies(0, 1)[0]).id == 3
+        (_, send), = rig.forwards.calls
+        send(b"v6")
+        assert rig.replies(1, 1) == [b"v6"]
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("name, expected", [
+    pytest.param(struct.pack("=H", socket.AF_INET) + struct.pack("!H", 5353) + socket.inet_aton("10.1.2.3")
+                 + bytes(8), ("10.1.2.3", 5353), id="ipv4"),
+    pytest.param(struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", 53, 7)
+                 + socket.inet_pton(socket.AF_INET6, "fd00::1") + struct.pack("=I", 2), ("fd00::1", 53, 7, 2),
+                 id="ipv6"),
+])
+def test_received_sockaddr_as_a_sendto_address(name: bytes, expected: tuple) -> None:
+    assert mmsg.address_of(name) == expected
+
+
+def test_the_batched_listener_is_chosen_where_available() -> None:
+    sock = bind_udp("127.0.0.1", 0, socket.AF_INET)
+    try:
+        listener = udp_listener(sock, make_answerer(), Forwards(), DnsStats())
+        assert isinstance(listener, BatchedUdpListener) == mmsg.available()
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1 and not sock.getblocking()
+    finally:
+        sock.close()
+
+
+@needs_mmsg
+@pytest.mark.parametrize("results, failed, calls", [
+    pytest.param([5], 0, [(0, 5)], id="all_sent_in_one_call"),
+    pytest.param([2, 2], 1, [(0, 5), (3, 2)], id="one_refused_the_rest_still_sent"),
+    pytest.param([-1, -1, 3], 2, [(0, 5), (1, 4), (2, 3)], id="first_ones_refused"),
+    pytest.param([-1, -1, -1, -1, -1], 5, [(0, 5), (1, 4), (2, 3), (3, 2), (4, 1)], id="all_refused"),
+])
+def test_sendmmsg_skips_a_refused_reply_and_sends_the_rest(results: list[int], failed: int,
+                                                            calls: list[tuple[int, int]]) -> None:
+    sock = bind_udp("127.0.0.1", 0, socket.AF_INET)
+    try:
+        io = mmsg.BatchIO(sock.fileno(), 8)
+        seen: list[tuple[int, int]] = []
+        base = io._to_send_address
+
+        def fake_sendmmsg(fd: int, address: int, count: int, flags: int) -> int:
+            seen.append(((address - base) // mmsg.MMSGHDR_SIZE, count))
+            return results[len(seen) - 1]
+
+        io._sendmmsg = fake_sendmmsg
+        assert io.send(5) == failed and seen == calls
+    finally:
+        sock.close()
+
+
+def test_a_failing_answer_costs_only_its_own_query() -> None:
+    listener, sock, _, stats = portable([(question(WEB, query_id=1), CLIENT), (question(WEB, query_id=2), CLIENT)])
+    answer = listener.answerer.answer
+    calls = []
+
+    def flaky(packet: bytes, tcp: bool = False):
+        calls.append(packet)
+        if len(calls) == 1:
+            raise RuntimeError("bug")
+        return answer(packet, tcp)
+
+    listener.answerer.answer = flaky  # type: ignore[method-assign]
+    assert listener.drain() == 2
+    assert [read_reply(data).id for data, _ in sock.sent] == [2] and stats.dropped == 1
+
+
+@needs_mmsg
+def test_batched_failing_answer_costs_only_its_own_query(loopback: Loopback) -> None:
+    answer = loopback.listener.answerer.answer
+
+    def flaky(packet: bytes, tcp: bool = False):
+        if packet[:2] == b"\x00\x01":
+            raise RuntimeError("bug")
+        return answer(packet, tcp)
+
+    loopback.listener.answerer.answer = flaky  # type: ignore[method-assign]
+    loopback.send(0, question(WEB, query_id=1))
+    loopback.send(0, question(WEB, query_id=2))
+    assert loopback.listener.drain() == 2
+    assert read_reply(loopback.replies(0, 1)[0]).id == 2 and loopback.stats.dropped == 1
