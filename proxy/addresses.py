@@ -15,14 +15,17 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Protocol
+
+from . import netlink_batch
+from .netlink_batch import AddressOp
 
 log = logging.getLogger(__name__)
 
 #: IFA_PROTO value marking addresses kubeport added.
 ADDRESS_PROTO = 0x6B
-_IFA_F_NODAD = 0x02
 _EEXIST = 17
 _EADDRNOTAVAIL = 99
 
@@ -81,9 +84,7 @@ class NetlinkAddresses:
         ]
 
     def _apply(self, wanted: frozenset[str], prune: bool = True) -> None:
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        ipr = self._route()
+        self._route()
         present: dict[str, tuple[int, int | None]] = {}
         if not self._scanned:
             for address, index, proto in self._dump():
@@ -93,42 +94,36 @@ class NetlinkAddresses:
                 a for a, (index, proto) in present.items() if index == self._index and proto == ADDRESS_PROTO
             }
             self._scanned = True
-        for address in sorted(wanted - self._owned):
-            if address in present:
-                continue  # someone else's address: usable as is, never ours to remove
-            ip = ipaddress.ip_address(address)
-            try:
-                ipr.addr(
-                    "add", index=self._index, address=address, prefixlen=ip.max_prefixlen,
-                    IFA_PROTO=ADDRESS_PROTO, flags=_IFA_F_NODAD if ip.version == 6 else 0,
-                )
-            except NetlinkError as exc:
-                if exc.code != _EEXIST:
-                    raise AddressError(f"adding {address}/{ip.max_prefixlen} to {self.interface}: {exc}") from exc
-                continue  # it appeared meanwhile; not ours
-            self._owned.add(address)
-        if not prune:
-            return
-        for address in sorted(self._owned - wanted):
-            self._delete(address, NetlinkError)
+        additions = [a for a in sorted(wanted - self._owned) if a not in present]
+        # Addresses already present but not ours are someone else's: usable, never ours to remove.
+        refused = netlink_batch.apply((AddressOp(True, a) for a in additions), self._index, ADDRESS_PROTO)
+        for address in additions:
+            code = refused.get(address)
+            if code is None:
+                self._owned.add(address)
+            elif code != _EEXIST:  # EEXIST: it appeared meanwhile; not ours
+                raise AddressError(f"adding {address} to {self.interface}: {os.strerror(code)}")
+        if prune:
+            problems = self._remove(sorted(self._owned - wanted))
+            if problems:
+                raise AddressError("; ".join(problems))
 
-    def _delete(self, address: str, error_type) -> None:
-        ip = ipaddress.ip_address(address)
-        try:
-            self._route().addr("del", index=self._index, address=address, prefixlen=ip.max_prefixlen)
-        except error_type as exc:
-            if exc.code != _EADDRNOTAVAIL:
-                raise AddressError(f"removing {address} from {self.interface}: {exc}") from exc
-        self._owned.discard(address)
+    def _remove(self, addresses: list[str]) -> list[str]:
+        """Remove our addresses; returns a line per address the kernel refused to remove."""
+        refused = netlink_batch.apply((AddressOp(False, a) for a in addresses), self._index, ADDRESS_PROTO)
+        problems = []
+        for address in addresses:
+            code = refused.get(address)
+            if code not in (None, _EADDRNOTAVAIL):
+                problems.append(f"removing {address} from {self.interface}: {os.strerror(code)}")
+                continue
+            self._owned.discard(address)
+        return problems
 
     def _close(self, release: bool) -> None:
-        from pyroute2.netlink.exceptions import NetlinkError
-
-        for address in sorted(self._owned) if release else ():
-            try:
-                self._delete(address, NetlinkError)
-            except AddressError as exc:
-                log.warning("%s", exc)
+        if release and self._owned and self._index is not None:
+            for problem in self._remove(sorted(self._owned)):
+                log.warning("%s", problem)
         if self._ipr is not None:
             self._ipr.close()
             self._ipr = None
