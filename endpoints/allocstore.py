@@ -2,21 +2,28 @@
 
 One row per Service (namespace, name): its uid, creationTimestamp, clusterIPs, the
 nodePort of each (port name, protocol, port) and its healthCheckNodePort. Every
-``put``/``delete`` is one statement, hence one atomic transaction. The database runs
-in WAL mode with ``synchronous=NORMAL``: a commit survives a crash of the daemon
-without an fsync per Service, which keeps a first load of thousands of Services fast.
+``put``/``delete`` is one statement, hence one atomic transaction, unless it runs inside
+``grouped()``, where the writes share one transaction (a first load writes thousands). The
+database runs in WAL mode with ``synchronous=NORMAL``: a commit survives a crash of the
+daemon without an fsync per commit.
 
 ``AllocationStore(None)`` keeps everything in memory (``kubeport check``, tests).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sqlite3
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 FILE_NAME = "allocations.db"
 DEFAULT_STATE_DIR = "/var/lib/kubeport"
@@ -78,6 +85,8 @@ class AllocationStore:
         """Open (creating if needed) the database at ``path``; ``None`` means in memory."""
         self.path = Path(path) if path is not None else None
         self._where = str(self.path) if self.path is not None else "(in memory)"
+        #: the writes of the open group transaction, if any (replayed if it is lost)
+        self._journal: list[tuple[str, tuple[Any, ...]]] | None = None
         self._conn = self._guard("open", self._open)
 
     @classmethod
@@ -132,7 +141,7 @@ class AllocationStore:
                 namespace=namespace,
                 name=name,
                 uid=uid,
-                creation_timestamp=created,
+                creation_timestamp=sys.intern(created),  # shared by the services of one start-up
                 cluster_ips=tuple(str(ip) for ip in json.loads(cluster_ips)),
                 node_ports=tuple(
                     NodePortAllocation(str(n), str(proto), int(port), int(node_port))
@@ -144,11 +153,9 @@ class AllocationStore:
             raise StoreError(f"allocation store {self._where}: cannot read Service {namespace}/{name}: {exc}") from exc
 
     def put(self, allocation: ServiceAllocation) -> None:
-        """Insert or replace one Service's allocations (one transaction)."""
+        """Insert or replace one Service's allocations (one transaction, or part of the group)."""
         node_ports = [[p.name, p.protocol, p.port, p.node_port] for p in allocation.node_ports]
-        self._guard(
-            "write",
-            self._conn.execute,
+        self._write(
             "INSERT OR REPLACE INTO service_allocations VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 allocation.namespace,
@@ -162,13 +169,66 @@ class AllocationStore:
         )
 
     def delete(self, namespace: str, name: str) -> None:
-        """Forget one Service's allocations (one transaction); absent is fine."""
-        self._guard(
-            "write",
-            self._conn.execute,
-            "DELETE FROM service_allocations WHERE namespace = ? AND name = ?",
-            (namespace, name),
-        )
+        """Forget one Service's allocations (one transaction, or part of the group); absent is fine."""
+        self._write("DELETE FROM service_allocations WHERE namespace = ? AND name = ?", (namespace, name))
+
+    @contextlib.contextmanager
+    def grouped(self) -> Iterator[None]:
+        """The writes inside share one transaction, committed on leaving (nested: the outer one).
+
+        A write that fails inside still raises :class:`StoreError` at once, so its Service is
+        refused as before; should SQLite have rolled the whole transaction back with it (a full
+        disk, an I/O error), the writes before it are replayed. Should the final commit fail,
+        each write is tried again on its own, and those that still fail are logged: their
+        Services stay admitted, with allocations held in memory only.
+        """
+        if self._journal is not None:
+            yield
+            return
+        self._guard("write", self._conn.execute, "BEGIN")
+        self._journal = []
+        try:
+            yield
+        finally:
+            journal, self._journal = self._journal, None
+            self._commit(journal)
+
+    def _write(self, sql: str, args: tuple[Any, ...]) -> None:
+        try:
+            self._guard("write", self._conn.execute, sql, args)
+        except StoreError:
+            if self._journal is not None and not self._conn.in_transaction:
+                self._replay(self._journal, restart=True)
+            raise
+        if self._journal is not None:
+            self._journal.append((sql, args))
+
+    def _commit(self, journal: list[tuple[str, tuple[Any, ...]]]) -> None:
+        try:
+            self._conn.execute("COMMIT")
+            return
+        except sqlite3.Error as exc:
+            log.error("allocation store %s: cannot commit %d writes (%s): writing them one by one",
+                      self._where, len(journal), exc)
+        with contextlib.suppress(sqlite3.Error):
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+        self._replay(journal, restart=False)
+
+    def _replay(self, journal: list[tuple[str, tuple[Any, ...]]], *, restart: bool) -> None:
+        """Write ``journal`` again: in a new group transaction (``restart``) or one by one."""
+        try:
+            if restart:
+                self._conn.execute("BEGIN")
+        except sqlite3.Error as exc:
+            log.error("allocation store %s: cannot restart the transaction: %s", self._where, exc)
+            restart = False
+        for sql, args in journal:
+            try:
+                self._conn.execute(sql, args)
+            except sqlite3.Error as exc:
+                log.error("allocation store %s: allocations of Service %s/%s not persisted: %s",
+                          self._where, args[0], args[1], exc)
 
     def close(self) -> None:
         self._conn.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import sys
 from datetime import datetime, timezone
+from typing import TypeVar
 
-from . import model
+from . import model, names
 from .types import (
     EndpointInfo,
     EndpointPortInfo,
@@ -18,10 +20,29 @@ from .types import (
 )
 
 _intern = sys.intern
+T = TypeVar("T")
+
+#: Equal immutable values converted from different objects, shared: the port list of
+#: thousands of services is often the same (memory, not speed). Bounded; cleared when full.
+_SHARED: dict = {}
+_SHARED_MAX = 4096
+
+
+def _share(value: T) -> T:
+    held = _SHARED.get(value)
+    if held is not None:
+        return held
+    if len(_SHARED) >= _SHARED_MAX:
+        _SHARED.clear()
+    _SHARED[value] = value
+    return value
 
 
 def canonical_ip(address: str) -> str:
     """The canonical text of an IP (``fd00::0001`` -> ``fd00::1``); unchanged if not an IP."""
+    facts = names.ip_facts(address)  # cached: validation has just looked at the same address
+    if facts is not None and facts.canonical == address:
+        return address  # already canonical (an IPv4-mapped IPv6 text is not: it keeps its form)
     try:
         return str(ipaddress.ip_address(address))
     except ValueError:
@@ -43,21 +64,21 @@ def service_info(svc: model.Service) -> ServiceInfo:
     return ServiceInfo(
         name=ServiceName(_intern(meta.namespace), _intern(meta.name)),
         uid=meta.uid or "",
-        type=spec.type,
+        type=_intern(spec.type),
         cluster_ips=cluster_ips,
         headless=headless,
         external_name=spec.external_name if spec.type == "ExternalName" else None,
-        ports=tuple(
+        ports=_share(tuple(
             PortSpec(
                 name=_intern(p.name or ""),
-                protocol=p.protocol,
+                protocol=_intern(p.protocol),
                 port=p.port,
                 target_port=p.target_port if p.target_port is not None else p.port,
                 node_port=p.node_port or 0,
                 app_protocol=p.app_protocol,
             )
             for p in spec.ports
-        ),
+        )),
         external_ips=tuple(canonical_ip(ip) for ip in spec.external_ips),
         load_balancer_ips=tuple(
             canonical_ip(ingress.ip)
@@ -78,7 +99,9 @@ def service_info(svc: model.Service) -> ServiceInfo:
     )
 
 
+@functools.lru_cache(maxsize=16)
 def _rfc3339(moment: datetime | None) -> str | None:
+    """Cached: the services created in one second (a first load) share one value and text."""
     if moment is None:
         return None
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -116,9 +139,9 @@ def endpoint_info(endpoint: model.Endpoint, address_type: str) -> EndpointInfo |
 def slice_info(eps: model.EndpointSlice) -> SliceInfo:
     ports: tuple[EndpointPortInfo, ...] | None = None
     if eps.ports is not None:
-        ports = tuple(
-            EndpointPortInfo(_intern(p.name or ""), p.protocol or "TCP", p.port or 0) for p in eps.ports
-        )
+        ports = _share(tuple(
+            EndpointPortInfo(_intern(p.name or ""), _intern(p.protocol or "TCP"), p.port or 0) for p in eps.ports
+        ))
     endpoints = []
     for endpoint in eps.endpoints:
         info = endpoint_info(endpoint, eps.address_type)
@@ -126,7 +149,7 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
             endpoints.append(info)
     return SliceInfo(
         name=eps.metadata.name,
-        address_type=eps.address_type,
+        address_type=_intern(eps.address_type),
         ports=ports,
         endpoints=tuple(endpoints),
     )

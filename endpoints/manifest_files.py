@@ -11,6 +11,7 @@ is one line naming the file, the object and the field path in API (camelCase) st
 from __future__ import annotations
 
 import json
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -196,10 +197,11 @@ def _raw_key(kind: str, raw: dict[str, Any]) -> ObjectKey:
     meta = meta if isinstance(meta, dict) else {}
     name = meta.get("name")
     name = name if isinstance(name, str) else ""
+    kind = sys.intern(kind)  # held per object for as long as it lives: one copy of each kind
     if kind in model.CLUSTER_SCOPED_KINDS:
         return (kind, "", name)
     namespace = meta.get("namespace")
-    return (kind, namespace if isinstance(namespace, str) and namespace else "default", name)
+    return (kind, sys.intern(namespace) if isinstance(namespace, str) and namespace else "default", name)
 
 
 def _json_type(value: Any) -> str:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .manifest_docs import check_syntax
+from .manifest_docs import check_syntax, syntax_checked_lazily
 from .manifest_files import ParsedFile, UnchangedCheck, iter_manifest
 
 #: What kubectl reads from a directory (case-sensitive, as kubectl compares them).
@@ -55,6 +55,17 @@ def list_manifest_files(directory: Path) -> dict[str, StatKey]:
             except OSError:
                 continue
             found[Path(path).relative_to(directory).as_posix()] = stat_key(stat)
+    return found
+
+
+def stat_manifest_files(directory: Path, paths: Iterable[str]) -> dict[str, StatKey]:
+    """The stat keys of some manifest files (relative paths) that exist, as listed."""
+    found: dict[str, StatKey] = {}
+    for path in paths:
+        try:
+            found[path] = stat_key(os.stat(directory / path))
+        except OSError:
+            continue
     return found
 
 
@@ -112,7 +123,7 @@ def read_manifest(
     del data
     if text is None:
         return FileRead(path, ParsedFile(problems=(problem or path,), failed=True), content, stat)
-    if len(text) > STREAM_ABOVE_BYTES:
+    if len(text) > STREAM_ABOVE_BYTES and syntax_checked_lazily(path):
         problem = check_syntax(path, text)
         if problem is not None:
             return FileRead(path, ParsedFile(problems=(problem,), failed=True), content, stat)

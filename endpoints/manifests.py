@@ -1,9 +1,12 @@
 """The manifest-directory source: files on disk -> registry admission -> ClusterState.
 
-The first load reads every file in path order; then inotify (watchfiles) reports
-changes, bursts are coalesced, and each batch of changed files becomes one commit.
-Files are parsed in a worker thread, one chunk of objects at a time, and each chunk is
-admitted and dropped before the next: no more than a chunk of API objects is alive.
+The first load reads every file in path order; then inotify reports changes
+(:mod:`~kubeport.endpoints.manifest_watch`), bursts are coalesced, and each batch of changed
+files becomes one commit. A batch reads only the files its events name (a rescan by stat
+of the whole tree when the tree changed shape, and every 5 s without events). Large files
+are parsed in a worker thread, one chunk of objects at a time, and each chunk is admitted
+and dropped before the next: no more than a chunk of API objects is alive. Small files are
+read on the event loop: a thread hop would cost more than the read.
 
 Last good state wins:
 - a file that fails to parse (syntax error, unreadable) keeps every object it held;
@@ -29,19 +32,21 @@ import asyncio
 import ipaddress
 import logging
 import os
-from collections.abc import Callable, Generator, Iterable, Sequence
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-from watchfiles import awatch
+from typing import Protocol
 
 from . import model
 from .allocstore import AllocationStore, StoreError
 from .fielderrors import Invalid
+from .manifest_batch import Batch, Inline, collector_paused, drive, run_sync
 from .manifest_files import ObjectKey, ParsedFile, ParsedObject, describe
 from .manifest_holders import Holders
-from .manifest_reader import FileRead, StatKey, is_manifest_path, list_manifest_files, read_manifest
+from .manifest_reader import FileRead, StatKey, list_manifest_files, read_manifest, stat_manifest_files
+from .manifest_watch import DirectoryWatch
 from .registry import Registry
 from .state import ClusterState
 
@@ -50,11 +55,8 @@ log = logging.getLogger(__name__)
 SOURCE_KINDS = ("Namespace", "Node", "Service", "EndpointSlice")
 #: Admission order inside a chunk: a Service before the slices that must not use its ClusterIP.
 _KIND_ORDER = {kind: rank for rank, kind in enumerate(SOURCE_KINDS)}
-#: With no event for this long, the directory is rescanned by stat (missed or remote changes).
-RESCAN_INTERVAL_MS = 5_000
-
-#: A batch yields disk work (run in a worker thread by ``run``) and gets its result back.
-_Batch = Generator[Callable[[], Any], Any, None]
+#: Files up to this size are read and parsed on the event loop, larger ones in a thread.
+INLINE_BYTES = 64 * 1024
 
 
 class Admitter(Protocol):
@@ -65,6 +67,10 @@ class Admitter(Protocol):
     def release(self, kind: str, namespace: str, name: str) -> None: ...
 
     def allocated_services(self) -> set[tuple[str, str]]: ...
+
+    def grouped_writes(self) -> AbstractContextManager[None]:
+        """Persist the admissions inside as one write (one batch of files)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -96,13 +102,15 @@ class ManifestSource:
         registry: Admitter,
         state: ClusterState,
         *,
-        debounce_ms: int = 50,
+        debounce_ms: float = 2,
         log_problems: bool = True,
     ) -> None:
         """
         :param directory: the manifest directory, read recursively.
         :param registry: admits (validates, allocates) every object before it reaches ``state``.
-        :param debounce_ms: quiet time that ends a burst of file events.
+        :param debounce_ms: quiet time that ends a burst of file events that only wrote
+            (created, rewrote, renamed in) manifest files; other bursts wait longer
+            (:mod:`~kubeport.endpoints.manifest_watch`).
         :param log_problems: log each new problem once at WARNING (``kubeport check`` prints them).
         """
         # Resolved: inotify reports paths under the real directory.
@@ -155,86 +163,54 @@ class ManifestSource:
         """Load every file, publish the first snapshot, set ``synced``, then follow changes."""
         if not self._directory.is_dir():
             raise FileNotFoundError(f"manifest directory {self._directory} does not exist")
-        changes = awatch(
-            self._directory,
-            watch_filter=None,  # any event, even on a hidden path, triggers a (cheap) stat rescan
-            debounce=max(1_600, 10 * self._debounce_ms),
-            step=self._debounce_ms,
-            rust_timeout=RESCAN_INTERVAL_MS,
-            yield_on_timeout=True,
-            recursive=True,
-            ignore_permission_denied=True,
-        )
-        first = asyncio.ensure_future(anext(changes))
+        watch = DirectoryWatch(self._directory, quiet_ms=self._debounce_ms)
+        watch.start()  # before the first scan, so that no edit falls between the scan and the watch
         try:
-            # The generator adds its inotify watches on its first step: let it run before
-            # the first scan, so that no edit falls between the scan and the watch.
-            await asyncio.sleep(0)
-            await self._drive(self._batch(set(), initial=True))
+            started = time.monotonic()
+            with collector_paused():
+                await drive(self._batch(set(), initial=True))
+            log.info("manifests: first load of %d files, %d objects in %.2f s", len(self._files),
+                     len(self._applied), time.monotonic() - started)
             if synced is not None:
                 synced.set()
-            batch = await first
             while True:
-                await self._drive(self._batch(self._named(path for _, path in batch)))
-                batch = await anext(changes)
+                changes = await watch.next_changes()
+                await drive(self._batch(set(changes.paths), rescan=changes.rescan))
         finally:
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
-            await changes.aclose()
+            watch.close()
 
     def load(self) -> None:
         """The first load, synchronously (``kubeport check``): read all, admit, commit."""
-        batch = self._batch(set(), initial=True)
-        try:
-            work = next(batch)
-            while True:
-                work = batch.send(work())
-        except StopIteration:
-            pass
-
-    async def _drive(self, batch: _Batch) -> None:
-        """Run a batch; its disk work (reading, parsing) goes to a worker thread, so the
-        event loop keeps serving while a large file loads."""
-        try:
-            work = next(batch)
-            while True:
-                work = batch.send(await asyncio.to_thread(work))
-        except StopIteration:
-            pass
-
-    def _named(self, paths: Iterable[str]) -> set[str]:
-        named = set()
-        for path in paths:
-            try:
-                relative = Path(path).relative_to(self._directory).as_posix()
-            except ValueError:
-                continue
-            if is_manifest_path(relative):
-                named.add(relative)
-        return named
+        run_sync(self._batch(set(), initial=True))
 
     # --- a batch ------------------------------------------------------------------------------
 
-    def _batch(self, named: set[str], *, initial: bool = False) -> _Batch:
+    def _batch(self, named: set[str], *, initial: bool = False, rescan: bool = True) -> Batch:
         """Apply what changed on disk as one commit. ``named`` files (from events) are read
         even if their stat looks unchanged: a same-size rewrite within the file system's
-        timestamp granularity keeps it."""
-        listing: dict[str, StatKey] | None = yield self._list
+        timestamp granularity keeps it. Without ``rescan`` only they are looked at."""
+        if rescan or initial:
+            listing: dict[str, StatKey] | None = yield self._list
+        else:
+            listing = yield Inline(lambda: self._stat_named(named))
         progress = _Progress()
-        work = [] if listing is None else [
-            path
-            for path in sorted(listing.keys() | self._files.keys())
-            if path not in self._files or path in named or self._files[path].stat != listing.get(path)
-        ]
+        if listing is None:
+            work = []
+        elif rescan or initial:
+            work = [path for path in sorted(listing.keys() | self._files.keys())
+                    if path not in self._files or path in named or self._files[path].stat != listing.get(path)]
+        else:
+            work = sorted(named)
         force = False
-        while work:
-            for path in work:
-                progress.done.add(path)
-                yield from self._apply_file(path, progress, force=force)
-            force = True  # files read again: their bytes may be those read last time
-            work = sorted(self._holders.waiting(progress.dropped) - progress.done)
-            if not work:
-                work = self._settle(progress)
+        with self._registry.grouped_writes():  # committed before the snapshot is published
+            while work:
+                for path in work:
+                    progress.done.add(path)
+                    yield from self._apply_file(path, progress, force=force, size=_size(listing, path))
+                force = True  # files read again: their bytes may be those read last time
+                work = sorted(self._holders.waiting(progress.dropped) - progress.done)
+                if not work:
+                    work = self._settle(progress)
         if initial:
             for kind in SOURCE_KINDS:
                 self._state.mark_synced(kind)
@@ -251,6 +227,9 @@ class ManifestSource:
         log.error("manifest directory %s is gone: keeping the objects loaded from it", self._directory)
         return None
 
+    def _stat_named(self, named: set[str]) -> dict[str, StatKey] | None:
+        return stat_manifest_files(self._directory, named) if self._directory.is_dir() else self._list()
+
     def _settle(self, progress: _Progress) -> list[str]:
         """Delete what was dropped and not taken over; the files to retry if that freed anything."""
         self._release(progress)
@@ -263,12 +242,16 @@ class ManifestSource:
         progress.freed = False
         return sorted(retry)
 
-    def _apply_file(self, path: str, progress: _Progress, *, force: bool) -> _Batch:
+    def _apply_file(self, path: str, progress: _Progress, *, force: bool, size: int | None) -> Batch:
         record = self._files.get(path)
         known = None if force or record is None else record.content
-        read: FileRead = yield lambda: read_manifest(
-            self._directory, path, known_content=known, unchanged=lambda key, digest: self._is_applied(path, key, digest)
-        )
+
+        def read_file() -> FileRead:
+            unchanged = lambda key, digest: self._is_applied(path, key, digest)  # noqa: E731
+            return read_manifest(self._directory, path, known_content=known, unchanged=unchanged)
+
+        small = size is not None and size <= INLINE_BYTES
+        read: FileRead = yield Inline(read_file) if small else read_file
         if read.gone:
             if record is not None:
                 progress.dropped |= self._holders.drop(path, record.keys)
@@ -293,7 +276,8 @@ class ManifestSource:
             retry |= self._apply_chunk(path, chunk, keys, problems, progress)
             if chunk.skipped:
                 log.debug("%s: skipped (kind not read): %s", path, ", ".join(chunk.skipped))
-            chunk = yield lambda: next(read.rest, None)
+            next_chunk = lambda: next(read.rest, None)  # noqa: E731
+            chunk = yield Inline(next_chunk) if small else next_chunk
         progress.dropped |= self._holders.drop(path, record.keys - keys)
         record.keys, record.problems, record.retry, record.failed = frozenset(keys), tuple(problems), retry, False
 
@@ -397,3 +381,8 @@ def check_directory(
     source = ManifestSource(path, registry, ClusterState(""), log_problems=False)
     source.load()
     return [os.path.join(os.fspath(path), line) for line in source.problems]
+
+
+def _size(listing: dict[str, StatKey] | None, path: str) -> int | None:
+    key = None if listing is None else listing.get(path)
+    return None if key is None else key[2]

@@ -6,8 +6,11 @@ Each ``is_*`` function returns the list of problems (empty when valid), like
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
+import socket
+from typing import NamedTuple
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -132,16 +135,52 @@ def parse_ip(value: str) -> IPAddress | None:
     return ip
 
 
-def ip_family(value: str) -> str | None:
-    """"IPv4", "IPv6", or None when not an IP."""
+class IPFacts(NamedTuple):
+    """What validation and conversion ask of one IP text, worked out once."""
+
+    family: str  # "IPv4" | "IPv6"
+    #: ``str(parse_ip(value))``: the canonical text (IPv4-mapped IPv6 as IPv4)
+    canonical: str
+    #: :func:`non_special_ip_problems`
+    problems: tuple[str, ...]
+
+
+_pton, _ntop, _AF_INET = socket.inet_pton, socket.inet_ntop, socket.AF_INET
+_new_facts = tuple.__new__
+#: First octets of the IPv4 ranges :func:`_ipv4_problems` refuses (0/8 only for 0.0.0.0).
+_SPECIAL_FIRST_OCTETS = frozenset({0, 127, 169, *range(224, 240)})
+
+
+@functools.lru_cache(maxsize=4096)
+def ip_facts(value: str) -> IPFacts | None:
+    """The facts of an IP text, or None when :func:`parse_ip` refuses it.
+
+    Cached: an endpoint address is checked by validation and then converted, a few calls
+    apart. A canonical dotted quad (``inet_ntop(inet_pton(v)) == v``) skips ``ipaddress``,
+    which costs several microseconds per address at 100,000 endpoints; anything else takes
+    the exact ``ipaddress`` path.
+    """
+    try:
+        packed = _pton(_AF_INET, value)
+    except (OSError, ValueError):  # ValueError: an embedded NUL
+        packed = None
+    if packed is not None and _ntop(_AF_INET, packed) == value:
+        problems = () if packed[0] not in _SPECIAL_FIRST_OCTETS else _ipv4_problems(value, packed)
+        return _new_facts(IPFacts, ("IPv4", value, problems))  # skips NamedTuple's Python __new__
     ip = parse_ip(value)
     if ip is None:
         return None
-    return "IPv4" if ip.version == 4 else "IPv6"
+    return IPFacts("IPv4" if ip.version == 4 else "IPv6", str(ip), tuple(_special_problems(value, ip)))
+
+
+def ip_family(value: str) -> str | None:
+    """"IPv4", "IPv6", or None when not an IP."""
+    facts = ip_facts(value)
+    return None if facts is None else facts.family
 
 
 def is_valid_ip(value: str) -> list[str]:
-    if parse_ip(value) is None:
+    if ip_facts(value) is None:
         return ["must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)"]
     return []
 
@@ -155,6 +194,11 @@ def is_valid_cidr(value: str) -> list[str]:
 
 
 _LINK_LOCAL_MULTICAST = (ipaddress.ip_network("224.0.0.0/24"), ipaddress.ip_network("ff02::/16"))
+_UNSPECIFIED = "may not be unspecified ({})"
+_LOOPBACK = "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+_LINK_LOCAL = "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+_LINK_LOCAL_MULTICAST_MSG = "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"
+_MULTICAST = "may not be in the multicast range (224.0.0.0/4, ff00::/8)"
 
 
 def _is_link_local_multicast(ip: IPAddress) -> bool:
@@ -165,24 +209,43 @@ def _is_link_local_multicast(ip: IPAddress) -> bool:
     return packed[0] == 0xFF and packed[1] & 0x0F == 0x02
 
 
+def _special_problems(value: str, ip: IPAddress) -> list[str]:
+    problems = []
+    if ip.is_unspecified:
+        problems.append(_UNSPECIFIED.format(value))
+    if ip.is_loopback:
+        problems.append(_LOOPBACK)
+    if ip.is_link_local:
+        problems.append(_LINK_LOCAL)
+    if _is_link_local_multicast(ip):
+        problems.append(_LINK_LOCAL_MULTICAST_MSG)
+    elif ip.is_multicast:
+        problems.append(_MULTICAST)
+    return problems
+
+
+def _ipv4_problems(value: str, packed: bytes) -> tuple[str, ...]:
+    """:func:`_special_problems` of an IPv4 address from its 4 bytes (the same ranges)."""
+    first = packed[0]
+    if first == 0 and packed == b"\0\0\0\0":
+        return (_UNSPECIFIED.format(value),)
+    if first == 127:
+        return (_LOOPBACK,)
+    if first == 169 and packed[1] == 254:
+        return (_LINK_LOCAL,)
+    if first & 0xF0 == 0xE0:
+        link_local = first == 224 and packed[1] == 0 and packed[2] == 0
+        return (_LINK_LOCAL_MULTICAST_MSG if link_local else _MULTICAST,)
+    return ()
+
+
 def non_special_ip_problems(value: str) -> list[str]:
     """ValidateNonSpecialIP (endpoints, externalIPs), plus every multicast address.
 
     The API server refuses only link-local multicast; an endpoint or external IP in
     any multicast range cannot be connected to either, so kubeport refuses all of them.
     """
-    ip = parse_ip(value)
-    if ip is None:
+    facts = ip_facts(value)
+    if facts is None:
         return ["must be a valid IP address"]
-    problems = []
-    if ip.is_unspecified:
-        problems.append(f"may not be unspecified ({value})")
-    if ip.is_loopback:
-        problems.append("may not be in the loopback range (127.0.0.0/8, ::1/128)")
-    if ip.is_link_local:
-        problems.append("may not be in the link-local range (169.254.0.0/16, fe80::/10)")
-    if _is_link_local_multicast(ip):
-        problems.append("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)")
-    elif ip.is_multicast:
-        problems.append("may not be in the multicast range (224.0.0.0/4, ff00::/8)")
-    return problems
+    return list(facts.problems)

@@ -227,6 +227,8 @@ class ClusterState:
     def _upsert_slice(self, namespace: str, service: str | None, info: SliceInfo) -> None:
         key = (namespace, info.name)
         owner = ServiceName(namespace, service) if service else None
+        if owner is not None and (held_service := self._services.get(owner)) is not None:
+            owner = held_service.name  # one ServiceName object per service, not one per slice too
         held = self._slices.get(key)
         if held == (owner, info):
             return

@@ -138,17 +138,17 @@ class PortEndpoint:
 
     endpoint: EndpointInfo
     port: int
+    #: kube-proxy's endpoint identity, "IP:port" ("[v6]:port"). Made once: consumers key
+    #: their tables by it, and every use then shares one string instead of formatting anew.
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        address = self.endpoint.address
+        object.__setattr__(self, "key", f"[{address}]:{self.port}" if ":" in address else f"{address}:{self.port}")
 
     @property
     def ip(self) -> str:
         return self.endpoint.address
-
-    @property
-    def key(self) -> str:
-        """kube-proxy's endpoint identity, "IP:port" ("[v6]:port")."""
-        if ":" in self.endpoint.address:
-            return f"[{self.endpoint.address}]:{self.port}"
-        return f"{self.endpoint.address}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ or a ClusterIP.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from . import model, names
 from .fielderrors import (
@@ -292,35 +292,36 @@ def _validate_endpoints(eps: model.EndpointSlice, cluster_ip_owners: Mapping[str
     if len(eps.endpoints) > MAX_SLICE_ENDPOINTS:
         return [too_many("endpoints", len(eps.endpoints), MAX_SLICE_ENDPOINTS)]
     errors = []
+    address_type = eps.address_type
     for i, endpoint in enumerate(eps.endpoints):
-        path = f"endpoints[{i}]"
-        if not endpoint.addresses:
-            errors.append(required(f"{path}.addresses", "must contain at least 1 address"))
-        elif len(endpoint.addresses) > MAX_ENDPOINT_ADDRESSES:
-            errors.append(too_many(f"{path}.addresses", len(endpoint.addresses), MAX_ENDPOINT_ADDRESSES))
-        for j, address in enumerate(endpoint.addresses):
-            address_path = f"{path}.addresses[{j}]"
-            problems = _address_problems(address, eps.address_type, cluster_ip_owners)
-            errors += [invalid(address_path, address, msg) for msg in problems]
+        addresses = endpoint.addresses
+        if not addresses:
+            errors.append(required(f"endpoints[{i}].addresses", "must contain at least 1 address"))
+        elif len(addresses) > MAX_ENDPOINT_ADDRESSES:
+            errors.append(too_many(f"endpoints[{i}].addresses", len(addresses), MAX_ENDPOINT_ADDRESSES))
+        for j, address in enumerate(addresses):
+            problems = _address_problems(address, address_type, cluster_ip_owners)
+            if problems:  # paths are built only for errors: 100,000 endpoints mostly have none
+                errors += [invalid(f"endpoints[{i}].addresses[{j}]", address, msg) for msg in problems]
         if endpoint.hostname is not None:
             hostname = endpoint.hostname
-            errors += [invalid(f"{path}.hostname", hostname, msg) for msg in names.is_dns1123_label(hostname)]
+            errors += [invalid(f"endpoints[{i}].hostname", hostname, msg) for msg in names.is_dns1123_label(hostname)]
         if endpoint.node_name is not None:
             node = endpoint.node_name
-            errors += [invalid(f"{path}.nodeName", node, msg) for msg in names.is_dns1123_subdomain(node)]
+            errors += [invalid(f"endpoints[{i}].nodeName", node, msg) for msg in names.is_dns1123_subdomain(node)]
     return errors
 
 
-def _address_problems(address: str, address_type: str, cluster_ip_owners: Mapping[str, str]) -> list[str]:
+def _address_problems(address: str, address_type: str, cluster_ip_owners: Mapping[str, str]) -> Sequence[str]:
     if address_type == "FQDN":
         return names.is_fully_qualified_domain_name(address)
-    if names.ip_family(address) != address_type:
+    facts = names.ip_facts(address)
+    if facts is None or facts.family != address_type:
         return [f"must be a valid {address_type} address"]
-    problems = names.non_special_ip_problems(address)
-    owner = cluster_ip_owners.get(str(names.parse_ip(address)))
-    if owner is not None:
-        problems.append(f"may not be a ClusterIP of a Service ({owner})")
-    return problems
+    owner = cluster_ip_owners.get(facts.canonical)
+    if owner is None:
+        return facts.problems
+    return [*facts.problems, f"may not be a ClusterIP of a Service ({owner})"]
 
 
 def _validate_slice_ports(ports: list[model.EndpointPort]) -> list[FieldError]:

@@ -36,5 +36,5 @@ def configure_logging(log_format: str = "text", verbosity: int = 0) -> None:
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS.get(verbosity, logging.DEBUG))
     # Third-party libraries are quiet unless -v asks for debug.
-    for noisy in ("aiohttp.access", "asyncio", "pyroute2", "watchfiles"):
+    for noisy in ("aiohttp.access", "asyncio", "pyroute2"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbosity < 2 else logging.DEBUG)

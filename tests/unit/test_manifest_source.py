@@ -73,6 +73,9 @@ class CountingRegistry:
     def allocated_services(self) -> set[tuple[str, str]]:
         return self.registry.allocated_services()
 
+    def grouped_writes(self):
+        return self.registry.grouped_writes()
+
 
 def new_registry(store: AllocationStore | None = None, seed: int = 7) -> CountingRegistry:
     networks = [ipaddress.ip_network("10.96.0.0/12")]

@@ -1,0 +1,164 @@
+"""The manifest directory watch: inotify events parsed, bursts coalesced (pure, time passed
+in), and the asyncio adapter on a real directory (waits on conditions with deadlines)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from kubeport.endpoints.manifest_watch import (
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_ISDIR,
+    IN_MODIFY,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    Burst,
+    Changes,
+    DirectoryWatch,
+    RawEvent,
+    parse_events,
+)
+
+QUIET, SETTLE, MAX_DELAY = 0.001, 0.05, 1.0
+DEADLINE = 10
+
+
+def raw(wd: int, mask: int, name: str, pad_to: int = 16) -> bytes:
+    encoded = name.encode()
+    length = 0 if not encoded else (len(encoded) // pad_to + 1) * pad_to
+    return struct.pack("iIII", wd, mask, 0, length) + encoded.ljust(length, b"\0")
+
+
+def test_parse_events_reads_names_padded_with_nuls():
+    buffer = raw(1, IN_MOVED_TO, "web.yaml") + raw(2, IN_DELETE | IN_ISDIR, "team") + raw(1, 0x4000, "")
+    assert parse_events(buffer) == [
+        RawEvent(1, IN_MOVED_TO, "web.yaml"),
+        RawEvent(2, IN_DELETE | IN_ISDIR, "team"),
+        RawEvent(1, 0x4000, ""),
+    ]
+
+
+def burst_after(*events: tuple[float, str, int]) -> Burst:
+    burst = Burst(QUIET, SETTLE, MAX_DELAY)
+    for now, path, mask in events:
+        if path:
+            burst.file_event(path, mask, now)
+        else:
+            burst.structure_event(now)
+    return burst
+
+
+@pytest.mark.parametrize(
+    "events, due",
+    [
+        pytest.param([], None, id="nothing_happened"),
+        pytest.param([(10.0, "web.yaml", IN_MOVED_TO)], 10.0 + QUIET, id="atomic_rename__quiet"),
+        pytest.param([(10.0, "web.yaml", IN_CREATE), (10.0, "web.yaml", IN_MODIFY),
+                      (10.002, "web.yaml", IN_CLOSE_WRITE)], 10.002 + QUIET, id="written_and_closed__quiet"),
+        pytest.param([(10.0, "web.yaml", IN_MODIFY)], 10.0 + MAX_DELAY, id="still_open_for_writing__never_half_a_file"),
+        pytest.param([(10.0, "web.yaml", IN_MOVED_FROM)], 10.0 + SETTLE, id="file_gone__settles_for_its_successor"),
+        pytest.param([(10.0, "web.yaml", IN_MOVED_FROM), (10.01, "web.yaml", IN_CREATE), (10.01, "web.yaml", IN_MODIFY),
+                      (10.02, "web.yaml", IN_CLOSE_WRITE)], 10.02 + QUIET, id="editor_renames_old_away_then_writes"),
+        pytest.param([(10.0, "", 0)], 10.0 + SETTLE, id="tree_changed_shape__settles"),
+        pytest.param([(10.0, "web.yaml", IN_MOVED_FROM)] + [(10.0 + 0.04 * i, "a.yaml", IN_MOVED_TO) for i in range(40)],
+                     10.0 + MAX_DELAY, id="endless_stream__capped"),
+    ],
+)
+def test_burst_due(events, due):
+    assert burst_after(*events).due() == pytest.approx(due) if due is not None else burst_after(*events).due() is None
+
+
+def test_burst_take_resets_but_keeps_files_still_open():
+    burst = burst_after((1.0, "a.yaml", IN_MOVED_TO), (1.0, "b.yaml", IN_MODIFY), (1.0, "", 0))
+    assert burst.take() == Changes(frozenset({"a.yaml", "b.yaml"}), True)
+    assert burst.due() is None
+    burst.file_event("c.yaml", IN_MOVED_TO, 5.0)
+    assert burst.due() == 5.0 + MAX_DELAY  # b.yaml was never closed: wait for it, up to the cap
+    burst.file_event("b.yaml", IN_CLOSE_WRITE, 5.1)
+    assert burst.due() == pytest.approx(5.1 + QUIET)
+
+
+class Watching:
+    def __init__(self, directory: Path) -> None:
+        self.watch = DirectoryWatch(directory, quiet_ms=0, settle_ms=20, max_delay_ms=1000,
+                                    rescan_interval_ms=60_000)
+
+    async def changes(self) -> Changes:
+        async with asyncio.timeout(DEADLINE):
+            return await self.watch.next_changes()
+
+
+@pytest.fixture
+async def watching(tmp_path: Path):
+    watching = Watching(tmp_path)
+    watching.watch.start()
+    assert watching.watch.active
+    try:
+        yield watching
+    finally:
+        watching.watch.close()
+
+
+async def test_atomic_rename_names_the_file_and_no_rescan(watching, tmp_path):
+    temporary = tmp_path / ".web.yaml.tmp"  # hidden: its own events are not ours
+    temporary.write_text("kind: Service\n")
+    os.replace(temporary, tmp_path / "web.yaml")
+    assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)
+
+
+async def test_new_subdirectory_is_watched_and_rescanned(watching, tmp_path):
+    (tmp_path / "team").mkdir()
+    assert (await watching.changes()).rescan
+    (tmp_path / "team" / "api.json").write_text("{}")
+    assert await watching.changes() == Changes(frozenset({"team/api.json"}), False)
+
+
+async def test_symlink_swap_of_a_hidden_name_rescans__kubelet_atomic_writer(watching, tmp_path):
+    (tmp_path / "..2024_01").mkdir()
+    (tmp_path / "..data_tmp").symlink_to("..2024_01")
+    os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+    assert (await watching.changes()).rescan
+
+
+async def test_other_files_are_ignored(watching, tmp_path):
+    (tmp_path / "README.md").write_text("notes")
+    (tmp_path / ".web.yaml.swp").write_text("swap")
+    (tmp_path / "web.yaml").write_text("kind: Service\n")
+    assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)
+
+
+async def test_without_inotify_the_directory_is_rescanned_periodically(tmp_path):
+    watch = DirectoryWatch(tmp_path / "missing", quiet_ms=0, settle_ms=20, max_delay_ms=1000, rescan_interval_ms=10)
+    watch.start()  # the directory does not exist: no watch, a warning, rescans
+    try:
+        assert not watch.active
+        async with asyncio.timeout(DEADLINE):
+            assert await watch.next_changes() == Changes(frozenset(), True)
+    finally:
+        watch.close()
+
+
+async def test_a_directory_moved_within_the_tree_is_watched_at_its_new_path(watching, tmp_path):
+    (tmp_path / "team").mkdir()
+    assert (await watching.changes()).rescan
+    (tmp_path / "team").rename(tmp_path / "squad")
+    assert (await watching.changes()).rescan
+    (tmp_path / "squad" / "api.json").write_text("{}")
+    assert await watching.changes() == Changes(frozenset({"squad/api.json"}), False)
+
+
+async def test_a_directory_moved_out_of_the_tree_is_no_longer_reported(watching, tmp_path):
+    (tmp_path / "team").mkdir()
+    assert (await watching.changes()).rescan
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    (tmp_path / "team").rename(outside)
+    assert (await watching.changes()).rescan
+    (outside / "api.json").write_text("{}")  # no longer ours: not reported as team/api.json
+    (tmp_path / "web.yaml").write_text("kind: Service\n")
+    assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)

@@ -1,0 +1,102 @@
+"""/readyz per-request work: the problem list is cached (O(1) per poll at any cluster size)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kubeport.endpoints.types import Snapshot
+from kubeport.proxy.health import HealthResponse
+from kubeport.status import StatusServer
+
+
+class FakeView:
+    def __init__(self) -> None:
+        self.generation = 1
+        self.pending_list: list[str] = []
+        self.problem_list: list[str] = []
+        self.problem_calls = 0
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(generation=self.generation)
+
+    def pending(self) -> list[str]:
+        return list(self.pending_list)
+
+    def problems(self) -> list[str]:
+        self.problem_calls += 1
+        return list(self.problem_list)
+
+    def proxy_health(self, path: str) -> HealthResponse:  # pragma: no cover - not exercised here
+        raise NotImplementedError
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+async def served():
+    view, clock = FakeView(), FakeClock()
+    healthz = free_port()
+    server = StatusServer(view, healthz_bind=f"127.0.0.1:{healthz}", metrics_bind=f"127.0.0.1:{free_port()}",
+                          registry=CollectorRegistry(), problems_ttl=1.0, clock=clock)
+    await server.start()
+    async with aiohttp.ClientSession() as session:
+
+        async def readyz() -> tuple[int, dict]:
+            async with session.get(f"http://127.0.0.1:{healthz}/readyz") as response:
+                return response.status, json.loads(await response.text())
+
+        try:
+            yield view, clock, readyz
+        finally:
+            await server.stop()
+
+
+async def test_readyz_polls_reuse_the_problem_list__o1_per_request(served):
+    view, clock, readyz = served
+    view.problem_list = ["a.yaml: broken"]
+    for _ in range(5):
+        status, body = await readyz()
+        assert (status, body["problems"]) == (200, ["a.yaml: broken"])
+    assert view.problem_calls == 1
+
+
+async def test_readyz_problems_refresh_after_the_ttl(served):
+    view, clock, readyz = served
+    await readyz()
+    view.problem_list = ["a.yaml: broken"]  # a broken file: no new snapshot
+    clock.now += 0.5
+    assert (await readyz())[1]["problems"] == []
+    clock.now += 0.6
+    assert (await readyz())[1]["problems"] == ["a.yaml: broken"]
+
+
+@pytest.mark.parametrize("change", ["generation", "pending"])
+async def test_readyz_problems_refresh_at_once_when_the_state_moves(served, change):
+    view, clock, readyz = served
+    view.pending_list = ["proxy: first snapshot not applied"]
+    assert (await readyz())[0] == 503
+    view.problem_list = ["proxy: 10.96.0.1:80/TCP conflicts"]
+    if change == "generation":
+        view.generation += 1
+    else:
+        view.pending_list = []
+    status, body = await readyz()
+    assert body["problems"] == ["proxy: 10.96.0.1:80/TCP conflicts"]
+    assert status == (503 if change == "generation" else 200)
