@@ -14,6 +14,7 @@ the old one skips the lame duck and leaves the addresses to its successor.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -185,8 +186,10 @@ class Daemon:
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._source.run(), name="source")
-                tasks.create_task(self._follow("proxy", self._apply_proxy), name="proxy")
+                # DNS first: its apply is quick and synchronous, so it never waits for the
+                # proxy's listeners and netlink work on the same loop.
                 tasks.create_task(self._follow("dns", self._apply_dns), name="dns")
+                tasks.create_task(self._follow("proxy", self._apply_proxy), name="proxy")
                 tasks.create_task(self._proxier.wait_failed(), name="proxy-failure")
                 tasks.create_task(self._reloader.run(self._reload), name="reload")
                 tasks.create_task(self._stop_when_asked(), name="stop")
@@ -292,7 +295,10 @@ class Daemon:
                 log.info("%s: applied generation %d (%d services changed)",
                          consumer, generation, len(snapshot.changed))
             self._applied[consumer] = generation
-            if len(self._applied) == 2:
+            if len(self._applied) == 2 and not self._ready.is_set():
+                # Everything built for the first view lives long: keep it out of the
+                # collector's generations so later collections stay cheap.
+                gc.freeze()
                 self._ready.set()
 
     # --- SIGHUP ---------------------------------------------------------------------------

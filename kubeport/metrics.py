@@ -69,6 +69,7 @@ class ProxyMetrics:
         self._registry = registry
         self._applied: Snapshot | None = None
         self._no_local: dict[ServiceName, tuple[bool, bool]] = {}
+        self._no_local_totals = [0, 0]  # internal, external: kept as services change
 
     def attach_proxier(self, proxier: Any) -> None:
         self._registry.register(RelayCollector(proxier))
@@ -97,15 +98,20 @@ class ProxyMetrics:
         self._applied = snapshot
 
     def _count_no_local(self, snapshot: Snapshot) -> None:
-        node = self._node_name
+        totals = self._no_local_totals
         for name in snapshot.changed_since(self._applied):
+            internal, external = self._no_local.pop(name, (False, False))
+            totals[0] -= internal
+            totals[1] -= external
             state = snapshot.services.get(name)
-            if state is None:
-                self._no_local.pop(name, None)
-            else:
-                self._no_local[name] = _lacks_local_endpoints(state, node)
-        self.no_local_endpoints.labels(traffic_policy="internal").set(sum(i for i, _ in self._no_local.values()))
-        self.no_local_endpoints.labels(traffic_policy="external").set(sum(e for _, e in self._no_local.values()))
+            if state is not None:
+                internal, external = _lacks_local_endpoints(state, self._node_name)
+                if internal or external:
+                    self._no_local[name] = (internal, external)
+                totals[0] += internal
+                totals[1] += external
+        self.no_local_endpoints.labels(traffic_policy="internal").set(totals[0])
+        self.no_local_endpoints.labels(traffic_policy="external").set(totals[1])
 
 
 def _split_changes(old: Snapshot | None, new: Snapshot) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """The manifest-directory source, with real files, a real registry, a real ClusterState and
-real inotify (watchfiles). Waits are on conditions with deadlines, never sleeps."""
+real inotify. Waits are on conditions with deadlines, never sleeps."""
 
 from __future__ import annotations
 
