@@ -7,56 +7,14 @@ allocClusterIPs, initNodePorts, allocHealthCheckNodePort) and reference D.
 from __future__ import annotations
 
 import ipaddress
-import random
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kubeport.endpoints import model
 from kubeport.endpoints.allocstore import AllocationStore, ServiceAllocation, StoreError
-from kubeport.endpoints.registry import Invalid, Registry
 
-T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
-V4 = "10.96.0.0/12"
-
-
-def make_registry(
-    store: AllocationStore | None = None,
-    cidrs: tuple[str, ...] = (V4,),
-    node_ports: tuple[int, int] = (30000, 32767),
-    seed: int = 1,
-) -> Registry:
-    return Registry(
-        store if store is not None else AllocationStore(None),
-        [ipaddress.ip_network(c) for c in cidrs],
-        node_ports,
-        random.Random(seed),
-        now=lambda: T0,
-    )
-
-
-def service(name: str = "web", namespace: str = "default", **spec: Any) -> model.Service:
-    spec.setdefault("ports", [{"name": "http", "port": 80}])
-    return model.Service.model_validate({"metadata": {"name": name, "namespace": namespace}, "spec": spec})
-
-
-def node_port_service(name: str = "web", *node_ports: int, **spec: Any) -> model.Service:
-    ports = [{"name": f"p{i}", "port": 80 + i, "nodePort": np} for i, np in enumerate(node_ports)]
-    return service(name, type="NodePort", ports=ports or [{"name": "http", "port": 80}], **spec)
-
-
-def snapshot(registry: Registry) -> tuple:
-    """Everything observable about the registry's allocations."""
-    records = {key: registry.allocation(*key) for key in sorted(registry.allocated_services())}
-    return records, registry.service_cluster_ips(), registry.usage()
-
-
-def refused(registry: Registry, obj: model.KubeObject) -> list[str]:
-    with pytest.raises(Invalid) as exc:
-        registry.admit(obj)
-    return exc.value.lines()
+from registry_support import T0, V4, V6, make_registry, node_port_service, refused, service, snapshot  # noqa: F401
 
 
 # --- conflicts: the earlier holder keeps the value, nothing changes ------------------------------------
