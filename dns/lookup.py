@@ -23,7 +23,7 @@ from kubeport.endpoints.types import ServiceName
 
 from .encode import Record, address_record, same_name, soa_data, srv_record, txt_data
 from .names import POD, InvalidName, Request, match, parse_request, pod_address
-from .records import NO_PORT, RecordIndex, ServiceRecords
+from .records import NO_PORT, NO_PORTS, RecordIndex, ServiceRecords
 from .wire import NOERROR, NXDOMAIN, SERVFAIL
 
 DNS_SCHEMA_VERSION = "1.1.0"  # kubernetes/dns docs/specification.md
@@ -168,12 +168,15 @@ class Lookup:
 
     def _endpoint_candidates(self, service: ServiceRecords, request: Request) -> list[Candidate] | None:
         found = []
+        label = self.index.endpoint_label
         for slice_ in service.slices:
+            ports = slice_.ports or NO_PORTS
             for endpoint in slice_.endpoints:
-                if request.endpoint and request.endpoint != endpoint.name:
+                name = label(endpoint)
+                if request.endpoint and request.endpoint != name:
                     continue
-                target = (endpoint.name,) + service.fqdn_labels
-                for port in slice_.ports:
+                target = (name,) + service.fqdn_labels
+                for port in ports:
                     if match(request.port, port.name) and match(request.protocol, port.protocol):
                         found.append(Candidate(endpoint.address, port.port, target))
         return found or None
@@ -208,16 +211,18 @@ class Lookup:
         ClusterIP), else ``ns.dns.<zone>``."""
         found: list[Candidate] = []
         local = [a for a in self.local_addresses if not _loopback(a)]
+        index = self.index
         for address in local:
-            owners = self.index.cluster_ip_owners.get(address)
+            owners = index.cluster_ip_services(address)
             if owners:
-                service = self.index.services[min(owners)]
+                service = index.services[owners[0]]
                 found.extend(Candidate(ip, target=service.fqdn_labels) for ip in service.cluster_ips)
                 continue
-            for owner, names in sorted(self.index.endpoint_owners.get(address, {}).items()):
-                service = self.index.services[owner]
+            for owner in index.endpoint_services(address):
+                service = index.services[owner]
                 if service.kind == "Headless":
-                    found.extend(Candidate(address, target=(n,) + service.fqdn_labels) for n in sorted(names))
+                    found.extend(Candidate(address, target=(n,) + service.fqdn_labels)
+                                 for n in index.endpoint_labels(service, address))
                 else:
                     found.extend(Candidate(ip, target=service.fqdn_labels) for ip in service.cluster_ips)
         if found:

@@ -2,19 +2,35 @@
 
 Built from snapshots of :mod:`kubeport.endpoints`; pure (no I/O, no clock: ``now`` is an
 argument). Each service becomes a frozen :class:`ServiceRecords` cut down to what DNS
-reads; reverse maps (IP -> names) and the per-namespace address sets used by
-``pods verified`` are maintained incrementally from the old and new records of each
-changed service, so an update costs what the change costs.
+reads; reverse maps (IP -> services) are maintained incrementally from the old and new
+records of each changed service, so an update costs what the change costs.
+
+Memory is what scales here (10,000 services, 100,000 endpoints): the records *share* the
+snapshot's own objects (its port tuples, its SliceInfo and EndpointInfo objects) instead
+of copying them, endpoint names are worked out when a query needs them, and a reverse map
+holds the owning ServiceName itself, not a container, in the usual one-owner case.
 """
 
 from __future__ import annotations
 
-import ipaddress
-from collections import Counter
+import socket
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from functools import partial
+from itertools import repeat
+from operator import attrgetter, is_
+from typing import Iterable, Mapping, Union
 
-from kubeport.endpoints.types import EndpointInfo, ServiceInfo, ServiceName, ServiceState, Snapshot
+from kubeport.endpoints.names import ip_facts
+from kubeport.endpoints.types import (
+    EndpointInfo,
+    EndpointPortInfo,
+    PortSpec,
+    ServiceInfo,
+    ServiceName,
+    ServiceState,
+    SliceInfo,
+    Snapshot,
+)
 
 from .names import endpoint_name
 
@@ -22,30 +38,19 @@ from .names import endpoint_name
 #: address records but no SRV.
 NO_PORT = -1
 
+#: a Service's or a slice's port as the snapshot holds it; DNS reads name, protocol
+#: (compared case-insensitively) and port
+Port = Union[PortSpec, EndpointPortInfo]
+NO_PORTS: tuple[Port, ...] = (EndpointPortInfo("", "", NO_PORT),)
 
-@dataclass(frozen=True, slots=True)
-class PortRecord:
-    name: str  # "" when unnamed
-    protocol: str  # lowercase
-    port: int  # NO_PORT for the sentinel
+#: the services an address belongs to: the ServiceName itself (the usual case: no
+#: container per address) or, when several services share it, a sorted tuple of them
+Owners = Union[ServiceName, tuple[ServiceName, ...]]
 
-
-NO_PORTS = (PortRecord("", "", NO_PORT),)
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointRecord:
-    address: str  # canonical IP
-    name: str  # the endpoint's DNS label (hostname, pod name or dashed address)
-
-
-@dataclass(frozen=True, slots=True)
-class SliceRecords:
-    """The ready endpoints of one EndpointSlice with its ports (CoreDNS reads slices as
-    separate Endpoints objects; the SRV weight counts candidates per slice)."""
-
-    ports: tuple[PortRecord, ...]
-    endpoints: tuple[EndpointRecord, ...]
+_address = attrgetter("address")
+_ready = attrgetter("ready")
+#: the C-speed address check per address type (see _all_addresses)
+_PTON = {"IPv4": partial(socket.inet_pton, socket.AF_INET), "IPv6": partial(socket.inet_pton, socket.AF_INET6)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +58,15 @@ class ServiceRecords:
     name: ServiceName
     kind: str  # ClusterIP (also NodePort/LoadBalancer) | Headless | ExternalName
     cluster_ips: tuple[str, ...] = ()
-    ports: tuple[PortRecord, ...] = NO_PORTS
+    ports: tuple[Port, ...] = NO_PORTS
     #: the CNAME target without trailing dot; None for an IP-valued externalName (NXDOMAIN)
     external_target: str | None = None
-    #: only slices with at least one ready endpoint
-    slices: tuple[SliceRecords, ...] = ()
-    #: every endpoint address of the service, ready or not (``pods verified``)
-    pod_addresses: frozenset[str] = frozenset()
+    #: the slices with the endpoints DNS publishes (FQDN slices dropped): the snapshot's own
+    #: SliceInfo objects where every endpoint is published, else copies holding those only
+    slices: tuple[SliceInfo, ...] = ()
+    #: addresses of the endpoints not published; with the published ones, the pod
+    #: addresses ``pods verified`` knows
+    unready_addresses: tuple[str, ...] = ()
 
     @property
     def fqdn_labels(self) -> tuple[str, ...]:
@@ -80,45 +87,131 @@ def dns_ready(service: ServiceInfo, endpoint: EndpointInfo) -> bool:
 
 
 def _is_ip(text: str) -> bool:
+    return ip_facts(text) is not None
+
+
+def _all_addresses(address_type: str, endpoints: tuple[EndpointInfo, ...]) -> bool:
+    """Every address is an IP of the slice's type, checked at C speed. Addresses are
+    validated and canonical at ingest: this only keeps an unvalidated one (a ClusterState
+    fed directly) from reaching the encoder."""
+    pton = _PTON.get(address_type)
+    if pton is None:
+        return False
     try:
-        ipaddress.ip_address(text)
-    except ValueError:
+        for _ in map(pton, map(_address, endpoints)):
+            pass
+    except (OSError, ValueError):
         return False
     return True
 
 
-def service_records(state: ServiceState, endpoint_pod_names: bool) -> ServiceRecords:
+def _published(service: ServiceInfo, slice_: SliceInfo) -> tuple[SliceInfo, tuple[str, ...]]:
+    """The slice cut to the endpoints DNS publishes (:func:`dns_ready`, a whole slice at a
+    time), the slice itself when that is all of them; and the addresses of the others."""
+    endpoints = slice_.endpoints
+    if not _all_addresses(slice_.address_type, endpoints):
+        endpoints = tuple(e for e in endpoints if _is_ip(e.address))
+    if service.publish_not_ready_addresses or all(map(_ready, endpoints)):
+        unready: tuple[str, ...] = ()
+    else:
+        unready = tuple(e.address for e in endpoints if not e.ready)
+        endpoints = tuple(e for e in endpoints if e.ready)
+    if endpoints is slice_.endpoints:
+        return slice_, unready
+    return SliceInfo(slice_.name, slice_.address_type, slice_.ports, endpoints), unready
+
+
+def service_records(state: ServiceState) -> ServiceRecords:
     info = state.service
     if info.type == "ExternalName":
         target = (info.external_name or "").rstrip(".")
         # An IP-valued externalName makes no record (coredns#2324): the name is NXDOMAIN.
         return ServiceRecords(info.name, "ExternalName",
                               external_target=None if not target or _is_ip(target) else target.lower())
-    slices: list[SliceRecords] = []
-    pod_addresses: set[str] = set()
+    slices: list[SliceInfo] = []
+    unready: tuple[str, ...] = ()
     for slice_ in state.slices:
         if slice_.address_type == "FQDN":
             continue  # deprecated, never written by the controller; CoreDNS would make CNAMEs
-        endpoints = []
-        for endpoint in slice_.endpoints:
-            if not _is_ip(endpoint.address):
-                continue
-            pod_addresses.add(endpoint.address)
-            if dns_ready(info, endpoint):
-                name = endpoint_name(endpoint.address, endpoint.hostname, endpoint.pod_name, endpoint_pod_names)
-                endpoints.append(EndpointRecord(endpoint.address, name))
-        if endpoints:
-            ports = tuple(PortRecord(p.name, p.protocol.lower(), p.port) for p in slice_.ports or ())
-            slices.append(SliceRecords(ports or NO_PORTS, tuple(endpoints)))
-    ports = tuple(PortRecord(p.name, p.protocol.lower(), p.port) for p in info.ports)
+        published, not_published = _published(info, slice_)
+        if published.endpoints:
+            slices.append(published)
+        unready += not_published
+    # The usual case keeps the snapshot's tuple itself: nothing copied per service.
+    same = len(slices) == len(state.slices) and all(map(is_, slices, state.slices))
     return ServiceRecords(
         name=info.name,
         kind="Headless" if info.headless else "ClusterIP",
         cluster_ips=() if info.headless else info.cluster_ips,
-        ports=ports or NO_PORTS,
-        slices=tuple(slices),
-        pod_addresses=frozenset(pod_addresses),
+        ports=info.ports or NO_PORTS,
+        slices=state.slices if same else tuple(slices),
+        unready_addresses=unready,
     )
+
+
+def _port_view(ports: tuple[Port, ...] | None) -> tuple[tuple[str, str, int], ...]:
+    return tuple((p.name, p.protocol.lower(), p.port) for p in ports or NO_PORTS)
+
+
+def _same_endpoint(a: EndpointInfo, b: EndpointInfo, pod_names: bool) -> bool:
+    """Equal as far as DNS reads them (address and what names it), not zone, hints..."""
+    return a is b or (a.address == b.address and a.hostname == b.hostname
+                      and (not pod_names or a.pod_name == b.pod_name))
+
+
+def _same_slice(a: SliceInfo, b: SliceInfo, pod_names: bool) -> bool:
+    if a is b:
+        return True
+    if len(a.endpoints) != len(b.endpoints) or _port_view(a.ports) != _port_view(b.ports):
+        return False
+    return all(_same_endpoint(x, y, pod_names) for x, y in zip(a.endpoints, b.endpoints))
+
+
+def same_dns(old: ServiceRecords, new: ServiceRecords, pod_names: bool) -> bool:
+    """Whether two records of a service answer every question alike (CoreDNS's
+    endpointsEquivalent: a change of nodePort, zone or hints is no DNS change)."""
+    if (old.kind, old.cluster_ips, old.external_target, old.unready_addresses) != \
+            (new.kind, new.cluster_ips, new.external_target, new.unready_addresses):
+        return False
+    if len(old.slices) != len(new.slices) or _port_view(old.ports) != _port_view(new.ports):
+        return False
+    return all(_same_slice(a, b, pod_names) for a, b in zip(old.slices, new.slices))
+
+
+def owners_of(owners: Owners | None) -> tuple[ServiceName, ...]:
+    if owners is None:
+        return ()
+    return owners if type(owners) is tuple else (owners,)  # type: ignore[return-value]
+
+
+def _add_owner(table: dict[str, Owners], key: str, name: ServiceName) -> None:
+    held = table.setdefault(key, name)
+    if held is not name:
+        found = owners_of(held)
+        if name not in found:
+            table[key] = tuple(sorted(found + (name,)))
+
+
+def _remove_owner(table: dict[str, Owners], key: str, name: ServiceName) -> None:
+    """Idempotent: an address may appear in several slices of one service."""
+    held = table.get(key)
+    if held is None:
+        return
+    rest = tuple(owner for owner in owners_of(held) if owner != name)
+    if not rest:
+        del table[key]
+    elif len(rest) == 1:
+        table[key] = rest[0]
+    else:
+        table[key] = rest
+
+
+def _add_owners(table: dict[str, Owners], keys: list[str], name: ServiceName) -> None:
+    if table.keys().isdisjoint(keys):
+        table.update(zip(keys, repeat(name)))  # the usual case, at C speed
+    else:
+        for key in keys:
+            _add_owner(table, key, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +238,12 @@ class RecordIndex:
         self.synced = False
         #: unix time (seconds) of the last DNS-relevant change, like CoreDNS
         self.serial = int(now)
-        #: ClusterIP -> services that have it (normally one)
-        self.cluster_ip_owners: dict[str, set[ServiceName]] = {}
-        #: ready endpoint IP -> service -> endpoint names
-        self.endpoint_owners: dict[str, dict[ServiceName, frozenset[str]]] = {}
-        #: namespace -> endpoint addresses of any readiness (``pods verified``)
-        self.pod_addresses: dict[str, Counter[str]] = {}
+        #: ClusterIP -> the service(s) that have it
+        self.cluster_ip_owners: dict[str, Owners] = {}
+        #: published endpoint IP -> the service(s) it is an endpoint of
+        self.endpoint_owners: dict[str, Owners] = {}
+        #: endpoint IP that is not published -> its service(s) (``pods verified``)
+        self.unready_owners: dict[str, Owners] = {}
 
     @classmethod
     def build(cls, snapshot: Snapshot, *, zone: str = "cluster.local", endpoint_pod_names: bool = False,
@@ -163,10 +256,12 @@ class RecordIndex:
         """Bring the index to ``snapshot``; ``changed`` None means every service."""
         names = set(snapshot.services) | set(self.services) if changed is None else changed
         touched = set()
+        services = snapshot.services
+        held = self.services
         for name in names:
-            state = snapshot.services.get(name)
-            new = service_records(state, self.endpoint_pod_names) if state is not None else None
-            if self._replace(name, self.services.get(name), new):
+            state = services.get(name)
+            new = service_records(state) if state is not None else None
+            if self._replace(name, held.get(name), new):
                 touched.add(name)
         change = IndexChange(
             services=frozenset(touched),
@@ -180,9 +275,11 @@ class RecordIndex:
         return change
 
     def _replace(self, name: ServiceName, old: ServiceRecords | None, new: ServiceRecords | None) -> bool:
-        if old == new:
+        if old is None and new is None:
             return False
         if old is not None:
+            if new is not None and same_dns(old, new, self.endpoint_pod_names):
+                return False
             self._unindex(old)
             del self.services[name]
         if new is not None:
@@ -191,70 +288,89 @@ class RecordIndex:
         return True
 
     def _index(self, records: ServiceRecords) -> None:
+        name = records.name
         for ip in records.cluster_ips:
-            self.cluster_ip_owners.setdefault(ip, set()).add(records.name)
-        for ip, names in _endpoint_names(records).items():
-            self.endpoint_owners.setdefault(ip, {})[records.name] = names
-        if records.pod_addresses:
-            self.pod_addresses.setdefault(records.name.namespace, Counter()).update(records.pod_addresses)
+            _add_owner(self.cluster_ip_owners, ip, name)
+        for slice_ in records.slices:
+            _add_owners(self.endpoint_owners, list(map(_address, slice_.endpoints)), name)
+        for ip in records.unready_addresses:
+            _add_owner(self.unready_owners, ip, name)
 
     def _unindex(self, records: ServiceRecords) -> None:
+        name = records.name
         for ip in records.cluster_ips:
-            owners = self.cluster_ip_owners[ip]
-            owners.discard(records.name)
-            if not owners:
-                del self.cluster_ip_owners[ip]
-        for ip in _endpoint_names(records):
-            by_service = self.endpoint_owners[ip]
-            del by_service[records.name]
-            if not by_service:
-                del self.endpoint_owners[ip]
-        if records.pod_addresses:
-            counter = self.pod_addresses[records.name.namespace]
-            counter.subtract(records.pod_addresses)
-            for address in records.pod_addresses:
-                if counter[address] <= 0:
-                    del counter[address]
-            if not counter:
-                del self.pod_addresses[records.name.namespace]
+            _remove_owner(self.cluster_ip_owners, ip, name)
+        owners = self.endpoint_owners
+        for slice_ in records.slices:
+            for endpoint in slice_.endpoints:
+                ip = endpoint.address
+                if owners.get(ip) is name:
+                    del owners[ip]  # the usual case, without the general path's tuples
+                else:
+                    _remove_owner(owners, ip, name)
+        for ip in records.unready_addresses:
+            _remove_owner(self.unready_owners, ip, name)
 
     # --- reading -----------------------------------------------------------------
 
     def service(self, namespace: str, name: str) -> ServiceRecords | None:
         return self.services.get(ServiceName(namespace, name))
 
+    def cluster_ip_services(self, address: str) -> tuple[ServiceName, ...]:
+        """The services with this ClusterIP, sorted."""
+        return owners_of(self.cluster_ip_owners.get(address))
+
+    def endpoint_services(self, address: str) -> tuple[ServiceName, ...]:
+        """The services publishing an endpoint with this address, sorted."""
+        return owners_of(self.endpoint_owners.get(address))
+
+    def endpoint_label(self, endpoint: EndpointInfo) -> str:
+        """The endpoint's DNS label (hostname, pod name or dashed address), made when asked:
+        kept per endpoint it would cost more memory than any other part of the index."""
+        return endpoint_name(endpoint.address, endpoint.hostname, endpoint.pod_name, self.endpoint_pod_names)
+
+    def endpoint_labels(self, records: ServiceRecords, address: str) -> list[str]:
+        """The sorted labels of a service's published endpoints with this address."""
+        return sorted({self.endpoint_label(endpoint) for slice_ in records.slices
+                       for endpoint in slice_.endpoints if endpoint.address == address})
+
     def ptr_targets(self, address: str) -> list[tuple[str, ...]]:
         """Names (as label tuples, zone excluded) that an IP points back to (CoreDNS
         serviceRecordForIP): the service owning it as ClusterIP, else every ready endpoint
         with that address, one name per (service, endpoint name)."""
-        owners = self.cluster_ip_owners.get(address)
+        owners = self.cluster_ip_services(address)
         if owners:
-            first = min(owners)
+            first = owners[0]
             return [(first.name, first.namespace, "svc")]
         targets = []
-        for service, names in sorted(self.endpoint_owners.get(address, {}).items()):
-            for name in sorted(names):
-                targets.append((name, service.name, service.namespace, "svc"))
+        for service in self.endpoint_services(address):
+            for label in self.endpoint_labels(self.services[service], address):
+                targets.append((label, service.name, service.namespace, "svc"))
         return targets
 
     def knows_pod(self, namespace: str, address: str) -> bool:
-        return address in self.pod_addresses.get(namespace, ())
+        """Whether a service of the namespace has an endpoint (of any readiness) there."""
+        owners = self.endpoint_services(address) + owners_of(self.unready_owners.get(address))
+        return any(owner.namespace == namespace for owner in owners)
 
     def dump(self) -> Mapping[str, object]:
-        """Everything but the serial, normalised for comparisons (incremental == rebuilt)."""
+        """Everything but the serial, normalised for comparisons (incremental == rebuilt):
+        what DNS reads of each service, not the snapshot objects it shares."""
         return {
-            "services": dict(self.services),
+            "services": {name: self._view(records) for name, records in self.services.items()},
             "namespaces": self.namespaces,
             "synced": self.synced,
-            "cluster_ip_owners": {ip: frozenset(names) for ip, names in self.cluster_ip_owners.items()},
-            "endpoint_owners": self.endpoint_owners,
-            "pod_addresses": {ns: dict(counter) for ns, counter in self.pod_addresses.items()},
+            "cluster_ip_owners": _owner_sets(self.cluster_ip_owners),
+            "endpoint_owners": _owner_sets(self.endpoint_owners),
+            "unready_owners": _owner_sets(self.unready_owners),
         }
 
+    def _view(self, records: ServiceRecords) -> tuple[object, ...]:
+        slices = tuple((_port_view(s.ports), tuple((e.address, self.endpoint_label(e)) for e in s.endpoints))
+                       for s in records.slices)
+        return (records.kind, records.cluster_ips, _port_view(records.ports), records.external_target, slices,
+                records.unready_addresses)
 
-def _endpoint_names(records: ServiceRecords) -> dict[str, frozenset[str]]:
-    names: dict[str, set[str]] = {}
-    for slice_ in records.slices:
-        for endpoint in slice_.endpoints:
-            names.setdefault(endpoint.address, set()).add(endpoint.name)
-    return {ip: frozenset(found) for ip, found in names.items()}
+
+def _owner_sets(table: dict[str, Owners]) -> dict[str, frozenset[ServiceName]]:
+    return {key: frozenset(owners_of(owners)) for key, owners in table.items()}
