@@ -1,4 +1,4 @@
-"""VIP addresses (/32, /128) on a local link, reconciled, via pyroute2.
+"""VIP addresses (/32, /128) on a local link, reconciled over rtnetlink (netlink_batch.py).
 
 ClusterIPs, externalIPs and LoadBalancer VIPs become local addresses of the node
 (default link ``lo``; the ``dummy`` link type may be missing from the kernel), so
@@ -6,8 +6,9 @@ the proxy can listen on them. Addresses kubeport adds carry the address protocol
 ``IFA_PROTO = 0x6b`` ("k"): after a crash the next run recognises its own leftovers,
 and it never touches an address it did not add.
 
-pyroute2 0.9 cannot share uvloop's loop (its netlink endpoint needs the default
-loop), so every netlink call runs in one dedicated thread with its own IPRoute.
+The kernel takes its time with thousands of addresses on one link (each add walks the
+link's list: 10,000 take ~1.8 s of system time), so every netlink call runs in one
+dedicated thread and the event loop keeps serving meanwhile.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def canonical(address: str) -> str:
 
 class AddressManager(Protocol):
     async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None: ...
+    async def change(self, add: Iterable[str], remove: Iterable[str]) -> None: ...
     async def interface_addresses(self) -> tuple[str, ...]: ...
     async def stop(self, *, release: bool = True) -> None: ...
     @property
@@ -50,7 +52,6 @@ class NetlinkAddresses:
     def __init__(self, interface: str = "lo") -> None:
         self.interface = interface
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kubeport-netlink")
-        self._ipr = None  # created in the netlink thread
         self._index: int | None = None
         self._owned: set[str] = set()
         self._scanned = False
@@ -60,41 +61,55 @@ class NetlinkAddresses:
         return frozenset(self._owned)
 
     async def _call(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        except OSError as exc:  # the netlink socket itself failed: a problem to retry, like a refusal
+            raise AddressError(f"netlink ({self.interface}): {exc}") from exc
 
     # --- in the netlink thread ---------------------------------------------------------
 
-    def _route(self):
-        if self._ipr is None:
-            from pyroute2 import IPRoute
-
-            self._ipr = IPRoute()
-            found = self._ipr.link_lookup(ifname=self.interface)
-            if not found:
-                raise AddressError(f"vip_interface {self.interface!r}: no such link")
-            self._index = found[0]
-            self._ipr.link("set", index=self._index, state="up")
-        return self._ipr
+    def _link(self) -> int:
+        if self._index is None:
+            try:
+                index = netlink_batch.link_index(self.interface)
+            except netlink_batch.LinkNotFound:
+                raise AddressError(f"vip_interface {self.interface!r}: no such link") from None
+            netlink_batch.set_link_up(index)
+            self._index = index
+        return self._index
 
     def _dump(self) -> list[tuple[str, int, int | None]]:
         """(address, link index, IFA_PROTO) of every address on every link."""
-        return [
-            (canonical(msg.get_attr("IFA_ADDRESS")), msg["index"], msg.get_attr("IFA_PROTO"))
-            for msg in self._route().get_addr()
-        ]
+        return netlink_batch.dump_addresses()
+
+    def _scan(self) -> dict[str, tuple[int, int | None]]:
+        """Once per run: what is present; leftovers of a previous run on our link become ours."""
+        self._link()
+        if self._scanned:
+            return {}
+        present = {address: (index, proto) for address, index, proto in self._dump()}
+        self._owned |= {
+            a for a, (index, proto) in present.items() if index == self._index and proto == ADDRESS_PROTO
+        }
+        self._scanned = True
+        return present
 
     def _apply(self, wanted: frozenset[str], prune: bool = True) -> None:
-        self._route()
-        present: dict[str, tuple[int, int | None]] = {}
-        if not self._scanned:
-            for address, index, proto in self._dump():
-                present[address] = (index, proto)
-            # Leftovers of a previous run on our link are ours: adopt the wanted, drop the rest.
-            self._owned |= {
-                a for a, (index, proto) in present.items() if index == self._index and proto == ADDRESS_PROTO
-            }
-            self._scanned = True
-        additions = [a for a in sorted(wanted - self._owned) if a not in present]
+        present = self._scan()
+        self._add([a for a in sorted(wanted - self._owned) if a not in present])
+        if prune:
+            problems = self._remove(sorted(self._owned - wanted))
+            if problems:
+                raise AddressError("; ".join(problems))
+
+    def _change(self, add: frozenset[str], remove: frozenset[str]) -> None:
+        present = self._scan()
+        self._add([a for a in sorted(add) if a not in self._owned and a not in present])
+        problems = self._remove(sorted(a for a in remove if a in self._owned))
+        if problems:
+            raise AddressError("; ".join(problems))
+
+    def _add(self, additions: list[str]) -> None:
         # Addresses already present but not ours are someone else's: usable, never ours to remove.
         refused = netlink_batch.apply((AddressOp(True, a) for a in additions), self._index, ADDRESS_PROTO)
         for address in additions:
@@ -103,10 +118,6 @@ class NetlinkAddresses:
                 self._owned.add(address)
             elif code != _EEXIST:  # EEXIST: it appeared meanwhile; not ours
                 raise AddressError(f"adding {address} to {self.interface}: {os.strerror(code)}")
-        if prune:
-            problems = self._remove(sorted(self._owned - wanted))
-            if problems:
-                raise AddressError("; ".join(problems))
 
     def _remove(self, addresses: list[str]) -> list[str]:
         """Remove our addresses; returns a line per address the kernel refused to remove."""
@@ -124,9 +135,6 @@ class NetlinkAddresses:
         if release and self._owned and self._index is not None:
             for problem in self._remove(sorted(self._owned)):
                 log.warning("%s", problem)
-        if self._ipr is not None:
-            self._ipr.close()
-            self._ipr = None
 
     # --- the event loop side -------------------------------------------------------------
 
@@ -138,6 +146,10 @@ class NetlinkAddresses:
         Addresses must be in canonical text form (the slim types and ``canonical`` give that).
         """
         await self._call(self._apply, frozenset(wanted), prune)
+
+    async def change(self, add: Iterable[str], remove: Iterable[str]) -> None:
+        """Add ``add`` where missing, remove those of ``remove`` that are ours: costs the change only."""
+        await self._call(self._change, frozenset(add), frozenset(remove))
 
     async def interface_addresses(self) -> tuple[str, ...]:
         """Every address on the node's links except the ones kubeport added."""
@@ -174,6 +186,12 @@ class FakeAddresses:
             self._owned = wanted
             self.history.append(frozenset(wanted))
 
+    async def change(self, add: Iterable[str], remove: Iterable[str]) -> None:
+        wanted = (self._owned | (set(add) - set(self.node_addresses))) - set(remove)
+        if wanted != self._owned:
+            self._owned = wanted
+            self.history.append(frozenset(wanted))
+
     async def interface_addresses(self) -> tuple[str, ...]:
         return self.node_addresses
 
@@ -198,6 +216,9 @@ class SharedAddresses:
         return frozenset()
 
     async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None:
+        return None
+
+    async def change(self, add: Iterable[str], remove: Iterable[str]) -> None:
         return None
 
     async def interface_addresses(self) -> tuple[str, ...]:

@@ -34,26 +34,52 @@ def default_affinity_factory(timeout_seconds: int) -> Affinity:
 
 
 class EndpointState:
-    """Runtime state of one endpoint of one service port (kept while the port uses it)."""
+    """Runtime state of one endpoint of one service port (kept while the port uses it).
+
+    One exists per endpoint of every proxied port (100,000 at scale), so it holds only
+    what cannot be derived: the socket address is built per connect, the "IP:port" key
+    on first use (affinity, logs), and the set of live relays once a relay is tracked.
+    """
 
     __slots__ = (
-        "key", "ip", "port", "family", "sockaddr", "active",
-        "consecutive_failures", "ejections", "ejected_until", "connections", "removed",
+        "ip", "port", "family", "active",
+        "consecutive_failures", "ejections", "ejected_until", "_key", "_connections", "removed",
     )
 
-    def __init__(self, ip: str, port: int, key: str) -> None:
-        self.key = key
+    def __init__(self, ip: str, port: int, key: str | None = None) -> None:
         self.ip = ip
         self.port = port
         self.family = 6 if ":" in ip else 4
-        self.sockaddr = (ip, port, 0, 0) if self.family == 6 else (ip, port)
         self.active = 0
         self.consecutive_failures = 0
         self.ejections = 0
         self.ejected_until = 0.0
-        #: live relays to this endpoint (TCP connections, UDP flows), for the grace-period cut.
-        self.connections: set = set()
+        self._key = key
+        self._connections: set | None = None
         self.removed = False
+
+    @property
+    def key(self) -> str:
+        """kube-proxy's endpoint identity, "IP:port" ("[v6]:port")."""
+        key = self._key
+        if key is None:
+            key = self._key = f"[{self.ip}]:{self.port}" if self.family == 6 else f"{self.ip}:{self.port}"
+        return key
+
+    @property
+    def sockaddr(self) -> tuple:
+        return (self.ip, self.port, 0, 0) if self.family == 6 else (self.ip, self.port)
+
+    @property
+    def connections(self) -> set:
+        """Live relays to this endpoint (TCP connections, UDP flows), for the grace-period cut."""
+        connections = self._connections
+        if connections is None:
+            connections = self._connections = set()
+        return connections
+
+    def has_connections(self) -> bool:
+        return bool(self._connections)
 
     def __repr__(self) -> str:
         return f"<EndpointState {self.key} active={self.active}>"
@@ -171,33 +197,67 @@ class ServicePortPool:
 
     def __init__(self, name: ServicePortName, balancer: Balancer) -> None:
         self.name = name
-        self.endpoints: dict[str, EndpointState] = {}
+        #: in the order of the last sync; a tuple, not a dict: there are 10,000 pools at scale, and
+        #: the routes of a port that uses every endpoint share this very tuple as their candidates.
+        self.endpoints: tuple[EndpointState, ...] = ()
         self.balancer = balancer
         self.stats = balancer.stats
 
+    def endpoint(self, key: str) -> EndpointState | None:
+        for state in self.endpoints:
+            if state.key == key:
+                return state
+        return None
+
+    def find(self, ip: str, port: int) -> EndpointState | None:
+        for state in self.endpoints:
+            if state.port == port and state.ip == ip:
+                return state
+        return None
+
     def sync(self, wanted: Iterable[PortEndpoint]) -> list[EndpointState]:
-        """Keep the states of ``wanted`` endpoints (by IP:port), add new ones; the removed states."""
-        current = self.endpoints
-        fresh: dict[str, EndpointState] = {}
+        """Keep the states of ``wanted`` endpoints (by IP and port), add new ones; the removed states.
+
+        The states are keyed by (IP, port), not by the PortEndpoint's key string: that string
+        would outlive the PortEndpoint (100,000 of them at scale) for nothing.
+        """
+        current = {(state.ip, state.port): state for state in self.endpoints}
+        fresh: dict[tuple[str, int], EndpointState] = {}
         for endpoint in wanted:
-            key = endpoint.key
-            if key not in fresh:
-                fresh[key] = current.get(key) or EndpointState(endpoint.ip, endpoint.port, key)
-        removed = [state for key, state in current.items() if key not in fresh]
+            where = (endpoint.ip, endpoint.port)
+            if where not in fresh:
+                state = current.pop(where, None)
+                fresh[where] = state if state is not None else EndpointState(*where)
+        removed = list(current.values())
         for state in removed:
             state.removed = True
-        self.endpoints = fresh
+        self.endpoints = tuple(fresh.values())
         if removed and self.balancer.affinity is not None:
             self.balancer.affinity.forget([s.key for s in removed])
         return removed
 
-    def states(self, endpoints: Iterable[PortEndpoint]) -> tuple[EndpointState, ...]:
-        table = self.endpoints
-        return tuple(table[e.key] for e in endpoints)
+    def states(self, endpoints: Sequence[PortEndpoint]) -> tuple[EndpointState, ...]:
+        """The states of ``endpoints`` (all synced), in their order; the pool's own tuple when
+        that is the same list (the usual case: one frontend using every endpoint)."""
+        mine = self.endpoints
+        if len(endpoints) == len(mine) and all(
+            s.port == e.port and s.ip == e.ip for s, e in zip(mine, endpoints)
+        ):
+            return mine
+        table = {(state.ip, state.port): state for state in mine}
+        return tuple(table[e.ip, e.port] for e in endpoints)
+
+
+_NO_KEYS: frozenset[str] = frozenset()
 
 
 class Route:
-    """What a listener needs to place a new client; swapped whole, never mutated."""
+    """What a listener needs to place a new client; swapped whole, never mutated.
+
+    ``keys``/``local_keys`` (the candidates' keys) only matter to ClientIP affinity, so
+    they are built only for a port that has it: a Route is rebuilt whenever affinity is
+    switched on or off (it is part of the frontend rule).
+    """
 
     __slots__ = ("pool", "balancer", "stats", "candidates", "keys", "local_candidates", "local_keys")
 
@@ -211,14 +271,21 @@ class Route:
         self.balancer = pool.balancer
         self.stats = pool.stats
         self.candidates = candidates
-        self.keys = frozenset(e.key for e in candidates)
         self.local_candidates = local_candidates
+        if pool.balancer.affinity is None:
+            self.keys = self.local_keys = _NO_KEYS
+            return
+        self.keys = frozenset(e.key for e in candidates)
         self.local_keys = (
             frozenset(e.key for e in local_candidates) if local_candidates is not None else self.keys
         )
 
     def all_keys(self) -> frozenset[str]:
-        return self.keys | self.local_keys
+        """Every endpoint a client of this route may be relayed to."""
+        keys = {e.key for e in self.candidates}
+        if self.local_candidates:
+            keys.update(e.key for e in self.local_candidates)
+        return frozenset(keys)
 
 
 BalancerFactory = Callable[[ServicePortName, int], Balancer]

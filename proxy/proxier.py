@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import random
 import socket
 from types import MappingProxyType
@@ -38,6 +39,11 @@ from .table import (
 )
 
 log = logging.getLogger(__name__)
+
+#: services rebuilt, and listeners opened, between two turns of the event loop in a big apply.
+_SERVICES_PER_TURN = 500
+_LISTENERS_PER_TURN = 500
+_by_name = operator.attrgetter("namespace", "name")
 
 
 def sctp_supported() -> bool:
@@ -71,7 +77,6 @@ class Proxier:
         self._table = ForwardingTable()
         self._pools: dict[ServicePortName, ServicePortPool] = {}
         self._pool_affinity: dict[ServicePortName, int] = {}
-        self._ports_of: dict[ServiceName, set[ServicePortName]] = {}
         self._ctx: RelayContext | None = None
         self._listeners: Listeners | None = None
         self._table_ctx: TableContext | None = None
@@ -87,8 +92,8 @@ class Proxier:
         self._sweeper: AffinitySweeper | None = None
         #: the node's link addresses (not the VIPs) as last read, for workers and the table.
         self.node_addresses: tuple[str, ...] = ()
-        #: the VIP set last given to the local-client test.
-        self._local_vips: frozenset[str] = frozenset()
+        #: the version of the VIP set last given to the local-client test.
+        self._local_vips_version = -1
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -238,8 +243,19 @@ class Proxier:
         else:
             changed = snapshot.changed_since(self._snapshot)
         changes: list[RuleChange] = []
-        for name in sorted(changed):
-            changes += self._update_service(name, snapshot, table_ctx)
+        host = self._host
+        for count, name in enumerate(sorted(changed, key=_by_name), 1):
+            service_changes = self._update_service(name, snapshot, table_ctx)
+            if service_changes:
+                host.account(service_changes)
+                changes += service_changes
+            if not count % _SERVICES_PER_TURN:
+                # A cold start builds 10,000 services: let the loop serve meanwhile, and the
+                # netlink thread start on the addresses counted so far.
+                host.begin_adding()
+                await asyncio.sleep(0)
+                if self._stopping:
+                    return
         await self._reconcile(changes)
         self._snapshot = snapshot
         self._ready.set()
@@ -266,23 +282,38 @@ class Proxier:
 
     def _update_service(self, name: ServiceName, snapshot: Snapshot, ctx: TableContext) -> list[RuleChange]:
         state = snapshot.services.get(name)
-        changes = self._table.update(name, service_rules(state, ctx))
+        rules = service_rules(state, ctx)
+        had = {rule.port_name for rule in self._table.service(name).values()}
         wanted: dict[ServicePortName, list] = {}
-        for rule in self._table.service(name).values():
+        for rule in rules.values():
             endpoints = wanted.setdefault(rule.port_name, [])
             endpoints.extend(rule.endpoints)
             endpoints.extend(rule.local_client_endpoints or ())
         affinity = state.service.affinity_timeout if state is not None else 0
-        for port_name in self._ports_of.pop(name, set()) - wanted.keys():
+        for port_name in had - wanted.keys():
             self._retire(port_name, self._pools.pop(port_name).sync(()))
             self._pool_affinity.pop(port_name, None)
             self._sweeper.track(port_name, None)
         for port_name, endpoints in wanted.items():
             pool = self._pool(port_name, affinity)
             self._retire(port_name, pool.sync(endpoints))
-        if wanted:
-            self._ports_of[name] = set(wanted)
-        return changes
+        return self._table.update(name, {frontend: self._bind(rule) for frontend, rule in rules.items()})
+
+    def _bind(self, rule: FrontendRule) -> FrontendRule:
+        """The rule with its pool's EndpointStates in place of the PortEndpoints it was built with.
+
+        The table then keeps the very tuples the listeners' routes use (no second copy of
+        100,000 endpoints), and two rules compare equal exactly when their routes would: the
+        pool keeps an endpoint's state while the endpoint stays.
+        """
+        local = rule.local_client_endpoints
+        if not rule.endpoints and not local:
+            return rule
+        pool = self._pools[rule.port_name]
+        return FrontendRule(
+            rule.port_name, rule.kind, rule.action, pool.states(rule.endpoints),
+            pool.states(local) if local is not None else None, rule.affinity_timeout, rule.source_ranges,
+        )
 
     def _pool(self, port_name: ServicePortName, affinity_timeout: int) -> ServicePortPool:
         pool = self._pools.get(port_name)
@@ -294,9 +325,12 @@ class Proxier:
                 eject_max=self.config.eject_max_seconds,
             )
             pool = self._pools[port_name] = ServicePortPool(port_name, balancer)
-        if self._pool_affinity.get(port_name, 0) != affinity_timeout:
+        if self._pool_affinity.get(port_name, 0) != affinity_timeout:  # only ports with affinity have an entry
             pool.balancer.affinity = self._affinity_factory(affinity_timeout) if affinity_timeout else None
-            self._pool_affinity[port_name] = affinity_timeout
+            if affinity_timeout:
+                self._pool_affinity[port_name] = affinity_timeout
+            else:
+                del self._pool_affinity[port_name]
             self._sweeper.track(port_name, pool.balancer.affinity)
         return pool
 
@@ -305,7 +339,7 @@ class Proxier:
         grace = self.config.endpoint_grace_period
         if grace is None or self._ctx is None:
             return
-        doomed = [state for state in removed if state.connections]
+        doomed = [state for state in removed if state.has_connections()]
         if not doomed:
             return
 
@@ -313,7 +347,7 @@ class Proxier:
             self._grace_timers.discard(timer)
             pool = self._pools.get(port_name)
             for state in doomed:
-                if pool is not None and state.key in pool.endpoints:
+                if pool is not None and pool.find(state.ip, state.port) is not None:
                     continue  # the endpoint came back within the grace period: keep its connections
                 for conn in list(state.connections):
                     conn.abort()
@@ -323,22 +357,22 @@ class Proxier:
 
     async def _reconcile(self, changes: list[RuleChange]) -> None:
         host = self._host
-        host.account(changes)
         await host.before_listeners()
         listeners = self._listeners
-        for change in changes:
+        for count, change in enumerate(changes, 1):
             listeners.apply(change, self._route_for)
+            if not count % _LISTENERS_PER_TURN:
+                await asyncio.sleep(0)  # opening 10,000 listeners takes a second: keep serving
+                if self._stopping:
+                    return
         listeners.retry_failed(self._route_for)
         await host.after_listeners()
-        wanted = host.wanted
-        if wanted != self._local_vips:
-            self._local_vips = wanted
-            self._ctx.local_clients.set_vips(wanted)
+        if host.wanted_version != self._local_vips_version:
+            self._local_vips_version = host.wanted_version
+            self._ctx.local_clients.set_vips(host.wanted)
 
     def _route_for(self, rule: FrontendRule) -> Route:
-        pool = self._pools[rule.port_name]
-        local = rule.local_client_endpoints
-        return Route(pool, pool.states(rule.endpoints), pool.states(local) if local is not None else None)
+        return Route(self._pools[rule.port_name], rule.endpoints, rule.local_client_endpoints)  # bound: _bind
 
 
 def _requests_migrate(path: str = "/proc/sys/net/ipv4/tcp_migrate_req") -> bool:

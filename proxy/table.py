@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from kubeport.endpoints.topology import EndpointSets, categorize_endpoints
@@ -69,7 +70,8 @@ class FrontendRule:
     port_name: ServicePortName
     kind: FrontendKind
     action: Action
-    #: endpoints for ordinary clients (empty unless FORWARD).
+    #: endpoints for ordinary clients (empty unless FORWARD). Built as PortEndpoints; the
+    #: Proxier binds them to its per-endpoint states (same ``ip``, ``port``, ``key``).
     endpoints: tuple[PortEndpoint, ...] = ()
     #: eTP=Local short-circuit: clients from the pod CIDRs or this node use these. None: no split.
     local_client_endpoints: tuple[PortEndpoint, ...] | None = None
@@ -247,42 +249,42 @@ class Conflict:
         return f"{self.frontend} is claimed by {self.winner} and {self.loser}; {self.winner} keeps it"
 
 
-@dataclass
 class ForwardingTable:
     """The desired table, updated one service at a time.
 
     Two services may claim the same frontend (an externalIP another service
     also uses): the smallest ServiceName wins, deterministically, and takes
-    over when the holder lets go.
+    over when the holder lets go. Claims are indexed so that an update costs
+    what it changes, and ``conflicts`` what is contested, never the whole table.
     """
 
-    rules: dict[Frontend, FrontendRule] = field(default_factory=dict)
-    _claims: dict[Frontend, dict[ServiceName, FrontendRule]] = field(default_factory=dict)
-    _by_service: dict[ServiceName, dict[Frontend, FrontendRule]] = field(default_factory=dict)
+    __slots__ = ("rules", "_holder", "_contested", "_by_service")
+
+    def __init__(self) -> None:
+        self.rules: dict[Frontend, FrontendRule] = {}
+        #: the service whose rule each frontend carries.
+        self._holder: dict[Frontend, ServiceName] = {}
+        #: every claimant, only for frontends two or more services claim (rare: kept apart).
+        self._contested: dict[Frontend, set[ServiceName]] = {}
+        self._by_service: dict[ServiceName, dict[Frontend, FrontendRule]] = {}
 
     def services(self) -> frozenset[ServiceName]:
         return frozenset(self._by_service)
 
     def service(self, name: ServiceName) -> Mapping[Frontend, FrontendRule]:
-        return self._by_service.get(name, {})
+        return self._by_service.get(name, _NO_RULES)
 
     def update(self, name: ServiceName, rules: Mapping[Frontend, FrontendRule]) -> list[RuleChange]:
         """Replace one service's frontends; the effective changes, by frontend."""
-        old = self._by_service.pop(name, {})
+        by_service = self._by_service
+        old = by_service.pop(name, _NO_RULES)
         if rules:
-            self._by_service[name] = dict(rules)
-        touched = [f for f in old if f not in rules or old[f] != rules[f]]
-        touched += [f for f in rules if f not in old]
+            by_service[name] = dict(rules)
         changes = []
-        for frontend in touched:
-            claims = self._claims.setdefault(frontend, {})
-            claims.pop(name, None)
-            if frontend in rules:
-                claims[name] = rules[frontend]
+        for frontend in [f for f in old if f not in rules or old[f] != rules[f]] + [f for f in rules if f not in old]:
             before = self.rules.get(frontend)
-            after = claims[min(claims)] if claims else None
-            if not claims:
-                del self._claims[frontend]
+            winner = self._reclaim(frontend, name, frontend in rules)
+            after = by_service[winner][frontend] if winner is not None else None
             if after is None:
                 self.rules.pop(frontend, None)
             else:
@@ -291,10 +293,37 @@ class ForwardingTable:
                 changes.append(RuleChange(frontend, before, after))
         return changes
 
+    def _reclaim(self, frontend: Frontend, name: ServiceName, claims: bool) -> ServiceName | None:
+        """Record whether ``name`` claims ``frontend``; the claimant that wins it now, if any."""
+        contenders = self._contested.get(frontend)
+        holder = self._holder.get(frontend)
+        if contenders is None:
+            if holder is None or holder == name:  # uncontested: the common case, no set built
+                winner = name if claims else None
+                if winner is None:
+                    self._holder.pop(frontend, None)
+                else:
+                    self._holder[frontend] = winner
+                return winner
+            if not claims:
+                return holder
+            contenders = self._contested[frontend] = {holder}
+        if claims:
+            contenders.add(name)
+        else:
+            contenders.discard(name)
+        winner = min(contenders)
+        self._holder[frontend] = winner
+        if len(contenders) < 2:
+            del self._contested[frontend]
+        return winner
+
     def conflicts(self) -> list[Conflict]:
         found = []
-        for frontend, claims in sorted(self._claims.items()):
-            if len(claims) > 1:
-                winner = min(claims)
-                found.extend(Conflict(frontend, winner, n) for n in sorted(claims) if n != winner)
+        for frontend in sorted(self._contested):
+            claimants = sorted(self._contested[frontend])
+            found.extend(Conflict(frontend, claimants[0], loser) for loser in claimants[1:])
         return found
+
+
+_NO_RULES: Mapping[Frontend, FrontendRule] = MappingProxyType({})

@@ -129,12 +129,12 @@ def test_pool_sync__keeps_state_of_surviving_endpoints_and_returns_the_removed()
     name = ServicePortName(ServiceName("default", "web"), "", "TCP")
     pool = ServicePortPool(name, Balancer(random.Random(1), affinity=AffinityTable(100)))
     assert pool.sync([_pe("10.244.0.1"), _pe("10.244.0.2")]) == []
-    kept = pool.endpoints["10.244.0.1:80"]
+    kept = pool.endpoint("10.244.0.1:80")
     kept.active = 3
     pool.balancer.affinity.record("10.0.0.9", "10.244.0.2:80", 0.0)
     removed = pool.sync([_pe("10.244.0.1"), _pe("10.244.0.3")])
     assert [s.key for s in removed] == ["10.244.0.2:80"] and removed[0].removed
-    assert pool.endpoints["10.244.0.1:80"] is kept and kept.active == 3
+    assert pool.endpoint("10.244.0.1:80") is kept and kept.active == 3
     assert pool.balancer.affinity.lookup("10.0.0.9", {"10.244.0.2:80"}, 1.0) is None
     route = Route(pool, pool.states([_pe("10.244.0.3")]), pool.states([_pe("10.244.0.1"), _pe("10.244.0.3")]))
     assert route.keys == {"10.244.0.3:80"}
