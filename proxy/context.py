@@ -130,9 +130,8 @@ class RelayContext:
         #: one receive buffer for every relay in copy mode (the loop runs one callback at a time).
         self.copy_buffer = bytearray(64 * 1024)
         self.copy_view = memoryview(self.copy_buffer)
-        #: one datagram buffer for every UDP frontend (a datagram is at most 64 KiB).
-        self.datagram_buffer = bytearray(65536)
-        self.datagram_view = memoryview(self.datagram_buffer)
+        #: the batched datagram buffers of every UDP frontend (udp.py), made with the first one.
+        self.udp_batches: tuple | None = None
         self.local_clients = LocalClients(config.cluster_networks)
         self.timeouts = ConnectTimeouts(loop, config.connect_timeout)
         #: every live TCP relay, for draining at shutdown.
@@ -167,4 +166,8 @@ class RelayContext:
         self.pipes.close()
         self.poller.close()
         self.copy_view.release()
-        self.datagram_view.release()
+        if self.udp_batches is not None:
+            inbound, replies = self.udp_batches
+            inbound.close()
+            replies.slots.close()
+            self.udp_batches = None

@@ -10,6 +10,11 @@ connection instead of about eighteen.
 A descriptor closed and reused while one batch of events is being handled would
 receive the old descriptor's event from that batch: descriptors registered during a
 batch get no events from it.
+
+Listening sockets and UDP sockets are registered level-triggered (``LEVEL_INPUT``):
+their handlers read a bounded batch, and what is left is reported again. ``defer``
+runs a callback once the current batch of events is handled (the UDP relay sends the
+replies gathered from every ready flow with one call).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ EPOLLRDHUP = select.EPOLLRDHUP
 _EDGE = select.EPOLLIN | select.EPOLLOUT | select.EPOLLRDHUP | select.EPOLLET
 #: input only: output edges are asked for when a write first blocks (see watch_output).
 EDGE_INPUT = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLET
+#: level-triggered input: reported while unread input is left (listeners, UDP sockets).
+LEVEL_INPUT = select.EPOLLIN
 _BATCH = 256
 
 Handler = Callable[[int], None]
@@ -42,6 +49,7 @@ class EdgePoller:
         #: descriptors registered while a batch is being handled (its events are not theirs).
         self._fresh: set[int] = set()
         self._dispatching = False
+        self._deferred: list[Callable[[], None]] = []
         self._fd = self._epoll.fileno()
         loop.add_reader(self._fd, self._dispatch)
 
@@ -61,6 +69,18 @@ class EdgePoller:
         """Call before closing ``fd`` (the close itself removes it from the epoll set)."""
         self._handlers.pop(fd, None)
 
+    def unregister(self, fd: int) -> None:
+        """Stop watching ``fd``, which stays open (register it again to resume)."""
+        if self._handlers.pop(fd, None) is not None:
+            self._epoll.unregister(fd)
+
+    def defer(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the events being handled now are done (at once outside a batch)."""
+        if self._dispatching:
+            self._deferred.append(callback)
+        else:
+            callback()
+
     def _dispatch(self) -> None:
         handlers = self._handlers
         fresh = self._fresh
@@ -78,6 +98,16 @@ class EdgePoller:
         finally:
             self._dispatching = False
             fresh.clear()
+            if self._deferred:
+                self._run_deferred()
+
+    def _run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for callback in deferred:
+            try:
+                callback()
+            except Exception:
+                log.exception("deferred relay callback failed")
 
     def close(self) -> None:
         self._loop.remove_reader(self._fd)
