@@ -47,7 +47,7 @@ from .wire import (
     with_opt,
 )
 
-T_PTR, T_AXFR, T_IXFR = 12, 252, 251
+T_AXFR, T_IXFR = 252, 251
 MAX_TCP_MESSAGE = 65535
 
 #: (UDP reply, TCP reply) without the ID, then the stats cells to count a hit in:

@@ -23,15 +23,11 @@ import mmap
 import socket
 import struct
 import sys
-from typing import Callable
 
-MSG_DONTWAIT = 0x40
-MSG_TRUNC = 0x20
-#: struct iovec and struct mmsghdr (a msghdr plus msg_len, padded) on 64-bit Linux.
-IOVEC_SIZE = 16
-MMSGHDR_SIZE = 64
-#: sockaddr_in6; a sockaddr_in fits too.
-SOCKADDR_SIZE = 28
+from kubeport.mmsg import (  # noqa: F401  (proxy/udp.py reads available, address_of here)
+    _FUNCTIONS, IOVEC_SIZE, MMSGHDR_SIZE, MSG_DONTWAIT, MSG_TRUNC, SOCKADDR_SIZE, address_of, available,
+)
+
 #: one slot per datagram: the largest UDP payload (65,507 bytes over IPv4) fits.
 SLOT_SIZE = 65536
 
@@ -41,38 +37,6 @@ _IOV_LEN = struct.Struct("=Q")
 _AGAIN = (errno.EAGAIN, errno.EINTR)
 _FULL = (errno.EAGAIN, errno.ENOBUFS)
 
-
-def _libc_functions() -> tuple[Callable[..., int], Callable[..., int]] | None:
-    if sys.platform != "linux" or struct.calcsize("P") != 8:
-        return None
-    try:
-        # PyDLL keeps the GIL: the calls never block (MSG_DONTWAIT), and the loop owns the buffers.
-        libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        recvmmsg, sendmmsg = libc.recvmmsg, libc.sendmmsg
-    except (OSError, AttributeError):
-        return None
-    recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
-    sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
-    recvmmsg.restype = sendmmsg.restype = ctypes.c_int
-    return recvmmsg, sendmmsg
-
-
-_FUNCTIONS = _libc_functions()
-
-
-def available() -> bool:
-    return _FUNCTIONS is not None
-
-
-def address_of(name: bytes) -> tuple:
-    """A received sockaddr (sockaddr_in or sockaddr_in6) as the tuple socket functions take."""
-    family = int.from_bytes(name[:2], sys.byteorder)
-    port = int.from_bytes(name[2:4], "big")
-    if family == socket.AF_INET6:
-        flowinfo = int.from_bytes(name[4:8], "big")
-        scope = int.from_bytes(name[24:28], sys.byteorder)
-        return socket.inet_ntop(socket.AF_INET6, name[8:24]), port, flowinfo, scope
-    return socket.inet_ntop(socket.AF_INET, name[4:8]), port
 
 
 def sockaddr_of(address: tuple) -> bytes:

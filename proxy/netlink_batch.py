@@ -98,18 +98,24 @@ def _read_acks(sock: socket.socket, by_sequence: dict[int, str]) -> dict[str, in
     waiting = set(by_sequence)
     while waiting:
         data = sock.recv(1 << 16)
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            length, kind, _, sequence, _ = _HEADER.unpack_from(data, offset)
-            if length < _HEADER.size:
-                raise OSError(errno.EPROTO, "malformed netlink reply")
+        for kind, sequence, offset, _ in _each_message(data):
             if kind == NLMSG_ERROR and sequence in waiting:
                 (code,) = _ERRNO.unpack_from(data, offset + _HEADER.size)
                 waiting.discard(sequence)
                 if code:
                     failures[by_sequence[sequence]] = -code
-            offset += (length + 3) & ~3
     return failures
+
+
+def _each_message(data: bytes):
+    """(type, sequence, offset, length) of each netlink message in one datagram read."""
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, kind, _, sequence, _ = _HEADER.unpack_from(data, offset)
+        if length < _HEADER.size:
+            raise OSError(errno.EPROTO, "malformed netlink reply")
+        yield kind, sequence, offset, length
+        offset += (length + 3) & ~3
 
 
 # --- links and the address dump --------------------------------------------------------------
@@ -133,13 +139,8 @@ def _messages(sock: socket.socket, sequence: int):
     """(type, payload) of each reply to ``sequence`` until its ack or NLMSG_DONE; errors raise."""
     while True:
         data = sock.recv(1 << 16)
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            length, kind, _, seq, _ = _HEADER.unpack_from(data, offset)
-            if length < _HEADER.size:
-                raise OSError(errno.EPROTO, "malformed netlink reply")
+        for kind, seq, offset, length in _each_message(data):
             payload = data[offset + _HEADER.size:offset + length]
-            offset += (length + 3) & ~3
             if seq != sequence:
                 continue
             if kind == NLMSG_DONE:
