@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+
 from kubeport.endpoints import model
 from kubeport.endpoints.allocstore import AllocationStore
 from kubeport.endpoints.manifests import ManifestSource

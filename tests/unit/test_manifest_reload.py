@@ -12,6 +12,7 @@ from kubeport.endpoints.types import ServiceName
 from manifest_support import manifests  # noqa: F401  (a fixture)
 from manifest_support import WEB, Harness, endpoint_slice, running, service
 
+
 async def test_edit_publishes_a_new_snapshot(manifests):
     harness = Harness(manifests)
     harness.write("web.yaml", service(port=80))

@@ -10,6 +10,7 @@ from kubeport.endpoints.types import ServiceName
 from manifest_support import manifests  # noqa: F401  (a fixture)
 from manifest_support import BROKEN, EXAMPLES, WEB, Harness, endpoint_slice, service
 
+
 def test_examples_load_cleanly():
     harness = Harness(EXAMPLES)
     harness.source.load()
