@@ -66,6 +66,20 @@ def install_peers(progress: Progress) -> None:
             POLICY_RC.unlink(missing_ok=True)
 
 
+def install_bench_extras(progress: Progress) -> None:
+    """The chart (matplotlib) and the profiles (py-spy): the `bench` extra, into this interpreter."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None and shutil.which("py-spy", path=_bin_path()):
+        return
+    progress.say("installing kubeport's bench extra (matplotlib, py-spy) into this interpreter")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{REPO}[bench]"], check=False, timeout=900)
+
+
+def _bin_path() -> str:
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
 def kubeport_runs() -> tuple[bool, str]:
     """Whether `kubeport run` exists in this interpreter (the daemon may still fail later: that is a result)."""
     try:
@@ -174,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress()
     if not args.no_install:
         install_peers(progress)
+        install_bench_extras(progress)
     with_kubeport = not args.no_kubeport
     if with_kubeport:
         ok, why = kubeport_runs()
@@ -204,9 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             progress.say(f"work directory kept: {workdir}")
     args.results.mkdir(parents=True, exist_ok=True)
-    png = report.chart(benches, args.results / f"{stamp}.png")
+    report.write_json(args.results / f"{stamp}.json", benches, info)  # first: the measurements are safe
+    try:
+        png = report.chart(benches, args.results / f"{stamp}.png")
+    except ImportError as exc:  # the chart is optional; the tables are not
+        png = None
+        progress.say(f"no chart ({exc}): pip install '.[bench]', then --render {stamp}.json")
     text = report.markdown(benches, info, png)
-    report.write_json(args.results / f"{stamp}.json", benches, info)
     (args.results / f"{stamp}.md").write_text(text)
     print(text)
     progress.say(f"results: {args.results / stamp}.{{json,md,png}}")
