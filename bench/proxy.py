@@ -134,7 +134,8 @@ class Kubeport(Subject):
             generate.endpoint_slice("bench", [setup.topo.addr("be")], slice_ports, namespace="default"),
         ])
         self.daemon = KubeportDaemon(setup.topo, "node", setup.workdir / "kubeport", manifests,
-                                     dns_address=DNS_VIP, upstream=f"{setup.topo.addr('be')}:53")
+                                     dns_address=DNS_VIP, upstream=f"{setup.topo.addr('be')}:53",
+                                     extra_args=["--workers", str(setup.workers)])
         self.daemon.start()
         self.daemon.wait_ready(60)
 
