@@ -43,6 +43,12 @@ def pods(topology: Topology) -> dict:
     return start_pods(topology)
 
 
+@pytest.fixture
+def pod_of(topology: Topology):
+    """A pod by its short name ("a1": node-a's first pod)."""
+    return lambda name: topology.pod_info(name[0], int(name[1:]))
+
+
 @pytest.fixture(autouse=True)
 def _processes_die_with_the_test() -> Iterator[None]:
     with process_scope():

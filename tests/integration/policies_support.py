@@ -8,13 +8,14 @@ connections per assertion, which is what makes "only these pods answer" a statis
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from netns import CommandFailed, Pod, Topology, curl_in, http_url, python_in, wait_until
-from test_proxy_support import NAMESPACE
+from test_proxy_support import NAMESPACE, start_daemon, write
 
 HTTP_SLICE_PORT = {"name": "http", "protocol": "TCP", "port": 8080}
 UDP_SLICE_PORT = {"name": "udp", "protocol": "UDP", "port": 9090}
@@ -43,6 +44,21 @@ def node_with_cpu(topology: Topology, which: str, cpu: str) -> dict:
             "allocatable": {"cpu": cpu},
         },
     }
+
+
+@contextlib.contextmanager
+def daemons_on(topology: Topology, tmp_path_factory, nodes: Iterable[dict], on: Iterable[str]) -> Iterator:
+    """A manifest directory holding ``nodes``, and a daemon (fast stop) on each node of ``on``;
+    yields the directory, stops the daemons after."""
+    manifests = tmp_path_factory.mktemp("manifests")
+    state = tmp_path_factory.mktemp("state")
+    write(manifests, "nodes", *nodes)
+    daemons = [start_daemon(topology, which, manifests, state, *FAST_STOP) for which in on]
+    try:
+        yield manifests
+    finally:
+        for daemon in daemons:
+            daemon.stop()
 
 
 def endpoint(pod: Pod, *, ready: bool = True, serving: bool | None = None, terminating: bool = False,

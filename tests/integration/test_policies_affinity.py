@@ -16,7 +16,7 @@ import json
 import pytest
 from netns import CommandFailed, NoReply, python_in, udp_request, wait_until
 from policies_support import (
-    FAST_STOP,
+    daemons_on,
     HTTP_PORT,
     HTTP_SLICE_PORT,
     PER_POD,
@@ -27,7 +27,7 @@ from policies_support import (
     settle_on,
     slice_of,
 )
-from test_proxy_support import node, service, start_daemon, write
+from test_proxy_support import node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -39,17 +39,9 @@ AFTER_TIMEOUT_CONNECTIONS = 10
 
 @pytest.fixture(scope="module")
 def cluster(topology, pods, tmp_path_factory):
-    manifests = tmp_path_factory.mktemp("manifests")
-    state = tmp_path_factory.mktemp("state")
-    write(manifests, "nodes", node(topology, "a"), node(topology, "b"))
-    daemon = start_daemon(topology, "a", manifests, state, *FAST_STOP)
-    yield manifests
-    daemon.stop()
-
-
-@pytest.fixture
-def pod_of(topology):
-    return lambda name: topology.pod_info(name[0], int(name[1:]))
+    nodes = [node(topology, "a"), node(topology, "b")]
+    with daemons_on(topology, tmp_path_factory, nodes, on=("a",)) as manifests:
+        yield manifests
 
 
 def _sticky(cluster, pod_of, name: str, ip: str, ports: list[dict], slice_ports: list[dict],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from netns import NoReply, udp_request
 from policies_support import (
-    FAST_STOP,
+    daemons_on,
     HTTP_PORT,
     UDP_PORT,
     curl_exit_code,
@@ -25,7 +25,7 @@ from policies_support import (
     slice_of,
     terminating_not_serving,
 )
-from test_proxy_support import node, service, start_daemon, write
+from test_proxy_support import node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -38,18 +38,9 @@ REFUSED, TIMED_OUT = 7, 28
 
 @pytest.fixture(scope="module")
 def cluster(topology, pods, tmp_path_factory):
-    manifests = tmp_path_factory.mktemp("manifests")
-    state = tmp_path_factory.mktemp("state")
-    write(manifests, "nodes", node(topology, "a"), node(topology, "b"))
-    daemons = [start_daemon(topology, which, manifests, state, *FAST_STOP) for which in ("a", "b")]
-    yield manifests
-    for daemon in daemons:
-        daemon.stop()
-
-
-@pytest.fixture
-def pod_of(topology):
-    return lambda name: topology.pod_info(name[0], int(name[1:]))
+    nodes = [node(topology, "a"), node(topology, "b")]
+    with daemons_on(topology, tmp_path_factory, nodes, on=("a", "b")) as manifests:
+        yield manifests
 
 
 # --- internalTrafficPolicy: Local -------------------------------------------------------------------

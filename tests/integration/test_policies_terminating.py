@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from policies_support import (
-    FAST_STOP,
+    daemons_on,
     HTTP_PORT,
     HTTP_SLICE_PORT,
     endpoint,
@@ -21,7 +21,7 @@ from policies_support import (
     slice_of,
     terminating_not_serving,
 )
-from test_proxy_support import node, service, start_daemon, write
+from test_proxy_support import node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +31,9 @@ REFUSED = 7
 
 @pytest.fixture(scope="module")
 def cluster(topology, pods, tmp_path_factory):
-    manifests = tmp_path_factory.mktemp("manifests")
-    state = tmp_path_factory.mktemp("state")
-    write(manifests, "nodes", node(topology, "a"), node(topology, "b"))
-    daemon = start_daemon(topology, "a", manifests, state, *FAST_STOP)
-    yield manifests
-    daemon.stop()
+    nodes = [node(topology, "a"), node(topology, "b")]
+    with daemons_on(topology, tmp_path_factory, nodes, on=("a",)) as manifests:
+        yield manifests
 
 
 @pytest.fixture

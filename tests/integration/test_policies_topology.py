@@ -14,8 +14,8 @@ like any pod IP): a zone-a endpoint that is not on node-a.
 from __future__ import annotations
 
 import pytest
-from policies_support import FAST_STOP, HTTP_PORT, endpoint, node_with_cpu, settle_on, slice_of, with_annotations
-from test_proxy_support import service, start_daemon, write
+from policies_support import HTTP_PORT, daemons_on, endpoint, node_with_cpu, settle_on, slice_of, with_annotations
+from test_proxy_support import service, write
 
 pytestmark = pytest.mark.integration
 
@@ -26,19 +26,10 @@ BY_DISTRIBUTION = {"PreferSameZone": ("same-zone", "10.96.0.73"), "PreferClose":
 
 @pytest.fixture(scope="module")
 def cluster(topology, pods, tmp_path_factory):
-    manifests = tmp_path_factory.mktemp("manifests")
-    state = tmp_path_factory.mktemp("state")
     # 3:1 allocatable CPU gives topology-mode Auto a zone-a share of 3/4.
-    write(manifests, "nodes", node_with_cpu(topology, "a", "3"), node_with_cpu(topology, "b", "1"))
-    daemons = [start_daemon(topology, which, manifests, state, *FAST_STOP) for which in ("a", "b")]
-    yield manifests
-    for daemon in daemons:
-        daemon.stop()
-
-
-@pytest.fixture
-def pod_of(topology):
-    return lambda name: topology.pod_info(name[0], int(name[1:]))
+    nodes = [node_with_cpu(topology, "a", "3"), node_with_cpu(topology, "b", "1")]
+    with daemons_on(topology, tmp_path_factory, nodes, on=("a", "b")) as manifests:
+        yield manifests
 
 
 @pytest.fixture
