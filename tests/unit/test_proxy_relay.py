@@ -13,20 +13,34 @@ import struct
 
 import pytest
 
-from kubeport.proxy.testing import DEADLINE, LoopbackRelay as Relay, on_uvloop, until
+from kubeport.proxy.testing import DEADLINE, LoopbackRelay, on_uvloop, until
+
+from proxy_support import read_all, relay_to
 
 
 def pattern(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-async def serve(handler) -> tuple[asyncio.Server, int]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
-
-
 async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
     return await asyncio.wait_for(reader.readexactly(n), DEADLINE)
+
+
+async def send_and_digest(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> bytes:
+    """Send ``data`` and a FIN while reading to the other side's FIN; the sha256 of what was read."""
+    async def send():
+        writer.write(data)
+        await writer.drain()
+        writer.write_eof()
+
+    # At once, not one after the other: both sides sending first would fill every buffer and stall.
+    sending = asyncio.create_task(send())
+    digest = hashlib.sha256()
+    while chunk := await asyncio.wait_for(reader.read(1 << 20), DEADLINE):
+        digest.update(chunk)
+    await sending
+    writer.close()
+    return digest.digest()
 
 
 @on_uvloop
@@ -35,42 +49,17 @@ async def test_bulk_both_directions_arrive_byte_exact():
     up, down = pattern(size, 1), pattern(size, 2)
 
     async def backend(reader, writer):
-        async def send():
-            writer.write(down)
-            await writer.drain()
-            writer.write_eof()
-        sending = asyncio.create_task(send())
-        digest = hashlib.sha256()
-        while chunk := await reader.read(1 << 20):
-            digest.update(chunk)
-        await sending
-        writer.close()
-        results.append(digest.digest())
+        results.append(await send_and_digest(reader, writer, down))
 
     results: list[bytes] = []
-    server, port = await serve(backend)
-    relay = Relay([("127.0.0.1", port)])
-    try:
+    async with relay_to(backend) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
-
-        async def send():
-            writer.write(up)
-            await writer.drain()
-            writer.write_eof()
-        sending = asyncio.create_task(send())
-        got = hashlib.sha256()
-        while chunk := await asyncio.wait_for(reader.read(1 << 20), DEADLINE):
-            got.update(chunk)
-        await sending
-        writer.close()
+        got = await send_and_digest(reader, writer, up)
         await until(lambda: results, "the backend's digest")
-        assert got.digest() == hashlib.sha256(down).digest()
+        assert got == hashlib.sha256(down).digest()
         assert results == [hashlib.sha256(up).digest()]
         await until(lambda: relay.stats.active == 0, "the relay to close")
         assert (relay.stats.bytes_to_backend, relay.stats.bytes_to_client) == (size, size)
-    finally:
-        relay.close()
-        server.close()
 
 
 @on_uvloop
@@ -81,17 +70,8 @@ async def test_half_close__client_fin_keeps_the_response_direction_open():
         await writer.drain()
         writer.close()
 
-    server, port = await serve(backend)
-    relay = Relay([("127.0.0.1", port)])
-    try:
-        reader, writer = await asyncio.open_connection(*relay.address)
-        writer.write(b"request")
-        writer.write_eof()
-        assert await asyncio.wait_for(reader.read(), DEADLINE) == b"got request"
-        writer.close()
-    finally:
-        relay.close()
-        server.close()
+    async with relay_to(backend) as relay:
+        assert await read_all(relay.address, b"request") == b"got request"
 
 
 @on_uvloop
@@ -104,18 +84,13 @@ async def test_half_close__backend_fin_keeps_the_request_direction_open():
         received.set_result(await reader.read())
         writer.close()
 
-    server, port = await serve(backend)
-    relay = Relay([("127.0.0.1", port)])
-    try:
+    async with relay_to(backend) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
         assert await asyncio.wait_for(reader.read(), DEADLINE) == b"greeting"  # EOF seen
         writer.write(b"after your FIN")
         writer.write_eof()
         assert await asyncio.wait_for(received, DEADLINE) == b"after your FIN"
         writer.close()
-    finally:
-        relay.close()
-        server.close()
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -132,9 +107,7 @@ async def test_backend_reset_mid_stream__client_gets_a_reset():
         await reader.readexactly(4)
         _reset(writer)
 
-    server, port = await serve(backend)
-    relay = Relay([("127.0.0.1", port)])
-    try:
+    async with relay_to(backend) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
         assert await read_exactly(reader, 7) == b"partial"
         writer.write(b"kill")
@@ -142,9 +115,6 @@ async def test_backend_reset_mid_stream__client_gets_a_reset():
             await asyncio.wait_for(reader.read(), DEADLINE)
         writer.close()
         await until(lambda: relay.stats.active == 0, "the relay to close")
-    finally:
-        relay.close()
-        server.close()
 
 
 @on_uvloop
@@ -159,16 +129,11 @@ async def test_client_reset__backend_gets_a_reset():
         except ConnectionResetError:
             outcome.set_result("reset")
 
-    server, port = await serve(backend)
-    relay = Relay([("127.0.0.1", port)])
-    try:
+    async with relay_to(backend) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
         assert await read_exactly(reader, 5) == b"hello"
         _reset(writer)
         assert await asyncio.wait_for(outcome, DEADLINE) == "reset"
-    finally:
-        relay.close()
-        server.close()
 
 
 @on_uvloop
@@ -182,9 +147,7 @@ async def test_backpressure__a_client_that_does_not_read_stalls_the_backend():
             await writer.drain()
         writer.close()
 
-    server, port = await serve(backend)
-    relay = Relay([("127.0.0.1", port)])
-    try:
+    async with relay_to(backend) as relay:
         client = socket.create_connection(relay.address)
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
         client.setblocking(False)
@@ -208,9 +171,6 @@ async def test_backpressure__a_client_that_does_not_read_stalls_the_backend():
             received += len(data)
         assert digest.digest() == hashlib.sha256(chunk * (total >> 20)).digest()
         client.close()
-    finally:
-        relay.close()
-        server.close()
 
 
 @on_uvloop
@@ -219,26 +179,17 @@ async def test_small_exchanges_are_copied__bulk_ones_spliced_through_reused_pipe
         writer.write(await reader.read())
         writer.close()
 
-    server, port = await serve(backend)
-    relay = Relay([("127.0.0.1", port)])
-    try:
+    async with relay_to(backend) as relay:
         for size in (10, 1000, 60_000):  # fits the copy buffer
             await _echo_once(relay, pattern(size, size))
         assert relay.ctx.pipes.created == 0
         for i in range(10):
             await _echo_once(relay, pattern(1 << 20, i))
         assert relay.ctx.pipes.created == 2  # one per direction, reused ever since
-    finally:
-        relay.close()
-        server.close()
 
 
-async def _echo_once(relay: Relay, payload: bytes) -> None:
-    reader, writer = await asyncio.open_connection(*relay.address)
-    writer.write(payload)
-    writer.write_eof()
-    assert await asyncio.wait_for(reader.read(), DEADLINE) == payload
-    writer.close()
+async def _echo_once(relay: LoopbackRelay, payload: bytes) -> None:
+    assert await read_all(relay.address, payload) == payload
     await until(lambda: relay.stats.active == 0, "the relay to close")
 
 
@@ -252,16 +203,13 @@ async def test_nagle_is_off_on_both_relayed_sockets():
         await hold.wait()
         writer.close()
 
-    server, port = await serve(backend)
-    relay = Relay([("127.0.0.1", port)])
-    try:
-        reader, writer = await asyncio.open_connection(*relay.address)
-        assert await read_exactly(reader, 2) == b"hi"
-        (conn,) = relay.ctx.conns
-        for sock in (conn.client, conn.backend):
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-        writer.close()
-    finally:
-        hold.set()
-        relay.close()
-        server.close()
+    async with relay_to(backend) as relay:
+        try:
+            reader, writer = await asyncio.open_connection(*relay.address)
+            assert await read_exactly(reader, 2) == b"hi"
+            (conn,) = relay.ctx.conns
+            for sock in (conn.client, conn.backend):
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            writer.close()
+        finally:
+            hold.set()

@@ -8,41 +8,16 @@ import signal
 
 import pytest
 
-from kubeport.endpoints.types import NodeInfo, ServiceName, ServiceState
+from kubeport.endpoints.types import ServiceName
 from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import Frontend
-from kubeport.proxy.testing import (
-    DEADLINE,
-    Backends,
-    endpoint,
-    endpoint_slice,
-    on_uvloop,
-    port,
-    service,
-    snapshot,
-    start_proxier,
-    until,
-)
+from kubeport.proxy.testing import DEADLINE, on_uvloop, until
 from kubeport.proxy.worker import SnapshotMirror, StatsReporter
 from kubeport.proxy.workers import SAME_NODE, ProxyWorkerError, create_proxier
 
-NODE = NodeInfo(name="node-a", addresses=(("InternalIP", "127.0.0.1"),))
+from proxy_support import NODE, apply_states, greeting, running_proxier, web
+
 WEB, API = ServiceName("default", "web"), ServiceName("default", "api")
-
-
-def web(*backends: int, name: str = "web", vip: str = "127.0.0.10", **fields) -> ServiceState:
-    info = service(name, [vip], [port(80, target=8080)], **fields)
-    slices = tuple(endpoint_slice(f"{name}-{i}", [endpoint("127.0.0.1")], [("", "TCP", b)])
-                   for i, b in enumerate(backends))
-    return ServiceState(info, slices)
-
-
-async def greeting(host: str, port_: int = 80, source: str | None = None) -> str:
-    reader, writer = await asyncio.open_connection(host, port_, local_addr=(source, 0) if source else None)
-    try:
-        return (await asyncio.wait_for(reader.readline(), DEADLINE)).decode().strip()
-    finally:
-        writer.close()
 
 
 def test_snapshot_mirror__consecutive_generations_changes_and_a_stable_node():
@@ -76,10 +51,8 @@ def test_one_worker__a_plain_proxier():
 
 @on_uvloop
 async def test_two_workers__both_serve__stats_summed__children_gone_after_stop():
-    backends = Backends()
-    proxier, _, _ = await start_proxier(workers=2, worker_stats_interval=0.05)
-    try:
-        await proxier.apply(snapshot([web(await backends.tcp("a"))], node=NODE))
+    async with running_proxier(workers=2, worker_stats_interval=0.05) as (proxier, _, _, backends):
+        await apply_states(proxier, [web(await backends.tcp("a"))])
         assert proxier.ready and proxier.workers == 2
         assert proxier.listening == frozenset({Frontend("127.0.0.10", 80, "TCP")})
         for _ in range(40):
@@ -89,45 +62,28 @@ async def test_two_workers__both_serve__stats_summed__children_gone_after_stop()
         await proxier.stop(1.0)
         with pytest.raises(ProcessLookupError):
             os.kill(child, 0)
-    finally:
-        await proxier.stop()
-        backends.close()
 
 
 @on_uvloop
 async def test_two_workers__endpoint_change_reaches_every_worker():
-    backends = Backends()
-    proxier, _, _ = await start_proxier(workers=2)
-    try:
-        first = snapshot([web(await backends.tcp("a"))], node=NODE)
-        await proxier.apply(first)
-        await proxier.apply(snapshot([web(await backends.tcp("b"))], node=NODE, previous=first))
+    async with running_proxier(workers=2) as (proxier, _, _, backends):
+        first = await apply_states(proxier, [web(await backends.tcp("a"))])
+        await apply_states(proxier, [web(await backends.tcp("b"))], previous=first)
         assert {await greeting("127.0.0.10") for _ in range(30)} == {"b"}
-    finally:
-        await proxier.stop()
-        backends.close()
 
 
 @on_uvloop
 async def test_two_workers__client_affinity_holds_across_workers__issue4():
-    backends = Backends()
-    proxier, _, _ = await start_proxier(workers=2)
-    try:
+    async with running_proxier(workers=2) as (proxier, _, _, backends):
         state = web(await backends.tcp("a"), await backends.tcp("b"), affinity_timeout=600)
-        await proxier.apply(snapshot([state], node=NODE))
+        await apply_states(proxier, [state])
         for client in (f"127.0.0.{i}" for i in range(100, 106)):
             assert len({await greeting("127.0.0.10", source=client) for _ in range(8)}) == 1, client
-    finally:
-        await proxier.stop()
-        backends.close()
 
 
 @on_uvloop
 async def test_a_worker_that_dies_is_reported():
-    proxier, _, _ = await start_proxier(workers=2)
-    try:
+    async with running_proxier(workers=2) as (proxier, _, _, _):
         os.kill(proxier.pids[0], signal.SIGKILL)
         with pytest.raises(ProxyWorkerError, match="worker 1"):
             await asyncio.wait_for(proxier.wait_failed(), DEADLINE)
-    finally:
-        await proxier.stop()
