@@ -69,6 +69,14 @@ def stat_manifest_files(directory: Path, paths: Iterable[str]) -> dict[str, Stat
     return found
 
 
+DIGEST_SIZE = 16
+
+
+def content_digest(data: bytes) -> bytes:
+    """What identifies a file's bytes: a file whose digest is unchanged need not be parsed again."""
+    return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
+
+
 def decode(path: str, data: bytes) -> tuple[str | None, str | None]:
     """(text, None) or (None, problem line). A UTF-8 byte-order mark is dropped."""
     try:
@@ -116,7 +124,7 @@ def read_manifest(
         return FileRead(path, None)
     except OSError as exc:
         return FileRead(path, ParsedFile(problems=(f"{path}: cannot read: {exc.strerror or exc}",), failed=True))
-    content = hashlib.blake2b(data, digest_size=16).digest()
+    content = content_digest(data)
     if content == known_content:
         return FileRead(path, None, content, stat, same=True)
     text, problem = decode(path, data)

@@ -9,7 +9,10 @@ and dropped before the next: no more than a chunk of API objects is alive. Small
 read on the event loop: a thread hop would cost more than the read.
 
 Last good state wins:
-- a file that fails to parse (syntax error, unreadable) keeps every object it held;
+- a file that fails to parse (syntax error, unreadable) keeps every object it held; across a
+  restart too: the last version of each file that parsed is saved in ``--state-dir``
+  (:mod:`~kubeport.endpoints.manifest_lastgood`), and a file broken at start-up is served
+  from it until it is fixed;
 - an object that fails validation or admission keeps its previous version, if any;
 - an object that disappears from a parsable file, or whose file is deleted, is deleted
   (``ClusterState.delete`` and ``Registry.release``) at the end of the batch.
@@ -29,25 +32,22 @@ object only the digest of the applied version; no API objects are held.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from . import model
-from .allocstore import AllocationStore, StoreError
+from .allocstore import StoreError
 from .fielderrors import Invalid
 from .manifest_batch import Batch, Inline, collector_paused, drive, run_sync
 from .manifest_files import ObjectKey, ParsedFile, ParsedObject, describe
 from .manifest_holders import Holders
+from .manifest_lastgood import LastGoodFiles
 from .manifest_reader import FileRead, StatKey, list_manifest_files, read_manifest, stat_manifest_files
 from .manifest_watch import DirectoryWatch
-from .registry import Registry
+from .registry import Admitter
 from .state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -57,20 +57,6 @@ SOURCE_KINDS = ("Namespace", "Node", "Service", "EndpointSlice")
 _KIND_ORDER = {kind: rank for rank, kind in enumerate(SOURCE_KINDS)}
 #: Files up to this size are read and parsed on the event loop, larger ones in a thread.
 INLINE_BYTES = 64 * 1024
-
-
-class Admitter(Protocol):
-    """The registry seam (the embedded API server of :mod:`kubeport.endpoints.registry`)."""
-
-    def admit(self, obj: model.KubeObject) -> model.KubeObject: ...
-
-    def release(self, kind: str, namespace: str, name: str) -> None: ...
-
-    def allocated_services(self) -> set[tuple[str, str]]: ...
-
-    def grouped_writes(self) -> AbstractContextManager[None]:
-        """Persist the admissions inside as one write (one batch of files)."""
-        ...
 
 
 @dataclass(slots=True)
@@ -104,6 +90,7 @@ class ManifestSource:
         *,
         debounce_ms: float = 2,
         log_problems: bool = True,
+        last_good: LastGoodFiles | None = None,
     ) -> None:
         """
         :param directory: the manifest directory, read recursively.
@@ -112,6 +99,7 @@ class ManifestSource:
             (created, rewrote, renamed in) manifest files; other bursts wait longer
             (:mod:`~kubeport.endpoints.manifest_watch`).
         :param log_problems: log each new problem once at WARNING (``kubeport check`` prints them).
+        :param last_good: the last version of each file that parsed, served when it is broken at start-up.
         """
         # Resolved: inotify reports paths under the real directory.
         self._directory = Path(directory).resolve()
@@ -119,6 +107,7 @@ class ManifestSource:
         self._state = state
         self._debounce_ms = debounce_ms
         self._log_problems = log_problems
+        self._last_good = last_good
         self._files: dict[str, _FileRecord] = {}
         self._holders = Holders()
         #: digest of the version in the state, per object
@@ -128,8 +117,6 @@ class ManifestSource:
         self._collect_pending = True
         self._batches = 0
         self._batch_applied = asyncio.Event()
-
-    # --- status -------------------------------------------------------------------------
 
     @property
     def problems(self) -> list[str]:
@@ -165,6 +152,8 @@ class ManifestSource:
             raise FileNotFoundError(f"manifest directory {self._directory} does not exist")
         watch = DirectoryWatch(self._directory, quiet_ms=self._debounce_ms)
         watch.start()  # before the first scan, so that no edit falls between the scan and the watch
+        save_wanted = asyncio.Event()
+        saver = asyncio.create_task(self._save_copies(save_wanted))
         try:
             started = time.monotonic()
             with collector_paused():
@@ -174,14 +163,26 @@ class ManifestSource:
             if synced is not None:
                 synced.set()
             while True:
+                save_wanted.set()
                 changes = await watch.next_changes()
                 await drive(self._batch(set(changes.paths), rescan=changes.rescan))
         finally:
             watch.close()
+            saver.cancel()
+            self._save_copies_now()  # what the last batches noted (waits for a copy in progress)
 
     def load(self) -> None:
         """The first load, synchronously (``kubeport check``): read all, admit, commit."""
         run_sync(self._batch(set(), initial=True))
+        self._save_copies_now()
+
+    async def _save_copies(self, wanted: asyncio.Event) -> None:
+        if self._last_good is not None:
+            await self._last_good.keep_saving(wanted, self._directory)
+
+    def _save_copies_now(self) -> None:
+        if self._last_good is not None:
+            self._last_good.save(self._last_good.take(), self._directory)
 
     # --- a batch ------------------------------------------------------------------------------
 
@@ -211,6 +212,9 @@ class ManifestSource:
                 work = sorted(self._holders.waiting(progress.dropped) - progress.done)
                 if not work:
                     work = self._settle(progress)
+        if self._last_good is not None and initial and listing is not None:
+            for path in self._last_good.paths() - self._files.keys():  # deleted while the daemon was down
+                self._last_good.forget(path)
         if initial:
             for kind in SOURCE_KINDS:
                 self._state.mark_synced(kind)
@@ -256,6 +260,8 @@ class ManifestSource:
             if record is not None:
                 progress.dropped |= self._holders.drop(path, record.keys)
                 del self._files[path]
+            if self._last_good is not None:
+                self._last_good.forget(path)
             return
         if record is None:
             record = self._files[path] = _FileRecord()
@@ -263,23 +269,47 @@ class ManifestSource:
         if read.same:
             return
         record.content = read.content
+        holding = bool(record.keys)
+        parsed = yield from self._apply_chunks(path, record, read.parsed, read.rest, progress, small=small)
+        if parsed:
+            if self._last_good is not None:
+                self._last_good.keep(path, read.content)
+        elif not holding and self._last_good is not None:
+            yield from self._serve_last_good(path, record, progress)
+
+    def _apply_chunks(self, path: str, record: _FileRecord, chunk: ParsedFile | None, rest: Iterator[ParsedFile],
+                      progress: _Progress, *, small: bool) -> Batch:
+        """Apply a file's chunks of objects; True when it parsed to the end."""
         keys: set[ObjectKey] = set()
         problems: list[str] = []
         retry = False
-        chunk: ParsedFile | None = read.parsed
         while chunk is not None:
             if chunk.failed:
                 # Keep every object: those it held, and those this read already applied.
                 record.keys, record.problems, record.failed = record.keys | keys, chunk.problems, True
-                return
+                return False
             problems.extend(chunk.problems)
             retry |= self._apply_chunk(path, chunk, keys, problems, progress)
             if chunk.skipped:
                 log.debug("%s: skipped (kind not read): %s", path, ", ".join(chunk.skipped))
-            next_chunk = lambda: next(read.rest, None)  # noqa: E731
+            next_chunk = lambda: next(rest, None)  # noqa: E731
             chunk = yield Inline(next_chunk) if small else next_chunk
         progress.dropped |= self._holders.drop(path, record.keys - keys)
         record.keys, record.problems, record.retry, record.failed = frozenset(keys), tuple(problems), retry, False
+        return True
+
+    def _serve_last_good(self, path: str, record: _FileRecord, progress: _Progress) -> Batch:
+        """A file that holds nothing (the daemon just started) and does not parse: serve the
+        version saved when it last parsed, until it is fixed, so that a restart loses nothing."""
+        assert self._last_good is not None
+        if (saved := self._last_good.parsed(path)) is None:
+            return
+        chunks, size, since = saved
+        broken = record.problems
+        yield from self._apply_chunks(path, record, next(chunks, None), chunks, progress, small=size <= INLINE_BYTES)
+        record.problems = broken + record.problems + (
+            f"{path}: serving the version that last parsed (saved {since}) until it is fixed",)
+        record.failed = True  # still broken: what it declares now is unknown
 
     def _is_applied(self, path: str, key: ObjectKey, digest: bytes) -> bool:
         return self._holders.holder(key) == path and self._applied.get(key) == digest
@@ -359,28 +389,6 @@ class ManifestSource:
                 if line not in self._reported:
                     log.warning("%s", line)
         self._reported = set(current)
-
-
-# --- kubeport check -----------------------------------------------------------------------
-
-DEFAULT_SERVICE_CIDRS = ("10.96.0.0/12",)
-DEFAULT_NODE_PORT_RANGE = (30000, 32767)
-
-
-def check_directory(
-    path: str | os.PathLike[str],
-    service_cidrs: Sequence[str | ipaddress.IPv4Network | ipaddress.IPv6Network] = DEFAULT_SERVICE_CIDRS,
-    node_port_range: tuple[int, int] = DEFAULT_NODE_PORT_RANGE,
-) -> list[str]:
-    """Every problem of a manifest directory, one line each, starting with the file's path
-    (``path`` joined with the file's path inside it). Allocations are made in memory only."""
-    if not os.path.isdir(path):
-        return [f"{path}: not a directory"]
-    networks = [ipaddress.ip_network(str(cidr)) for cidr in service_cidrs]
-    registry = Registry(AllocationStore(None), networks, node_port_range)
-    source = ManifestSource(path, registry, ClusterState(""), log_problems=False)
-    source.load()
-    return [os.path.join(os.fspath(path), line) for line in source.problems]
 
 
 def _size(listing: dict[str, StatKey] | None, path: str) -> int | None:

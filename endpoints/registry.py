@@ -17,7 +17,7 @@ import math
 import random
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Protocol
 
 from . import model
 from .allocator import AllocationError, IPAllocator, PortAllocator
@@ -26,7 +26,21 @@ from .fielderrors import FieldError, Invalid
 from .service_alloc import AllocationFailed, ServiceAllocations, Transaction, allocate_service, resolve_ip_families
 from .validation import validate, validate_service
 
-__all__ = ["FieldError", "Invalid", "Registry", "dns_service_ip"]
+__all__ = ["Admitter", "FieldError", "Invalid", "Registry", "dns_service_ip"]
+
+
+class Admitter(Protocol):
+    """What a source needs of the registry (the manifest source admits through it)."""
+
+    def admit(self, obj: model.KubeObject) -> model.KubeObject: ...
+
+    def release(self, kind: str, namespace: str, name: str) -> None: ...
+
+    def allocated_services(self) -> set[tuple[str, str]]: ...
+
+    #: persists the admissions inside as one write (one batch of files)
+    def grouped_writes(self) -> AbstractContextManager[None]: ...
+
 
 log = logging.getLogger(__name__)
 

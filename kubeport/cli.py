@@ -172,7 +172,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kubeport.endpoints.manifests import check_directory
+    from kubeport.endpoints.manifest_check import check_directory
 
     directory = Path(args.directory)
     if not directory.is_dir():

@@ -32,6 +32,7 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
         registry.register(source.collector())
         return source
     from kubeport.endpoints.allocstore import AllocationStore, StoreError
+    from kubeport.endpoints.manifest_lastgood import LastGoodFiles
     from kubeport.endpoints.manifests import ManifestSource
     from kubeport.endpoints.registry import Registry
 
@@ -45,7 +46,7 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
     except (OSError, StoreError) as exc:
         raise ComponentError(f"--state-dir {config.state_dir}: {exc}") from exc
     registry_ = Registry(store, list(config.service_cluster_ip_range), config.service_node_port_range)
-    return ManifestSource(directory, registry_, state)
+    return ManifestSource(directory, registry_, state, last_good=LastGoodFiles.in_state_dir(config.state_dir))
 
 
 def dns_config(config: KubeportConfiguration) -> Any:

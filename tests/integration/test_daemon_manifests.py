@@ -141,17 +141,21 @@ def test_allocations_live_reload_broken_files_and_restart(topology, tmp_path):
     write(manifests, "api.yaml", WEB.replace("name: web", "name: api").replace("web-1", "api-1"))
     wait_until(lambda: "shop/api" in services(node), 10, message="api appears")
 
-    # Restart: allocations are the same; the broken file is still reported.
+    # Restart: allocations are the same; the broken file is still reported, and what it held
+    # before it broke is still served (its last version that parsed is saved in --state-dir).
     daemon.restart()
     daemon.wait_ready()
     after = services(node)
     for key in ("shop/edge", "kube-system/kube-dns"):
         assert allocations(after[key]) == before[key], key
-    assert any("web.yaml" in p for p in problems(daemon))
+    assert len(after["shop/web"]["spec"]["ports"]) == 2
+    assert after["shop/web"]["spec"]["clusterIP"] == held["shop/web"]["spec"]["clusterIP"]
+    assert any("web.yaml: serving the version that last parsed" in p for p in problems(daemon))
 
-    # Fixing the file brings web back with the ClusterIP it had before the restart.
-    write(manifests, "web.yaml", WEB_TWO_PORTS)
-    wait_until(lambda: not problems(daemon) and "shop/web" in services(node), 10, message="web.yaml fixed")
+    # Fixing the file: its new version is served, with the ClusterIP web had all along.
+    write(manifests, "web.yaml", WEB)
+    wait_until(lambda: not problems(daemon) and len(services(node)["shop/web"]["spec"]["ports"]) == 1, 10,
+               message="web.yaml fixed")
     assert services(node)["shop/web"]["spec"]["clusterIP"] == held["shop/web"]["spec"]["clusterIP"]
 
     # Deleting a file removes its objects.

@@ -15,6 +15,7 @@ import pytest
 
 from kubeport.endpoints import model
 from kubeport.endpoints.allocstore import AllocationStore
+from kubeport.endpoints.manifest_lastgood import LastGoodFiles
 from kubeport.endpoints.manifests import ManifestSource
 from kubeport.endpoints.registry import Registry
 from kubeport.endpoints.state import ClusterState
@@ -80,11 +81,12 @@ def new_registry(store: AllocationStore | None = None, seed: int = 7) -> Countin
 
 
 class Harness:
-    def __init__(self, directory: Path, store: AllocationStore | None = None, seed: int = 7) -> None:
+    def __init__(self, directory: Path, store: AllocationStore | None = None, seed: int = 7,
+                 last_good: LastGoodFiles | None = None) -> None:
         self.dir = directory
         self.registry = new_registry(store, seed)
         self.state = ClusterState("node-a")
-        self.source = ManifestSource(directory, self.registry, self.state, debounce_ms=20)
+        self.source = ManifestSource(directory, self.registry, self.state, debounce_ms=20, last_good=last_good)
 
     def write(self, name: str, text: str) -> None:
         path = self.dir / name
