@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 
-from .procinfo import CpuMeter
+from .procinfo import CpuMeter, MachineMeter
 
 KUBEPORT = "kubeport"
 
@@ -65,6 +65,8 @@ class Sample:
     value: float | None
     cpu_seconds: float | None = None
     note: str = ""
+    #: percent of all the machine's cores busy during the run (every process, kernel included)
+    machine_busy: float | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -126,6 +128,10 @@ class Bench:
     def cpu(self, figure: str, subject: str) -> Stats | None:
         return stats_of([s.cpu_seconds for s in self.samples if s.figure == figure
                          and s.subject == subject and s.cpu_seconds is not None])
+
+    def machine_busy(self, figure: str, subject: str) -> Stats | None:
+        return stats_of([s.machine_busy for s in self.samples if s.figure == figure
+                         and s.subject == subject and s.machine_busy is not None])
 
     def failures(self) -> list[Sample]:
         return [s for s in self.samples if s.value is None]
@@ -220,10 +226,12 @@ def run_plan(bench: str, subject: str, round_no: int, progress: "Progress", plan
             continue
 
         def run(key=key, fn=fn) -> tuple[float, float | None, dict]:
-            meter = CpuMeter(pid()).start()
+            meter, machine = CpuMeter(pid()).start(), MachineMeter().start()
             with progress.ticking(key, seconds), (profile(key, pid()) if profile else nullcontext()):
                 value, extra = fn()
-            return value, meter.stop(), extra
+            cpu = meter.stop()
+            extra = {**extra, "machine_busy": machine.stop()}
+            return value, cpu, extra
 
         samples.append(measured(bench, key, subject, round_no, progress, run, unit))
     return samples
@@ -241,7 +249,8 @@ def measured(bench: str, figure: str, subject: str, round_no: int, progress: "Pr
         return Sample(bench, figure, subject, round_no, None, note=str(exc)[:500])
     cpu_text = "" if cpu is None else f"  (cpu {cpu:.2f} s)"
     progress.say(f"{figure}: {value:,.3f} {unit}{cpu_text}")
-    return Sample(bench, figure, subject, round_no, value, cpu, extra=extra)
+    return Sample(bench, figure, subject, round_no, value, cpu, extra=extra,
+                  machine_busy=extra.pop("machine_busy", None))
 
 
 class Progress:

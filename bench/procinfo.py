@@ -78,3 +78,30 @@ class CpuMeter:
         if end is None or self._start is None:
             return None
         return round(end - self._start, 3)
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs from /proc/stat: busy is everything but idle and iowait."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = fields[3] + fields[4]
+    total = sum(fields)
+    return total - idle, total
+
+
+class MachineMeter:
+    """How busy every core of the machine was between start() and stop(), in percent.
+
+    The load generator, the backends and the thing under test share the machine's cores:
+    near 100 % the figure is bounded by the machine, and only CPU per unit of work can move it."""
+
+    def __init__(self) -> None:
+        self._start = (0, 0)
+
+    def start(self) -> "MachineMeter":
+        self._start = machine_ticks()
+        return self
+
+    def stop(self) -> float | None:
+        busy, total = machine_ticks()
+        elapsed = total - self._start[1]
+        return round(100.0 * (busy - self._start[0]) / elapsed, 1) if elapsed > 0 else None

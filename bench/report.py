@@ -112,6 +112,16 @@ def bench_markdown(bench: Bench, seconds: float | None = None) -> str:
         lines += ["", "CPU seconds of the process under test per run (— : kernel path or not metered):", "",
                   "| figure | " + " | ".join(bench.subjects) + " |", "|---|" + "---|" * len(bench.subjects)]
         lines += cpu_rows
+    busy_rows = []
+    for fig in bench.figures:
+        cells = [_cell(bench.machine_busy(fig.key, s), 0) for s in bench.subjects]
+        if any(c != "—" for c in cells):
+            busy_rows.append(f"| {fig.title} | " + " | ".join(cells) + " |")
+    if busy_rows:
+        lines += ["", "Machine busy during each run, % of all cores (load generator, backends and the path under "
+                  "test together; near 100 the machine, not the path, sets the figure):", "",
+                  "| figure | " + " | ".join(bench.subjects) + " |", "|---|" + "---|" * len(bench.subjects)]
+        lines += busy_rows
     lines += _cost_table(bench, seconds)
     ratio_rows = bench.ratio_rows()
     if ratio_rows:
