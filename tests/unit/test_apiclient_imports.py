@@ -1,0 +1,46 @@
+"""kubernetes_asyncio is imported without its generated API classes and models (about 1,200
+modules and tens of MiB of RSS the daemon never uses), and whole when that is not possible.
+Each case runs in a fresh interpreter: an import is process-wide state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json, sys
+import kubeport.endpoints.apiclient as apiclient
+{prepare}
+library = apiclient.auth_modules()
+loaded = [name for name in sys.modules if name.startswith("kubernetes_asyncio")]
+print(json.dumps({{
+    "modules": len(loaded),
+    "models": any(name.startswith("kubernetes_asyncio.client.models.") for name in loaded),
+    "api_classes": any(name.startswith("kubernetes_asyncio.client.api.") for name in loaded),
+    "usable": all(callable(x) for x in (library.Configuration, library.RESTClientObject,
+                                         library.kube_config.load_kube_config,
+                                         library.incluster_config.InClusterConfigLoader)),
+}}))
+"""
+
+CASES = [
+    # (what, set-up before auth_modules(), the models are loaded)
+    ("bare: only the auth modules", "", False),
+    ("already imported whole by someone else: used as it is", "import kubernetes_asyncio.client", True),
+    ("the bare import fails: imported whole instead",
+     "def broken():\n    raise ImportError('laid out differently')\napiclient._import_bare = broken", True),
+]
+
+
+@pytest.mark.parametrize(("what", "prepare", "models"), CASES, ids=[case[0] for case in CASES])
+def test_auth_modules(what: str, prepare: str, models: bool) -> None:
+    result = subprocess.run([sys.executable, "-c", PROBE.format(prepare=prepare)], capture_output=True,
+                            text=True, timeout=120, check=True)
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["usable"], what
+    assert found["models"] is models and found["api_classes"] is models, (what, found)
+    if not models:
+        assert found["modules"] < 40, found
