@@ -30,6 +30,7 @@ from kubeport.proxy.health import HealthResponse
 
 from . import components, handover
 from .config import KubeportConfiguration
+from .heap import release_freed_memory
 from .metrics import ProxyMetrics
 from .reload import Reloader
 from .status import StatusServer
@@ -299,6 +300,7 @@ class Daemon:
                 # Everything built for the first view lives long: keep it out of the
                 # collector's generations so later collections stay cheap.
                 gc.freeze()
+                release_freed_memory()
                 self._ready.set()
 
     # --- SIGHUP ---------------------------------------------------------------------------
