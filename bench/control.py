@@ -1,11 +1,13 @@
-"""Control plane at scale: N services x M endpoints in a manifests directory.
+"""Control plane at scale: N services x M endpoints, from a manifests directory or through the
+API watch (the test suite's fake kube-apiserver, bench/apiserver.py, in the node namespace).
 
 Figures, each round starting the daemon cold:
 - cold start: from spawn until /readyz is 200 and the last service's listener accepts and its
   name resolves (every listener open, DNS ready);
 - one endpoint change: the probe service's only endpoint moves to the other backend address
-  (and the headless probe's, for DNS); time from the file's rename until a new connection
-  reaches the new endpoint / the DNS answer names it; p99 over the changes;
+  (and the headless probe's, for DNS); time from the file's rename (or from the request that
+  applies the new slices to the API server) until a new connection reaches the new endpoint /
+  the DNS answer names it; p99 over the changes;
 - daemon RSS with everything loaded.
 
 Topology: client -> node (kubeport) -> be, where nginx answers with the address it was
@@ -14,17 +16,23 @@ reached on ($server_addr), so a reply names the endpoint that served it.
 
 from __future__ import annotations
 
+import json
+import secrets
+import subprocess
+import sys
 import time
+import urllib.request
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import generate, probes
 from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, measured, run_rounds
 from .kubeport_daemon import HEALTHZ, KubeportDaemon
 from .procinfo import CpuMeter, cpu_seconds
 from .profiles import Profiler, furthest_from_target
-from .topology import Topology, wait_for
+from .topology import Topology, TopologyError, stop_process, wait_for
 
 PROBE_VIP = "10.99.0.1"
 PROBE_ENDPOINTS = ("10.201.0.1", "10.201.0.2")
@@ -47,6 +55,10 @@ TARGETS = [Target("cold_start", "<=", 10.0), Target("change_conn_p99", "<=", 10.
            Target("change_dns_p99", "<=", 10.0), Target("rss_mib", "<=", 150.0)]
 
 
+MANIFESTS, API = "manifests", "api"
+API_PORT, API_CONTROL_PORT = 6443, 6444
+
+
 @dataclass
 class Setup:
     topo: Topology
@@ -55,6 +67,10 @@ class Setup:
     services: int
     endpoints: int
     changes: int
+    source: str = MANIFESTS
+    #: the API source: the daemon's kubeconfig, and where the probes' slices are applied
+    kubeconfig: Path | None = None
+    apply_url: str = ""
 
 
 def probe_objects(endpoint: str) -> tuple[list[dict], list[dict]]:
@@ -85,10 +101,23 @@ def probe_dns_name() -> str:
     return generate.fqdn("probe-dns")
 
 
-def change_and_watch(manifests: Path, endpoint: str, deadline_s: float = 30.0) -> tuple[float, float]:
-    """Runs in the client namespace: move the probes to ``endpoint``; ms until conn and DNS show it."""
+def apply_probes(apply_url: str, endpoint: str) -> float:
+    """Point both probe services at ``endpoint`` through the API server; returns the perf_counter
+    just before the request (the latency includes the apply itself, as a controller's write would)."""
+    clusterip, headless = probe_objects(endpoint)
+    body = json.dumps(clusterip + headless).encode()
+    request = urllib.request.Request(apply_url, body, {"Content-Type": "application/json"})
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=10) as response:
+        response.read()
+    return start
+
+
+def change_and_watch(change: Callable[[str], float], endpoint: str, deadline_s: float = 30.0) -> tuple[float, float]:
+    """Runs in the client namespace: ``change(endpoint)`` moves the probes to ``endpoint`` (and returns
+    when it began); ms until conn and DNS show it."""
     want_body, want_dns = endpoint.encode(), ("NOERROR", [endpoint])
-    start = write_probes(manifests, endpoint)
+    start = change(endpoint)
     conn_ms = dns_ms = None
     while conn_ms is None or dns_ms is None:
         now = time.perf_counter()
@@ -119,9 +148,14 @@ def last_service_ready(topo: Topology, services: int) -> bool:
 def measure_round(setup: Setup, round_no: int, progress: Progress, profile=None) -> list[Sample]:
     """One cold start, the endpoint changes, RSS. ``profile(pid)`` wraps the daemon's whole life."""
     topo = setup.topo
-    write_probes(setup.manifests, PROBE_ENDPOINTS[0])
-    daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", setup.manifests, DNS,
-                            upstream=f"{topo.addr('be')}:53")
+    if setup.source == API:
+        topo.call_in("client", apply_probes, setup.apply_url, PROBE_ENDPOINTS[0])
+        daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", None, DNS,
+                                upstream=f"{topo.addr('be')}:53", kubeconfig=setup.kubeconfig)
+    else:
+        write_probes(setup.manifests, PROBE_ENDPOINTS[0])
+        daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", setup.manifests, DNS,
+                                upstream=f"{topo.addr('be')}:53")
     samples: list[Sample] = []
     daemon.start()
     try:
@@ -151,71 +185,133 @@ def measure_running(setup: Setup, daemon: KubeportDaemon, round_no: int, progres
         total = time.perf_counter() - daemon.started_at
         return total, cpu_seconds(daemon.pid), {"readyz_s": ready_s}
 
-    samples = [measured("control", "cold_start", KUBEPORT, round_no, progress, cold_start, "s")]
+    samples = [measured(bench_name(setup.source), "cold_start", KUBEPORT, round_no, progress, cold_start, "s")]
     if samples[-1].value is None:
         return samples
     conn, dns = [], []
+    if setup.source == API:
+        url = setup.apply_url
+
+        def change(endpoint: str) -> float:
+            return apply_probes(url, endpoint)
+    else:
+        manifests = setup.manifests
+
+        def change(endpoint: str) -> float:
+            return write_probes(manifests, endpoint)
     meter = CpuMeter(daemon.pid).start()
     for k in range(setup.changes):
         endpoint = PROBE_ENDPOINTS[(k + 1) % 2]
-        conn_ms, dns_ms = topo.call_in("client", change_and_watch, setup.manifests, endpoint, timeout=60)
+        conn_ms, dns_ms = topo.call_in("client", change_and_watch, change, endpoint, timeout=60)
         conn.append(conn_ms)
         dns.append(dns_ms)
     cpu = meter.stop()
     for key, values in (("change_conn_p99", conn), ("change_dns_p99", dns)):
         extra = {"median_ms": sorted(values)[len(values) // 2], "max_ms": max(values), "changes": len(values),
                  "all_ms": [round(v, 2) for v in values]}
-        samples.append(measured("control", key, KUBEPORT, round_no, progress,
+        samples.append(measured(bench_name(setup.source), key, KUBEPORT, round_no, progress,
                                 lambda v=values, e=extra: (p99(v), cpu, e), "ms"))
-    samples.append(measured("control", "rss_mib", KUBEPORT, round_no, progress,
+    samples.append(measured(bench_name(setup.source), "rss_mib", KUBEPORT, round_no, progress,
                             lambda: (daemon.rss() / 2**20, None, {}), "MiB"))
     return samples
 
 
+def bench_name(source: str) -> str:
+    return "control" if source == MANIFESTS else "control-api"
+
+
 def run(workdir: Path, rounds: int, quick: bool, with_kubeport: bool, progress: Progress,
-        profiler: Profiler | None = None) -> Bench:
+        profiler: Profiler | None = None, source: str = MANIFESTS) -> Bench:
     services, endpoints, changes = (1000, 10, 10) if quick else (10000, 10, 50)
-    bench = Bench("control", f"Control plane: {services:,} services x {endpoints} endpoints (manifests source)",
+    name = bench_name(source)
+    how = ("manifests source" if source == MANIFESTS
+           else "API watch: the test suite's fake kube-apiserver")
+    bench = Bench(name, f"Control plane: {services:,} services x {endpoints} endpoints ({how})",
                   [KUBEPORT], FIGURES, TARGETS)
+    change = ("an atomic rename of the probe slices' files; latency from the rename" if source == MANIFESTS
+              else "one POST to the fake API server applying the probe slices (MODIFIED events on the daemon's "
+                   "watches); latency from just before the POST")
     bench.notes += [
         f"{services:,} ClusterIP services, {services * endpoints:,} endpoints, plus two probe services "
-        f"(ClusterIP and headless); {changes} endpoint changes per round, each an atomic rename of the probe "
-        "slices' files; latency from the rename until a new connection / a DNS answer shows the new endpoint.",
+        f"(ClusterIP and headless); {changes} endpoint changes per round, each {change} until a new connection "
+        "/ a DNS answer shows the new endpoint.",
         "cold start: spawn -> /readyz 200 -> last service's VIP accepts and its name resolves -> probe serves.",
         "kube-proxy for scale: nftables mode needs ~141 ms to add one service with 10k present; "
         "CoreDNS sizes at (pods+services)/1000 + 54 MB = 164 MB for this cluster.",
         "No peer runs here: kube-proxy and CoreDNS need a kube-apiserver; their published figures are quoted.",
     ]
+    if source == API:
+        bench.notes.append(
+            "API source: bench/apiserver.py serves tests/fakes/fake_apiserver.py (the real list/watch protocol; "
+            "objects shaped like a real server's, with uids, managedFields and ownerReferences) over plain HTTP "
+            "with a bearer token, from the node namespace, in a process of its own (not in the daemon's RSS or "
+            "CPU). The daemon takes its initial state as a streaming list (watch with sendInitialEvents=true), "
+            "which the fake encodes in Python: part of the cold start, where a real kube-apiserver's watch cache "
+            "would be faster.")
     if not with_kubeport:
         bench.notes.append("kubeport not run (--no-kubeport): nothing measured.")
         return bench
     manifests = workdir / "manifests"
-    progress.context = "control"
-    progress.say(f"generating {services:,} services x {endpoints} endpoints")
-    generate.write_cluster(manifests, services, endpoints)
-    with Topology("control", ["client", "be"], workdir) as topo:
+    progress.context = name
+    if source == MANIFESTS:
+        progress.say(f"generating {services:,} services x {endpoints} endpoints")
+        generate.write_cluster(manifests, services, endpoints)
+    with Topology(name, ["client", "be"], workdir) as topo:
         for address in PROBE_ENDPOINTS:
             topo.ip("be", "addr", "add", f"{address}/32", "dev", "eth0")
         topo.ip("node", "route", "add", "10.201.0.0/24", "via", topo.addr("be"))
         start_identity_nginx(topo, workdir)
-        setup = Setup(topo, workdir, manifests, services, endpoints, changes)
-        run_rounds(bench, rounds, lambda name, r: measure_round(setup, r, progress), progress)
-        worst = furthest_from_target(bench, 1)
-        if profiler is not None and worst:
-            progress.context = "control profile"
-            figure, how_far = worst[0]
-            first = len(profiler.profiles)
-            try:
-                measure_round(setup, 0, progress,
-                              profile=lambda pid: profiler.record(
-                                  "control", figure, how_far, pid, None,
-                                  scope="The profile spans a whole round: cold start, the endpoint changes, "
-                                        "then shutdown; wall-clock waits (file-watch debounce) do not show "
-                                        "in a CPU profile."))
-            except Exception as exc:  # a failed profile run is reported, not fatal
-                progress.say(f"profile run failed: {exc}")
-            bench.profiles.extend(profiler.profiles[first:])
+        setup = Setup(topo, workdir, manifests, services, endpoints, changes, source)
+        api = start_api_server(setup, progress) if source == API else None
+        try:
+            run_rounds(bench, rounds, lambda _subject, r: measure_round(setup, r, progress), progress)
+            worst = furthest_from_target(bench, 1)
+            if profiler is not None and worst:
+                progress.context = f"{name} profile"
+                figure, how_far = worst[0]
+                first = len(profiler.profiles)
+                try:
+                    measure_round(setup, 0, progress,
+                                  profile=lambda pid: profiler.record(
+                                      name, figure, how_far, pid, None,
+                                      scope="The profile spans a whole round: cold start, the endpoint changes, "
+                                            "then shutdown; wall-clock waits (file-watch debounce) do not show "
+                                            "in a CPU profile."))
+                except Exception as exc:  # a failed profile run is reported, not fatal
+                    progress.say(f"profile run failed: {exc}")
+                bench.profiles.extend(profiler.profiles[first:])
+        finally:
+            stop_process(api)
     return bench
+
+
+def start_api_server(setup: Setup, progress: Progress) -> subprocess.Popen:
+    """bench/apiserver.py in the node namespace, on the node's address toward the client (the
+    probes apply their slices from there); the daemon's kubeconfig points at it."""
+    topo = setup.topo
+    host = topo.node_addr("client")
+    token = secrets.token_hex(16)
+    progress.say(f"fake kube-apiserver: loading {setup.services:,} services x {setup.endpoints} endpoints")
+    proc = topo.spawn("node", [sys.executable, str(Path(__file__).with_name("apiserver.py")), "--listen", host,
+                               "--port", str(API_PORT), "--control-port", str(API_CONTROL_PORT),
+                               "--services", str(setup.services), "--endpoints", str(setup.endpoints),
+                               "--token", token, "--node", "node"], "apiserver")
+
+    def serving() -> bool:
+        if proc.poll() is not None:
+            raise TopologyError(f"the fake API server exited {proc.returncode}: {topo.log_tail('apiserver', 8)}")
+        return topo.call_in("client", probes.tcp_open, host, API_CONTROL_PORT)
+
+    wait_for(serving, 300, "the fake API server", interval=0.2)
+    setup.apply_url = f"http://{host}:{API_CONTROL_PORT}/bench/apply"
+    setup.kubeconfig = setup.workdir / "kubeconfig"
+    setup.kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+        "clusters": [{"name": "bench", "cluster": {"server": f"http://{host}:{API_PORT}"}}],
+        "users": [{"name": "bench", "user": {"token": token}}],
+        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
+    }))
+    return proc
 
 
 def start_identity_nginx(topo: Topology, workdir: Path) -> None:

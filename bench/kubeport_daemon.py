@@ -21,12 +21,14 @@ METRICS = "127.0.0.1:10249"
 
 
 class KubeportDaemon:
-    def __init__(self, topo: Topology, role: str, workdir: Path, manifests: Path, dns_address: str,
-                 upstream: str, extra_args: list[str] | None = None) -> None:
+    def __init__(self, topo: Topology, role: str, workdir: Path, manifests: Path | None, dns_address: str,
+                 upstream: str, extra_args: list[str] | None = None, kubeconfig: Path | None = None) -> None:
+        """The source is ``manifests`` (a directory) or, when given, the API server of ``kubeconfig``."""
         self.topo = topo
         self.role = role
         self.workdir = workdir
         self.manifests = manifests
+        self.kubeconfig = kubeconfig
         self.dns_address = dns_address
         self.upstream = upstream
         self.extra_args = extra_args or []
@@ -38,8 +40,9 @@ class KubeportDaemon:
         return None if self.proc is None else self.proc.pid
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "kubeport", "run",
-                "--manifests", str(self.manifests),
+        source = (["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig is not None
+                  else ["--manifests", str(self.manifests)])
+        return [sys.executable, "-m", "kubeport", "run", *source,
                 "--hostname-override", "node",
                 "--state-dir", str(self.workdir / "state"),
                 "--healthz-bind-address", HEALTHZ,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run kubeport's benchmarks against the peers, in one invocation.
 
-    sudo .venv/bin/python bench/run.py [--quick] [--only proxy|dns|control] [--rounds 3]
+    sudo .venv/bin/python bench/run.py [--quick] [--only proxy|dns|control|control-api] [--rounds 3]
 
 Installs missing peers from Debian's packages, builds one network-namespace topology per
 benchmark, alternates peers and kubeport within each round, then writes
@@ -90,10 +90,14 @@ def kubeport_runs() -> tuple[bool, str]:
     return proc.returncode == 0, (proc.stderr or proc.stdout).strip()[-300:]
 
 
+#: in the order they run; control-api is the control plane through the API watch.
+BENCHMARKS = ["proxy", "dns", "control", "control-api"]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="kubeport benchmarks against peers (issue #7)")
     parser.add_argument("--quick", action="store_true", help="2 s tool runs, smaller scales (a smoke run)")
-    parser.add_argument("--only", action="append", choices=["proxy", "dns", "control"],
+    parser.add_argument("--only", action="append", choices=BENCHMARKS,
                         help="run only this benchmark (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per benchmark (>= 3 for a real run)")
     parser.add_argument("--seconds", type=float, help="duration of each tool run (default 5, quick 2)")
@@ -138,7 +142,8 @@ def run_one(name: str, args: argparse.Namespace, workdir: Path, with_kubeport: b
             from kubeport_bench import dns
             return dns.run(workdir, args.rounds, args.seconds, args.workers, with_kubeport, progress, profiler)
         from kubeport_bench import control
-        return control.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler)
+        source = control.API if name == "control-api" else control.MANIFESTS
+        return control.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler, source)
     except KeyboardInterrupt:
         if progress.bench is not None and progress.bench.name == name:
             interrupted.append(progress.bench)
@@ -203,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                                "quick": args.quick, "seconds_per_run": args.seconds, "workers": args.workers}
     profiler = None if args.no_profile else Profiler(args.results, stamp)
     benches = []
-    only = args.only or ["proxy", "dns", "control"]
+    only = args.only or BENCHMARKS
     try:
-        for name in ("proxy", "dns", "control"):
+        for name in BENCHMARKS:
             if name in only:
                 bench = run_one(name, args, workdir / name, with_kubeport, progress, profiler)
                 if bench is not None:

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""The test suite's fake kube-apiserver (tests/fakes/fake_apiserver.py), loaded with N services
+x M endpoints shaped like a real server's JSON, for the control-plane benchmark's API source.
+
+    apiserver.py --listen IP --port N --services N --endpoints M --token T [--node NAME]
+
+It speaks the real list/watch protocol (paged lists, watch events, bookmarks) over plain
+HTTP with a bearer token, in the namespace it is started in. One route is the benchmark's
+own: ``POST /bench/apply`` with a JSON list of objects applies them (ADDED or MODIFIED
+events to the open watches, as `kubectl apply` would cause); it answers with the new
+resourceVersion. Prints ``serving <url>`` once listening. Runs until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import socket
+import sys
+from pathlib import Path
+
+# The fake lives with the tests; generate.py is found beside this script (sys.path[0]).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fakes"))
+
+import k8s_objects as k8s  # noqa: E402
+from aiohttp import web  # noqa: E402
+from fake_apiserver import FakeApiServer  # noqa: E402
+from generate import NAMESPACE, SERVICE_PORT, TARGET_PORT, cluster_ip, pod_ip, service_name  # noqa: E402
+
+
+def cluster_objects(services: int, endpoints: int) -> list[dict]:
+    """The services of bench/generate.py (same names, ClusterIPs and pod IPs) as the API server
+    and the EndpointSlice controller write them: uids, managedFields, ownerReferences."""
+    ports = [{"name": "http", "protocol": "TCP", "port": SERVICE_PORT, "targetPort": TARGET_PORT}]
+    objects = []
+    for i in range(services):
+        name = service_name(i)
+        objects.append(k8s.service(name, NAMESPACE, cluster_ip=cluster_ip(i), ports=ports))
+        if endpoints:
+            objects.append(k8s.endpoint_slice(f"{name}-s1", name, NAMESPACE, port=TARGET_PORT,
+                                              addresses=[pod_ip(i, j, endpoints) for j in range(endpoints)]))
+    return objects
+
+
+async def serve(args: argparse.Namespace) -> None:
+    fake = FakeApiServer(token=args.token)
+    for name in (NAMESPACE, "default"):
+        fake.apply(k8s.namespace(name))
+    fake.apply(k8s.node(args.node, internal_ip=args.listen))
+    for obj in cluster_objects(args.services, args.endpoints):
+        fake.apply(obj)
+    fake.compact()  # the load is not history: a watch starts from the list, as with a real server
+
+    async def apply(request: web.Request) -> web.Response:
+        version = 0
+        for obj in await request.json():
+            version = fake.apply(obj)
+        return web.json_response({"resourceVersion": str(version)})
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.listen, args.port))
+    await fake.start(sock=sock)
+    control = web.Application()
+    control.router.add_post("/bench/apply", apply)
+    runner = web.AppRunner(control, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, args.listen, args.control_port).start()
+    print(f"serving {fake.url}", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    await fake.stop()
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--listen", required=True, help="address to serve on")
+    parser.add_argument("--port", type=int, default=6443, help="the API (plain HTTP)")
+    parser.add_argument("--control-port", type=int, default=6444, help="POST /bench/apply")
+    parser.add_argument("--services", type=int, required=True)
+    parser.add_argument("--endpoints", type=int, required=True, help="endpoints per service (one slice)")
+    parser.add_argument("--token", required=True, help="the bearer token clients must send")
+    parser.add_argument("--node", default="node", help="the Node object of the daemon's host")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(parse_args()))
