@@ -208,7 +208,11 @@ def _chart_rows(benches: list[Bench]) -> list[tuple[str, float, float, float, fl
     way; an absolute target becomes target/value (or value/target), so 1 is the target itself.
     """
     rows = []
+    # Benchmarks that share figure names (the control plane from manifests and through the API)
+    # say which one a bar is.
+    names = [fig.short for bench in benches for fig in bench.figures]
     for bench in benches:
+        shared = {fig.key for fig in bench.figures if names.count(fig.short) > 1}
         for row in bench.ratio_rows():
             if row.stats is None:
                 continue
@@ -225,7 +229,8 @@ def _chart_rows(benches: list[Bench]) -> list[tuple[str, float, float, float, fl
                 value, low, high = st.median / goal, st.low / goal, st.high / goal
             else:
                 value, low, high = goal / st.median, goal / st.high, goal / max(st.low, 1e-9)
-            rows.append((f"{fig.short} / target {row.target.text}", value, low, high, 1.0, row.met))
+            where = f"{bench.name}: " if fig.key in shared else ""
+            rows.append((f"{where}{fig.short} / target {row.target.text}", value, low, high, 1.0, row.met))
     return rows
 
 
