@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 from . import profiles
 from .harness import KUBEPORT, Bench, Stats, stats_of
@@ -96,6 +97,19 @@ def _cost_table(bench: Bench, seconds: float | None) -> list[str]:
             *rows]
 
 
+def _subject_table(bench: Bench, stat: Callable[[str, str], Stats | None], digits: int, caption: str) -> list[str]:
+    """One row per figure, one column per subject; nothing when no subject has a value."""
+    rows = []
+    for fig in bench.figures:
+        cells = [_cell(stat(fig.key, s), digits) for s in bench.subjects]
+        if any(c != "—" for c in cells):
+            rows.append(f"| {fig.title} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["", caption, "", "| figure | " + " | ".join(bench.subjects) + " |",
+            "|---|" + "---|" * len(bench.subjects), *rows]
+
+
 def bench_markdown(bench: Bench, seconds: float | None = None) -> str:
     lines = [f"### {bench.title}", "", "Median (min–max) over rounds.", "",
              "| figure | unit | " + " | ".join(bench.subjects) + " |",
@@ -103,25 +117,11 @@ def bench_markdown(bench: Bench, seconds: float | None = None) -> str:
     for fig in bench.figures:
         cells = [_cell(bench.stats(fig.key, s), fig.digits) for s in bench.subjects]
         lines.append(f"| {fig.title} | {fig.unit} | " + " | ".join(cells) + " |")
-    cpu_rows = []
-    for fig in bench.figures:
-        cells = [_cell(bench.cpu(fig.key, s), 2) for s in bench.subjects]
-        if any(c != "—" for c in cells):
-            cpu_rows.append(f"| {fig.title} | " + " | ".join(cells) + " |")
-    if cpu_rows:
-        lines += ["", "CPU seconds of the process under test per run (— : kernel path or not metered):", "",
-                  "| figure | " + " | ".join(bench.subjects) + " |", "|---|" + "---|" * len(bench.subjects)]
-        lines += cpu_rows
-    busy_rows = []
-    for fig in bench.figures:
-        cells = [_cell(bench.machine_busy(fig.key, s), 0) for s in bench.subjects]
-        if any(c != "—" for c in cells):
-            busy_rows.append(f"| {fig.title} | " + " | ".join(cells) + " |")
-    if busy_rows:
-        lines += ["", "Machine busy during each run, % of all cores (load generator, backends and the path under "
-                  "test together; near 100 the machine, not the path, sets the figure):", "",
-                  "| figure | " + " | ".join(bench.subjects) + " |", "|---|" + "---|" * len(bench.subjects)]
-        lines += busy_rows
+    lines += _subject_table(bench, bench.cpu, 2,
+                            "CPU seconds of the process under test per run (— : kernel path or not metered):")
+    lines += _subject_table(bench, bench.machine_busy, 0,
+                            "Machine busy during each run, % of all cores (load generator, backends and the path "
+                            "under test together; near 100 the machine, not the path, sets the figure):")
     lines += _cost_table(bench, seconds)
     ratio_rows = bench.ratio_rows()
     if ratio_rows:
