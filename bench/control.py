@@ -72,6 +72,12 @@ class Setup:
     kubeconfig: Path | None = None
     apply_url: str = ""
 
+    def move_probes(self, endpoint: str) -> float:
+        """Point both probe services at ``endpoint`` (from the client namespace); when it began."""
+        if self.source == API:
+            return apply_probes(self.apply_url, endpoint)
+        return write_probes(self.manifests, endpoint)
+
 
 def probe_objects(endpoint: str) -> tuple[list[dict], list[dict]]:
     ports = [{"name": "http", "port": 80, "targetPort": PROBE_PORT, "protocol": "TCP"}]
@@ -148,14 +154,9 @@ def last_service_ready(topo: Topology, services: int) -> bool:
 def measure_round(setup: Setup, round_no: int, progress: Progress, profile=None) -> list[Sample]:
     """One cold start, the endpoint changes, RSS. ``profile(pid)`` wraps the daemon's whole life."""
     topo = setup.topo
-    if setup.source == API:
-        topo.call_in("client", apply_probes, setup.apply_url, PROBE_ENDPOINTS[0])
-        daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", None, DNS,
-                                upstream=f"{topo.addr('be')}:53", kubeconfig=setup.kubeconfig)
-    else:
-        write_probes(setup.manifests, PROBE_ENDPOINTS[0])
-        daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", setup.manifests, DNS,
-                                upstream=f"{topo.addr('be')}:53")
+    topo.call_in("client", setup.move_probes, PROBE_ENDPOINTS[0])
+    daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", setup.manifests, DNS,
+                            upstream=f"{topo.addr('be')}:53", kubeconfig=setup.kubeconfig)
     samples: list[Sample] = []
     daemon.start()
     try:
@@ -185,33 +186,24 @@ def measure_running(setup: Setup, daemon: KubeportDaemon, round_no: int, progres
         total = time.perf_counter() - daemon.started_at
         return total, cpu_seconds(daemon.pid), {"readyz_s": ready_s}
 
-    samples = [measured(bench_name(setup.source), "cold_start", KUBEPORT, round_no, progress, cold_start, "s")]
+    name = bench_name(setup.source)
+    samples = [measured(name, "cold_start", KUBEPORT, round_no, progress, cold_start, "s")]
     if samples[-1].value is None:
         return samples
     conn, dns = [], []
-    if setup.source == API:
-        url = setup.apply_url
-
-        def change(endpoint: str) -> float:
-            return apply_probes(url, endpoint)
-    else:
-        manifests = setup.manifests
-
-        def change(endpoint: str) -> float:
-            return write_probes(manifests, endpoint)
     meter = CpuMeter(daemon.pid).start()
     for k in range(setup.changes):
         endpoint = PROBE_ENDPOINTS[(k + 1) % 2]
-        conn_ms, dns_ms = topo.call_in("client", change_and_watch, change, endpoint, timeout=60)
+        conn_ms, dns_ms = topo.call_in("client", change_and_watch, setup.move_probes, endpoint, timeout=60)
         conn.append(conn_ms)
         dns.append(dns_ms)
     cpu = meter.stop()
     for key, values in (("change_conn_p99", conn), ("change_dns_p99", dns)):
         extra = {"median_ms": sorted(values)[len(values) // 2], "max_ms": max(values), "changes": len(values),
                  "all_ms": [round(v, 2) for v in values]}
-        samples.append(measured(bench_name(setup.source), key, KUBEPORT, round_no, progress,
+        samples.append(measured(name, key, KUBEPORT, round_no, progress,
                                 lambda v=values, e=extra: (p99(v), cpu, e), "ms"))
-    samples.append(measured(bench_name(setup.source), "rss_mib", KUBEPORT, round_no, progress,
+    samples.append(measured(name, "rss_mib", KUBEPORT, round_no, progress,
                             lambda: (daemon.rss() / 2**20, None, {}), "MiB"))
     return samples
 

@@ -69,7 +69,6 @@ class ApiStatusError(Exception):
         return self.status.message if self.status else ""
 
 
-
 #: the packages whose ``__init__`` imports every API class and model; registered bare instead.
 _BARE_PACKAGES = ("kubernetes_asyncio", "kubernetes_asyncio.client", "kubernetes_asyncio.client.models")
 

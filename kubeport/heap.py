@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
-
-log = logging.getLogger(__name__)
 
 
 def release_freed_memory() -> bool:
