@@ -6,10 +6,12 @@ services that worked before the restart would be gone. So every file that parsed
 to ``<state-dir>/last-good/files/<its path>``, and a file that does not parse at start-up is
 served from its copy until it is fixed.
 
-Cheap by design: a batch only notes which files parsed (``keep``); the copies are made off
-the event loop by the kernel (``copy_file_range``: no bytes pass through Python, no memory
-held), checked against the digest of the bytes that parsed, and only for files whose bytes
-changed since they were copied: a restart copies nothing. ``index.json`` maps each path to
+Cheap by design: a batch only notes which files parsed (``keep``); the copies are made in a
+quiet moment after it (a clean stop makes the last ones; a crash can lose at most the last
+few seconds of copies, never a file) by the kernel (``copy_file_range``: no bytes pass
+through Python, no memory held; large files off the event loop), checked against the digest
+of the bytes that parsed, and only for files whose bytes changed since they were copied: a
+restart copies nothing. ``index.json`` maps each path to
 that digest. Best effort: the copies are a safety net, never a reason to refuse a file or
 to stop; a copy that cannot be made is logged once.
 """
@@ -35,6 +37,11 @@ log = logging.getLogger(__name__)
 DIRECTORY_NAME = "last-good"
 INDEX_NAME = "index.json"
 _CHUNK = 1 << 20
+#: A save copying no more than this is made on the event loop (see ``keep_saving``).
+INLINE_SAVE_BYTES = 256 * 1024
+#: Copies are saved once no batch came for this long (seconds), at the latest after SAVE_MAX_DELAY.
+SAVE_QUIET = 0.2
+SAVE_MAX_DELAY = 5.0
 
 
 class LastGoodFiles:
@@ -79,13 +86,37 @@ class LastGoodFiles:
         pending, self._pending = self._pending, {}
         return pending
 
-    async def keep_saving(self, wanted: asyncio.Event, manifests: Path) -> None:
-        """Each time ``wanted`` is set, save what was noted, in a thread: never holding a batch
-        of changes or the event loop up."""
+    async def keep_saving(self, wanted: asyncio.Event, manifests: Path, *, quiet: float = SAVE_QUIET,
+                          max_delay: float = SAVE_MAX_DELAY) -> None:
+        """Save what was noted once ``wanted`` was set and then stayed unset for ``quiet`` seconds
+        (at the latest ``max_delay`` after it was first set): the copies matter at the next
+        start, the next change matters now. Small files are copied on the event loop, large
+        ones in a thread.
+
+        Why not always at once in a thread: measured at 10,000 services with a change every
+        few ms, saving two 1 KiB files took 1-7 ms in a thread (three renames of ~0.25 ms each
+        on overlayfs), convoying with the loop on the GIL: the loop stalled up to 5 ms (the
+        switch interval) while it applied the next change. On the loop the same save is ~1 ms
+        of syscalls, which a quiet moment can spare."""
+        loop = asyncio.get_running_loop()
         while True:
             await wanted.wait()
-            wanted.clear()
-            await asyncio.to_thread(self.save, self.take(), manifests)
+            latest = loop.time() + max_delay
+            while True:
+                wanted.clear()
+                wait = min(quiet, latest - loop.time())
+                if wait <= 0:
+                    break
+                try:
+                    async with asyncio.timeout(wait):
+                        await wanted.wait()
+                except TimeoutError:
+                    break
+            pending = self.take()
+            if _bytes_to_copy(pending, manifests) <= INLINE_SAVE_BYTES:
+                self.save(pending, manifests)
+            else:
+                await asyncio.to_thread(self.save, pending, manifests)
 
     def save(self, pending: dict[str, bytes | None], manifests: Path) -> None:
         """Copy (or delete) the files noted in ``pending``, then write the index. Blocking:
@@ -148,6 +179,17 @@ class LastGoodFiles:
         scratch = self.directory / f".{INDEX_NAME}.tmp"
         scratch.write_text(json.dumps({path: digest.hex() for path, digest in sorted(self._digests.items())}))
         os.replace(scratch, self.directory / INDEX_NAME)
+
+
+def _bytes_to_copy(pending: dict[str, bytes | None], manifests: Path) -> int:
+    total = 0
+    for path, digest in pending.items():
+        if digest is not None:
+            try:
+                total += os.stat(manifests / path).st_size
+            except OSError:
+                pass  # gone: nothing to copy
+    return total
 
 
 def _file_digest(path: Path) -> bytes:

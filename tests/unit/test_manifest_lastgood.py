@@ -3,10 +3,11 @@ saved in the state directory: a restart loses nothing that worked before it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from kubeport.endpoints.allocstore import AllocationStore
-from kubeport.endpoints.manifest_lastgood import DIRECTORY_NAME, LastGoodFiles
+from kubeport.endpoints.manifest_lastgood import DIRECTORY_NAME, LastGoodFiles, _file_digest
 from kubeport.endpoints.types import ServiceName
 
 from manifest_support import manifests  # noqa: F401  (a fixture)
@@ -98,3 +99,46 @@ def test_a_state_directory_that_cannot_hold_the_copies_costs_only_the_copies(man
     harness = start(manifests, not_a_directory)
     assert harness.ports() == [80] and harness.source.problems == []
     assert "last good manifests" in caplog.text and "cannot keep copies" in caplog.text
+
+
+async def test_copies_wait_for_a_quiet_moment(tmp_path):
+    """A burst of changes is saved once it stops (or at the latest after max_delay), never
+    between two changes of the burst."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    last_good = LastGoodFiles(tmp_path / "state")
+    copy = last_good.files / "web.yaml"
+    wanted = asyncio.Event()
+    saver = asyncio.create_task(last_good.keep_saving(wanted, manifests, quiet=0.2, max_delay=30))
+    try:
+        for port in (80, 81, 82):
+            (manifests / "web.yaml").write_text(service(port=port))
+            last_good.keep("web.yaml", _file_digest(manifests / "web.yaml"))
+            wanted.set()
+            await asyncio.sleep(0.02)  # the burst's pace: well inside the quiet time
+            assert not copy.exists()
+        deadline = asyncio.get_running_loop().time() + 5
+        while not copy.exists():
+            assert asyncio.get_running_loop().time() < deadline, "no copy once the burst stopped"
+            await asyncio.sleep(0.01)
+        assert copy.read_text() == service(port=82)
+    finally:
+        saver.cancel()
+
+
+async def test_a_burst_that_never_stops_is_saved_after_max_delay(tmp_path):
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    last_good = LastGoodFiles(tmp_path / "state")
+    wanted = asyncio.Event()
+    saver = asyncio.create_task(last_good.keep_saving(wanted, manifests, quiet=10, max_delay=0.1))
+    try:
+        (manifests / "web.yaml").write_text(service(port=80))
+        last_good.keep("web.yaml", _file_digest(manifests / "web.yaml"))
+        deadline = asyncio.get_running_loop().time() + 5
+        while not (last_good.files / "web.yaml").exists():
+            assert asyncio.get_running_loop().time() < deadline, "the copy waited past max_delay"
+            wanted.set()  # a change every 10 ms, never a quiet 10 s
+            await asyncio.sleep(0.01)
+    finally:
+        saver.cancel()
