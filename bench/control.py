@@ -110,11 +110,14 @@ def probe_dns_name() -> str:
 CHANGE_WATCH = ChangeWatch(conn=(PROBE_VIP, 80), dns=(DNS, probe_dns_name()))
 
 
-def apply_probes(apply_url: str, endpoint: str) -> float:
+def apply_probes(apply_url: str, endpoint: str, with_services: bool = False) -> float:
     """Point both probe services at ``endpoint`` through the API server; returns the perf_counter
-    just before the request (the latency includes the apply itself, as a controller's write would)."""
+    just before the request (the latency includes the apply itself, as a controller's write would).
+    As the EndpointSlice controller does, an endpoint change writes only the slices: the
+    Services, written once (``with_services``), are not touched again."""
     clusterip, headless = probe_objects(endpoint)
-    body = json.dumps(clusterip + headless).encode()
+    objects = clusterip + headless if with_services else [clusterip[1], headless[1]]
+    body = json.dumps(objects).encode()
     request = urllib.request.Request(apply_url, body, {"Content-Type": "application/json"})
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -291,6 +294,7 @@ def start_api_server(setup: Setup, progress: Progress) -> subprocess.Popen:
 
     wait_for(serving, 300, "the fake API server", interval=0.2)
     setup.apply_url = f"http://{host}:{API_CONTROL_PORT}/bench/apply"
+    topo.call_in("client", apply_probes, setup.apply_url, PROBE_ENDPOINTS[0], True)
     setup.kubeconfig = setup.workdir / "kubeconfig"
     setup.kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "bench",
