@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from dnslib import QTYPE, RCODE, DNSRecord
 
 HTTP_REQUEST = b"GET / HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n"
+#: the longest wait for an answer when no probe is due (the deadline is checked in between)
+WAIT_CAP = 0.05
 
 
 @dataclass
@@ -78,15 +80,20 @@ class ChangeWatch:
                     except OSError:
                         pass  # a full buffer or an ICMP error of an earlier query: the next one goes out
                     next_query = now + self.dns_pacing
-                wake = min(next_conn if conn_ms is None else float("inf"),
-                           next_query if dns_ms is None else float("inf"))
+                # Never a timeout in the past: a spinning observer takes a core from the daemon.
+                wake = now + WAIT_CAP
+                if conn_ms is None and len(connections) < self.max_connections:
+                    wake = min(wake, next_conn)
+                if dns_ms is None:
+                    wake = min(wake, next_query)
                 for key, _events in selector.select(max(0.0, wake - time.perf_counter())):
                     if key.fileobj is resolver:
-                        if dns_ms is None and _answers(resolver, want_dns, known):
+                        # read also once answered: an unread reply keeps the socket ready
+                        if _answers(resolver, want_dns, known) and dns_ms is None:
                             dns_ms = (time.perf_counter() - start) * 1e3
-                    elif conn_ms is None:
+                    else:
                         body = self._progress(selector, connections, connections[key.fileobj])
-                        if body == want_body:
+                        if body == want_body and conn_ms is None:
                             conn_ms = (time.perf_counter() - start) * 1e3
             selector.unregister(resolver)  # late replies are of no interest
             self._drain(selector, connections, start + deadline_s)
