@@ -7,8 +7,8 @@ Figures, each round starting the daemon cold:
 - one endpoint change: the probe service's only endpoint moves to the other backend address
   (and the headless probe's, for DNS); time from the file's rename (or from the request that
   applies the new slices to the API server) until a new connection reaches the new endpoint /
-  the DNS answer names it (a connection and a query every 0.5 ms each, open loop:
-  bench/change_watch.py); p99 over the changes;
+  the DNS answer names it (open-loop probes, a connection every 1 ms and a query every
+  0.5 ms: bench/change_watch.py); p99 over the changes;
 - daemon RSS with everything loaded.
 
 Topology: client -> node (kubeport) -> be, where nginx answers with the address it was

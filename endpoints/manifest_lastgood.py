@@ -6,13 +6,12 @@ services that worked before the restart would be gone. So every file that parsed
 to ``<state-dir>/last-good/files/<its path>``, and a file that does not parse at start-up is
 served from its copy until it is fixed.
 
-Cheap by design: a batch only notes which files parsed (``keep``); the copies are made in a
-quiet moment after it (a clean stop makes the last ones; a crash can lose at most the last
-few seconds of copies, never a file) by the kernel (``copy_file_range``: no bytes pass
+Cheap by design: a batch only notes which files parsed (``keep``). The copies are made in a
+quiet moment after it (a clean stop makes the last ones; a crash can lose the copies of the
+last few seconds, never a manifest), by the kernel (``copy_file_range``: no bytes pass
 through Python, no memory held; large files off the event loop), checked against the digest
 of the bytes that parsed, and only for files whose bytes changed since they were copied: a
-restart copies nothing. ``index.json`` maps each path to
-that digest. Best effort: the copies are a safety net, never a reason to refuse a file or
+restart copies nothing. ``index.json`` maps each path to that digest. Best effort: the copies are a safety net, never a reason to refuse a file or
 to stop; a copy that cannot be made is logged once.
 """
 
