@@ -11,8 +11,9 @@ quiet moment after it (a clean stop makes the last ones; a crash can lose the co
 last few seconds, never a manifest), by the kernel (``copy_file_range``: no bytes pass
 through Python, no memory held; large files off the event loop), checked against the digest
 of the bytes that parsed, and only for files whose bytes changed since they were copied: a
-restart copies nothing. ``index.json`` maps each path to that digest. Best effort: the copies are a safety net, never a reason to refuse a file or
-to stop; a copy that cannot be made is logged once.
+restart copies nothing. ``index.json`` maps each path to that digest. Best effort: the
+copies are a safety net, never a reason to refuse a file or to stop; a copy that cannot be
+made is logged once.
 """
 
 from __future__ import annotations
