@@ -85,7 +85,7 @@ def serving(topology: Topology, tls: TlsFiles, directory: Path, letter: str,
     with NetnsApiServer(topology.node(letter), tls, **fake_options) as api:
         seed(api, topology, [topology.pod_info(letter, 1), topology.pod_info(letter, 2)])
         before_start(api)
-        daemon = start_daemon(api, directory)
+        daemon = start_daemon(api, directory, "-v")  # -v: each applied change is logged
         try:
             yield Cluster(api, daemon, topology, letter)
         finally:
@@ -195,6 +195,7 @@ def test_relist_after_410_changes_nothing__no_flap(cluster: Cluster):
     api, node = cluster.api, cluster.node
     cluster.set_web("a1", "a2")
     before = settled_status(node)
+    log_mark = len(cluster.daemon.log_text())
     # The watches are cut; meanwhile etcd moves on and compacts: resuming gets "410 Gone".
     for plural in ("services", "endpointslices"):
         api.cut_watches(plural)
@@ -210,7 +211,8 @@ def test_relist_after_410_changes_nothing__no_flap(cluster: Cluster):
 
     wait_until(relisted, 20, message="Services and EndpointSlices relisted after 410")
     after = status(node)
-    assert after["generation"] == before["generation"]  # no snapshot published: nothing applied
+    assert after["generation"] == before["generation"]
+    assert "applied generation" not in cluster.daemon.log_text()[log_mark:]
     for kind in ("Service", "EndpointSlice"):  # the resumed watch ended with the 410 ERROR event
         assert restarts_for(after, kind, "expired") > restarts_for(before, kind, "expired")
     assert set(pods_over(cluster.client, WEB_IP, 80, 10)) <= {"a1", "a2"}
