@@ -127,6 +127,7 @@ class ChangeWatch:
                   probe: _Connection) -> bytes | None:
         """Advance one connection; its body once the reply is complete, else None."""
         sock = probe.sock
+        complete = False
         try:
             if not probe.sent:
                 error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -140,16 +141,15 @@ class ChangeWatch:
             if chunk:
                 probe.reply += chunk
                 return None
+            complete = True  # the server closed after its reply (Connection: close)
         except BlockingIOError:
             return None
         except OSError:
-            chunk = None  # refused or reset (a VIP without endpoints for a moment): no answer
+            pass  # refused or reset (a VIP without endpoints for a moment): no answer
         selector.unregister(sock)
         del connections[sock]
         sock.close()
-        if not chunk and chunk is not None:
-            return bytes(probe.reply).rsplit(b"\r\n\r\n", 1)[-1].strip()
-        return None
+        return bytes(probe.reply).rsplit(b"\r\n\r\n", 1)[-1].strip() if complete else None
 
 
 def _answers(resolver: socket.socket, want: tuple[str, list[str]], known: dict[bytes, bool]) -> bool:

@@ -7,7 +7,8 @@ import asyncio
 import logging
 
 from kubeport.endpoints.allocstore import AllocationStore
-from kubeport.endpoints.manifest_lastgood import DIRECTORY_NAME, LastGoodFiles, _file_digest
+from kubeport.endpoints.manifest_lastgood import DIRECTORY_NAME, LastGoodFiles
+from kubeport.endpoints.manifest_reader import content_digest
 from kubeport.endpoints.types import ServiceName
 
 from manifest_support import manifests  # noqa: F401  (a fixture)
@@ -113,7 +114,7 @@ async def test_copies_wait_for_a_quiet_moment(tmp_path):
     try:
         for port in (80, 81, 82):
             (manifests / "web.yaml").write_text(service(port=port))
-            last_good.keep("web.yaml", _file_digest(manifests / "web.yaml"))
+            last_good.keep("web.yaml", content_digest((manifests / "web.yaml").read_bytes()))
             wanted.set()
             await asyncio.sleep(0.02)  # the burst's pace: well inside the quiet time
             assert not copy.exists()
@@ -134,7 +135,7 @@ async def test_a_burst_that_never_stops_is_saved_after_max_delay(tmp_path):
     saver = asyncio.create_task(last_good.keep_saving(wanted, manifests, quiet=10, max_delay=0.1))
     try:
         (manifests / "web.yaml").write_text(service(port=80))
-        last_good.keep("web.yaml", _file_digest(manifests / "web.yaml"))
+        last_good.keep("web.yaml", content_digest((manifests / "web.yaml").read_bytes()))
         deadline = asyncio.get_running_loop().time() + 5
         while not (last_good.files / "web.yaml").exists():
             assert asyncio.get_running_loop().time() < deadline, "the copy waited past max_delay"
