@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from kubeport.quiet import quiet_moment
+
 from .manifest_files import ParsedFile, iter_manifest
 from .manifest_reader import DIGEST_SIZE, content_digest, decode
 
@@ -98,20 +100,8 @@ class LastGoodFiles:
         on overlayfs), convoying with the loop on the GIL: the loop stalled up to 5 ms (the
         switch interval) while it applied the next change. On the loop the same save is ~1 ms
         of syscalls, which a quiet moment can spare."""
-        loop = asyncio.get_running_loop()
         while True:
-            await wanted.wait()
-            latest = loop.time() + max_delay
-            while True:
-                wanted.clear()
-                wait = min(quiet, latest - loop.time())
-                if wait <= 0:
-                    break
-                try:
-                    async with asyncio.timeout(wait):
-                        await wanted.wait()
-                except TimeoutError:
-                    break
+            await quiet_moment(wanted, quiet=quiet, max_delay=max_delay)
             pending = self.take()
             if _bytes_to_copy(pending, manifests) <= INLINE_SAVE_BYTES:
                 self.save(pending, manifests)
