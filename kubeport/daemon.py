@@ -30,7 +30,7 @@ from kubeport.proxy.health import HealthResponse
 
 from . import components, handover
 from .config import KubeportConfiguration
-from .heap import release_freed_memory
+from .heap import keep_heap_trimmed, release_freed_memory
 from .metrics import ProxyMetrics
 from .reload import Reloader
 from .status import StatusServer
@@ -61,6 +61,10 @@ class Daemon:
         self._reloader = Reloader(config_file, flags or {})
         self._applied: dict[str, int] = {}
         self._ready = asyncio.Event()
+        #: set when a change was applied: the freed heap goes back to the kernel in a quiet moment
+        self._heap_changed = asyncio.Event()
+        #: the snapshot generation served when the heap was last trimmed (status: the bench waits on it)
+        self._heap_trimmed_generation: int | None = None
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
         self._handing_over = False
@@ -116,6 +120,7 @@ class Daemon:
             "proxy": {"listeners": len(self._proxier.listening) if self._proxier else 0,
                       "appliedGeneration": self._applied.get("proxy")},
             "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
+            "heap": {"trimmedGeneration": self._heap_trimmed_generation},
         }
 
     def proxy_health(self, path: str) -> HealthResponse:
@@ -193,6 +198,7 @@ class Daemon:
                 tasks.create_task(self._follow("proxy", self._apply_proxy), name="proxy")
                 tasks.create_task(self._proxier.wait_failed(), name="proxy-failure")
                 tasks.create_task(self._reloader.run(self._reload), name="reload")
+                tasks.create_task(keep_heap_trimmed(self._heap_changed, self._heap_trimmed), name="heap")
                 tasks.create_task(self._stop_when_asked(), name="stop")
                 if not primary:
                     tasks.create_task(self._take_over(), name="takeover")
@@ -299,12 +305,19 @@ class Daemon:
                 log.debug("%s: applied generation %d (%d services changed)",
                           consumer, generation, len(snapshot.changed))
             self._applied[consumer] = generation
-            if len(self._applied) == 2 and not self._ready.is_set():
+            if self._ready.is_set():
+                if snapshot.changed:
+                    self._heap_changed.set()
+            elif len(self._applied) == 2:
                 # Everything built for the first view lives long: keep it out of the
                 # collector's generations so later collections stay cheap.
                 gc.freeze()
-                release_freed_memory()
+                if release_freed_memory():
+                    self._heap_trimmed()
                 self._ready.set()
+
+    def _heap_trimmed(self) -> None:
+        self._heap_trimmed_generation = self.state.snapshot.generation
 
     # --- SIGHUP ---------------------------------------------------------------------------
 
