@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import probes
 from .procinfo import rss_bytes
-from .topology import Topology, TopologyError, stop_process
+from .topology import Topology, TopologyError, stop_process, wait_for
 
 HEALTHZ = "127.0.0.1:10256"
 METRICS = "127.0.0.1:10249"
@@ -79,6 +79,19 @@ class KubeportDaemon:
 
     def rss(self) -> int | None:
         return rss_bytes(self.pid)
+
+    def status(self) -> dict | None:
+        """`kubeport get status -o json`: the daemon's /api/v1/status."""
+        return self.topo.call_in(self.role, probes.http_json, f"http://{METRICS}/api/v1/status", 2.0)
+
+    def wait_at_rest(self, timeout: float) -> float:
+        """Until the daemon has given the heap freed by the last change back to the kernel (it
+        does once no change came for a moment: kubeport/heap.py)."""
+        def trimmed() -> bool:
+            status = self.status() or {}
+            done = (status.get("heap") or {}).get("trimmedGeneration")
+            return done is not None and done >= status.get("generation", 0)
+        return wait_for(trimmed, timeout, "kubeport to trim its heap after the last change", interval=0.2)
 
     def stop(self) -> None:
         stop_process(self.proc, timeout=15)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import urllib.error
 import urllib.request
@@ -24,6 +25,15 @@ def http_status(url: str, timeout: float = 1.0) -> int | None:
     except urllib.error.HTTPError as exc:
         return exc.code
     except OSError:
+        return None
+
+
+def http_json(url: str, timeout: float = 1.0):
+    """The decoded JSON body of a GET, or None when it fails."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.load(response)
+    except (OSError, ValueError):
         return None
 
 
