@@ -2,9 +2,16 @@
 
 A listening socket cannot drop a SYN (the kernel completes the handshake before
 accept), and no listener means "refused", so kube-proxy's DROP needs a packet
-filter. kubeport owns one nftables table, ``inet kubeport``: a base chain on the
-input hook and sets of (daddr . l4proto . dport) elements. Each sync sends one
-``nft -f -`` batch holding only the changed elements (atomic: all or nothing).
+filter. kubeport owns one nftables table, ``inet kubeport``: sets of
+(daddr . l4proto . dport) elements and, while any of them holds one, a base chain on
+the input hook. Each sync sends one ``nft -f -`` batch holding only the changed
+elements (atomic: all or nothing).
+
+The chain is hooked only while it has something to drop: every packet the node
+receives, relayed or not, walks a hooked chain (its set lookups were ~2% of the
+proxy's CPU in the new-connections benchmark, and 4% more connections per second
+without the chain). Most clusters never need it (no Local policy without local
+endpoints, no loadBalancerSourceRanges).
 
 * ``drop4``/``drop6``: every client is dropped (ClusterIP with iTP=Local).
 * ``dropext4``/``dropext6``: only clients outside the pod CIDRs (``local4``/``local6``)
@@ -30,6 +37,17 @@ from .table import Frontend
 log = logging.getLogger(__name__)
 
 TABLE = "inet kubeport"
+CHAIN = "input"
+CHAIN_HOOK = "type filter hook input priority filter - 5; policy accept;"
+_FRONTEND_KEY = "daddr . meta l4proto . th dport"
+RULES = (
+    f"ip {_FRONTEND_KEY} @drop4 drop",
+    f"ip6 {_FRONTEND_KEY} @drop6 drop",
+    f"ip {_FRONTEND_KEY} @dropext4 ip saddr != @local4 fib saddr type != local drop",
+    f"ip6 {_FRONTEND_KEY} @dropext6 ip6 saddr != @local6 fib saddr type != local drop",
+    f"ip {_FRONTEND_KEY} @fw4 ip {_FRONTEND_KEY} . ip saddr != @fwallow4 drop",
+    f"ip6 {_FRONTEND_KEY} @fw6 ip6 {_FRONTEND_KEY} . ip6 saddr != @fwallow6 drop",
+)
 
 #: frontend -> True when only non-local clients are dropped.
 DropSet = Mapping[Frontend, bool]
@@ -86,19 +104,11 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
         lines.append(f"  set fwallow{family} {{ type {key} . {addr_type}; flags interval;"
                      f"{elements(f'fwallow{family}')} }}")
         lines.append(f"  set local{family} {{ type {addr_type}; flags interval;{elements('', local[family])} }}")
-    frontend_key = "daddr . meta l4proto . th dport"
-    lines += [
-        "  chain input {",
-        "    type filter hook input priority filter - 5; policy accept;",
-        f"    ip {frontend_key} @drop4 drop",
-        f"    ip6 {frontend_key} @drop6 drop",
-        f"    ip {frontend_key} @dropext4 ip saddr != @local4 fib saddr type != local drop",
-        f"    ip6 {frontend_key} @dropext6 ip6 saddr != @local6 fib saddr type != local drop",
-        f"    ip {frontend_key} @fw4 ip {frontend_key} . ip saddr != @fwallow4 drop",
-        f"    ip6 {frontend_key} @fw6 ip6 {frontend_key} . ip6 saddr != @fwallow6 drop",
-        "  }",
-        "}",
-    ]
+    if drops or allowed:
+        lines += [f"  chain {CHAIN} {{", f"    {CHAIN_HOOK}"]
+        lines += [f"    {rule}" for rule in RULES]
+        lines.append("  }")
+    lines.append("}")
     return "\n".join(lines) + "\n"
 
 
@@ -128,6 +138,12 @@ def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet
             adds.append((f"fw{frontend.family}", _element(frontend)))
     lines = [f"delete element {TABLE} {name} {{ {element} }}" for name, element in deletes]
     lines += [f"add element {TABLE} {name} {{ {element} }}" for name, element in adds]
+    hooked, wanted = bool(current or current_allowed), bool(desired or desired_allowed)
+    if wanted and not hooked:
+        lines += [f"add chain {TABLE} {CHAIN} {{ {CHAIN_HOOK} }}"]
+        lines += [f"add rule {TABLE} {CHAIN} {rule}" for rule in RULES]
+    elif hooked and not wanted:
+        lines += [f"flush chain {TABLE} {CHAIN}", f"delete chain {TABLE} {CHAIN}"]
     return "".join(line + "\n" for line in lines)
 
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.proxy.firewall import FakeFirewall, render_changes, render_setup
+from kubeport.proxy.firewall import RULES, FakeFirewall, render_changes, render_setup
 from kubeport.proxy.table import Frontend
 
 CIP = Frontend("10.96.0.20", 80, "TCP")
 NP6 = Frontend("fd00:1::10", 30053, "UDP")
 LB = Frontend("198.51.100.9", 80, "TCP")
 LB6 = Frontend("2001:db8::9", 443, "TCP")
+
+HOOK = ("add chain inet kubeport input { type filter hook input priority filter - 5; policy accept; }\n"
+        + "".join(f"add rule inet kubeport input {rule}\n" for rule in RULES))
+UNHOOK = "flush chain inet kubeport input\ndelete chain inet kubeport input\n"
 
 
 def test_setup_replaces_leftovers_atomically_and_marks_pod_cidrs_local():
@@ -19,6 +23,12 @@ def test_setup_replaces_leftovers_atomically_and_marks_pod_cidrs_local():
     assert lines[:3] == ["table inet kubeport {}", "delete table inet kubeport", "table inet kubeport {"]
     assert "  set local4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 }; }" in lines
     assert "  set local6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 }; }" in lines
+    assert "chain" not in script  # nothing to drop: no hook, no cost per received packet
+
+
+def test_setup_hooks_the_chain_when_something_is_dropped():
+    lines = render_setup(["10.244.0.0/16"], {CIP: False}).splitlines()
+    assert "    type filter hook input priority filter - 5; policy accept;" in lines
     assert any("@dropext4 ip saddr != @local4 fib saddr type != local drop" in line for line in lines)
     assert any(line.strip() == "ip daddr . meta l4proto . th dport @drop4 drop" for line in lines)
     assert any(line.strip() == "ip daddr . meta l4proto . th dport @fw4 "
@@ -40,11 +50,11 @@ def test_setup_carries_the_current_elements__a_successor_replaces_the_table_with
     [
         pytest.param({}, {LB: ("203.0.113.0/24",)},
                      "add element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 203.0.113.0/24 }\n"
-                     "add element inet kubeport fw4 { 198.51.100.9 . tcp . 80 }\n",
+                     "add element inet kubeport fw4 { 198.51.100.9 . tcp . 80 }\n" + HOOK,
                      id="ranges_appear__frontend_restricted__a6"),
         pytest.param({LB: ("203.0.113.0/24",)}, {},
                      "delete element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 203.0.113.0/24 }\n"
-                     "delete element inet kubeport fw4 { 198.51.100.9 . tcp . 80 }\n",
+                     "delete element inet kubeport fw4 { 198.51.100.9 . tcp . 80 }\n" + UNHOOK,
                      id="ranges_removed__open_again"),
         pytest.param({LB: ("203.0.113.0/24", "10.0.0.0/8")}, {LB: ("10.0.0.0/8", "192.0.2.7/32")},
                      "delete element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 203.0.113.0/24 }\n"
@@ -52,7 +62,7 @@ def test_setup_carries_the_current_elements__a_successor_replaces_the_table_with
                      id="ranges_changed__only_the_difference"),
         pytest.param({}, {LB6: ("2001:db8:1::/48",)},
                      "add element inet kubeport fwallow6 { 2001:db8::9 . tcp . 443 . 2001:db8:1::/48 }\n"
-                     "add element inet kubeport fw6 { 2001:db8::9 . tcp . 443 }\n",
+                     "add element inet kubeport fw6 { 2001:db8::9 . tcp . 443 }\n" + HOOK,
                      id="ipv6_vip__v6_sets"),
         pytest.param({LB: ("10.0.0.0/8",)}, {LB: ("10.0.0.0/8",)}, "", id="unchanged__no_batch"),
     ],
@@ -65,12 +75,15 @@ def test_render_changes__source_ranges(current, desired, expected):
     ("current", "desired", "expected"),
     [
         pytest.param({}, {}, "", id="nothing_to_do__no_batch"),
-        pytest.param({}, {CIP: False}, "add element inet kubeport drop4 { 10.96.0.20 . tcp . 80 }\n",
-                     id="itp_local_drop__every_client"),
-        pytest.param({}, {NP6: True}, "add element inet kubeport dropext6 { fd00:1::10 . udp . 30053 }\n",
+        pytest.param({}, {CIP: False}, "add element inet kubeport drop4 { 10.96.0.20 . tcp . 80 }\n" + HOOK,
+                     id="itp_local_drop__every_client__chain_hooked"),
+        pytest.param({}, {NP6: True}, "add element inet kubeport dropext6 { fd00:1::10 . udp . 30053 }\n" + HOOK,
                      id="etp_local_drop__external_clients_only"),
-        pytest.param({CIP: False}, {}, "delete element inet kubeport drop4 { 10.96.0.20 . tcp . 80 }\n",
-                     id="local_endpoint_back__element_removed"),
+        pytest.param({CIP: False}, {}, "delete element inet kubeport drop4 { 10.96.0.20 . tcp . 80 }\n" + UNHOOK,
+                     id="local_endpoint_back__element_removed__chain_unhooked"),
+        pytest.param({CIP: False}, {CIP: False, NP6: True},
+                     "add element inet kubeport dropext6 { fd00:1::10 . udp . 30053 }\n",
+                     id="second_drop__chain_already_hooked"),
         pytest.param({CIP: False}, {CIP: True},
                      "delete element inet kubeport drop4 { 10.96.0.20 . tcp . 80 }\n"
                      "add element inet kubeport dropext4 { 10.96.0.20 . tcp . 80 }\n",
@@ -101,3 +114,9 @@ async def test_fake_firewall_stop(release):
     await fake.stop(release=release)
     assert fake.released is release
     assert (fake.drops == {}) is release
+
+
+def test_chain_stays_hooked_while_source_ranges_remain():
+    ranges = {LB: ("10.0.0.0/8",)}
+    assert render_changes({CIP: False}, {}, ranges, ranges) == (
+        "delete element inet kubeport drop4 { 10.96.0.20 . tcp . 80 }\n")
