@@ -43,6 +43,21 @@ def test_list_manifest_files_recursive_skipping_hidden(tmp_path):
     assert sorted(list_manifest_files(tmp_path)) == ["a/b/deep.yaml", "a/c.yml", "a/d.json", "b.yaml"]
 
 
+def test_list_manifest_files_follows_file_links_not_directory_links(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "svc.yaml").write_text("kind: Service")
+    (tmp_path / "dir.yaml").mkdir()  # a directory is walked, whatever its name
+    (tmp_path / "dir.yaml" / "in.yaml").write_text("")
+    (tmp_path / "linked.yaml").symlink_to("real/svc.yaml")
+    (tmp_path / "linked-dir").symlink_to("real")  # not walked: a link can make a loop
+    (tmp_path / "loop.yaml").symlink_to(".")
+    (tmp_path / "dangling.yaml").symlink_to("gone.yaml")
+    listed = list_manifest_files(tmp_path)
+    assert sorted(listed) == ["dir.yaml/in.yaml", "linked.yaml", "real/svc.yaml"]
+    # The target's key: re-pointing the link at another file is a change.
+    assert listed["linked.yaml"] == listed["real/svc.yaml"]
+
+
 @pytest.mark.parametrize(
     "data, text, problem",
     [
