@@ -108,7 +108,8 @@ class ClientConnection(_Section):
 
 class Conntrack(_Section):
     udp_stream_timeout: Duration = Field(
-        30.0, gt=0, description="How long a UDP flow lives without traffic (conntrack's UDP stream timeout)."
+        30.0, gt=0, description="How long a UDP flow lives without traffic (one timeout: conntrack has 30 s, and 120 s "
+        "for a flow with traffic both ways for over 2 s)."
     )
 
 

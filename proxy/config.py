@@ -24,7 +24,8 @@ class ProxyConfig:
     connect_timeout: float = 5.0
     #: endpoints tried per TCP connection before the client is reset (kube-proxy userspace: retry on dial failure).
     connect_attempts: int = 3
-    #: seconds a UDP flow lives without traffic either way (conntrack's UDP stream timeout).
+    #: seconds a UDP flow lives without traffic either way: conntrack's 30 s (nf_conntrack_udp_timeout);
+    #: conntrack keeps a flow with traffic both ways for over 2 s for 120 s (the stream timeout).
     udp_idle_timeout: float = 30.0
     #: UDP flows per frontend; new clients beyond it are dropped (counted).
     udp_max_flows: int = 65536
