@@ -49,9 +49,11 @@ def parse_nodeport_addresses(value: str | Sequence[str]) -> NodePortSpec:
 def nodeport_networks(spec: NodePortSpec, primary_ips: Iterable[str]) -> tuple[Network, ...]:
     """The CIDRs a node address must fall in to carry NodePorts.
 
-    Only CIDRs given (kube-proxy's original form): a family without any CIDR matches
-    every address of that family (reference E.1: "that family gets 0.0.0.0/0 / ::/0").
-    With a keyword, families are exactly what the keywords and CIDRs name.
+    Only CIDRs, or ``primary`` alone (kube-proxy's own forms): a family without any CIDR
+    matches every address of that family (reference E.1: "that family gets 0.0.0.0/0 /
+    ::/0"), so ``primary`` on a node with an IPv4 InternalIP only, or with no Node object,
+    serves the other family, or both, on every address, as kube-proxy does. Combined
+    tokens (KEP-6032), families are exactly what the tokens name.
     """
     networks = list(spec.cidrs)
     if "all" in spec.keywords:
@@ -63,7 +65,7 @@ def nodeport_networks(spec: NodePortSpec, primary_ips: Iterable[str]) -> tuple[N
             ip = ipaddress.ip_address(address)
             if not ip.is_loopback:
                 networks.append(ipaddress.ip_network(ip))
-    if not spec.keywords:
+    if not spec.keywords or (spec.keywords == {"primary"} and not spec.cidrs):
         families = {n.version for n in networks}
         networks.extend(n for n in _MATCH_ALL if n.version not in families)
     return tuple(networks)
