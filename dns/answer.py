@@ -44,6 +44,7 @@ from .wire import (
     parse_query,
     question_reply,
     reply_flags,
+    walk_message,
     with_opt,
 )
 
@@ -276,7 +277,7 @@ class Answerer:
         if message is None:
             return self.reply_raw(query, forward.tcp, question_reply(
                 query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL)
-        reply = self._relayed(query, message, MAX_TCP_MESSAGE if forward.tcp else query.udp_limit())
+        reply, _ = self._relayed(query, message, MAX_TCP_MESSAGE if forward.tcp else query.udp_limit())
         return self.reply_raw(query, forward.tcp, reply, reply[3] & 0xF)
 
     def relay_stored(self, forward: Forward, stored: StoredMessage, now: float) -> bytes:
@@ -286,15 +287,17 @@ class Answerer:
         query = forward.query
         if forward.chain is not None:
             return self.complete_chain(forward, stored.aged(now))
-        tcp = self._relayed(query, stored.message, MAX_TCP_MESSAGE)
-        udp = self._relayed(query, stored.message, query.udp_limit())
+        ttl_offsets = [offset for offset, _ in stored.ttls]
+        tcp, tcp_records = self._relayed(query, stored.message, MAX_TCP_MESSAGE, ttl_offsets)
+        udp, udp_records = self._relayed(query, stored.message, query.udp_limit(), ttl_offsets)
         qtype, rcode = qtype_name(query.qtype), RCODE_NAMES.get(tcp[3] & 0xF, str(tcp[3] & 0xF))
         stats = self.stats
-        whole = udp == tcp  # else the UDP reply is the question-only TC one, without TTLs
         body = tcp[2:]
+        # A trimmed reply holds the first records only: the TTLs past its cut are not in it.
         entry = ForwardedReply(
-            body if whole else udp[2:], body, [offset - 2 for offset, _ in stored.ttls],
-            [ttl for _, ttl in stored.ttls], stored=stored.stored, expires=stored.expires, udp_ages=whole,
+            body if udp == tcp else udp[2:], body, [offset - 2 for offset in ttl_offsets[:tcp_records]],
+            [ttl for _, ttl in stored.ttls[:tcp_records]], udp_records=udp_records, stored=stored.stored,
+            expires=stored.expires,
             cells=(stats.request_cell("udp", qtype), stats.request_cell("tcp", qtype), stats.response_cell(rcode),
                    stats.cache_hit_cell("denial" if stored.negative else "success")))
         if forward.shareable and query.cache_key is not None:
@@ -302,16 +305,34 @@ class Answerer:
         stats.count("tcp" if forward.tcp else "udp", qtype, rcode)
         return query.id.to_bytes(2, "big") + entry.reply(forward.tcp, now)
 
-    def _relayed(self, query: Query, message: bytes, limit: int) -> bytes:
+    def _relayed(self, query: Query, message: bytes, limit: int,
+                 ttl_offsets: list[int] | None = None) -> tuple[bytes, int]:
         """An upstream message (ID 0, no OPT) as the reply to ``query``: its ID, RD echoed,
-        our OPT if it had EDNS; TC and the question only when over ``limit``."""
+        our OPT if it had EDNS; and how many of its records the reply holds. Over ``limit``
+        it keeps the longest prefix of records that fits, with TC (CoreDNS/miekg
+        Msg.Truncate, as :meth:`_fit`), or the question only with TC when no record fits.
+        ``ttl_offsets`` (every record's, in order) spares walking the message to cut it."""
         flags = ((message[2] << 8) | message[3]) & ~0x0100 | (query.flags & 0x0100)
-        reply = query.id.to_bytes(2, "big") + flags.to_bytes(2, "big") + message[4:]
-        reply = with_opt(reply, query, self.config.edns_udp_size)
-        if len(reply) > limit:  # too big for this client: TC and the question only
-            reply = question_reply(query, flags & 0xF, self.config.edns_udp_size, authoritative=False,
-                                   truncated=True)
-        return reply
+        _, _, qdcount, ancount, nscount, arcount = HEADER.unpack_from(message)
+        head = query.id.to_bytes(2, "big") + flags.to_bytes(2, "big")
+        opt_size = len(opt_record(self.config.edns_udp_size, False)) if query.edns else 0
+        if len(message) + opt_size <= limit:
+            return with_opt(head + message[4:], query, self.config.edns_udp_size), ancount + nscount + arcount
+        if ttl_offsets is None:  # only a reply that needs cutting pays for the walk
+            ttl_offsets = [span.ttl_offset for span in walk_message(message)[1]]
+        ends = _record_ends(message, ttl_offsets)
+        kept = bisect.bisect_right(ends, limit - opt_size)
+        if kept == 0:
+            return question_reply(query, flags & 0xF, self.config.edns_udp_size, authoritative=False,
+                                  truncated=True), 0
+        counts = []
+        remaining = kept
+        for count in (ancount, nscount, arcount):
+            counts.append(min(remaining, count))
+            remaining -= counts[-1]
+        # Compression pointers only point backwards, so a prefix of records is a valid message.
+        trimmed = HEADER.pack(query.id, flags | TC, qdcount, *counts) + message[12 : ends[kept - 1]]
+        return with_opt(trimmed, query, self.config.edns_udp_size), kept
 
     def complete_chain(self, forward: Forward, message: bytes | None) -> bytes:
         """CNAME chain + upstream answer, NOERROR whatever upstream said, TC copied; NODATA
@@ -333,6 +354,11 @@ class Answerer:
         if truncated:
             reply = (((reply[0] << 8) | reply[1]) | TC).to_bytes(2, "big") + reply[2:]
         return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR)
+
+
+def _record_ends(message: bytes, ttl_offsets: list[int]) -> list[int]:
+    """Where each record ends, from where its TTL is: TTL (4), RDLENGTH (2), RDATA."""
+    return [offset + 6 + ((message[offset + 4] << 8) | message[offset + 5]) for offset in ttl_offsets]
 
 
 def _pack(flags: int, query: Query, sections: tuple[list[Record], ...]) -> tuple[bytes, list[int]]:

@@ -24,20 +24,22 @@ Cell = list[int]
 class ForwardedReply:
     """One encoded reply, UDP and TCP variants without the 2-byte ID."""
 
-    __slots__ = ("stored", "expires", "udp", "tcp", "offsets", "ttls", "udp_ages", "age", "aged",
+    __slots__ = ("stored", "expires", "udp", "tcp", "offsets", "ttls", "udp_offsets", "udp_ttls", "age", "aged",
                  "requests", "response", "hits")
 
-    def __init__(self, udp: bytes, tcp: bytes, offsets: Sequence[int], ttls: Sequence[int], *, stored: float,
-                 expires: float, udp_ages: bool, cells: tuple[Cell, Cell, Cell, Cell]):
+    def __init__(self, udp: bytes, tcp: bytes, offsets: Sequence[int], ttls: Sequence[int], *, udp_records: int,
+                 stored: float, expires: float, cells: tuple[Cell, Cell, Cell, Cell]):
         self.stored = stored
         self.expires = expires
         self.udp = udp
         self.tcp = tcp
-        #: TTL offsets within ``tcp`` (and ``udp`` when ``udp_ages``: the same message)
+        #: TTL offsets within ``tcp``, one per record in message order
         self.offsets = tuple(offsets)
         self.ttls = tuple(ttls)
-        #: False when the UDP variant is the question-only TC reply (it has no TTLs)
-        self.udp_ages = udp_ages
+        #: ``udp`` holds the first ``udp_records`` records of ``tcp`` at the same offsets: all
+        #: of them, those that fit the client's buffer (trimmed, TC), or none (question only)
+        self.udp_offsets = self.offsets[:udp_records]
+        self.udp_ttls = self.ttls[:udp_records]
         self.age = 0
         self.aged = (udp, tcp)
         self.requests = (cells[0], cells[1])  # udp, tcp request counters of the qtype
@@ -49,18 +51,19 @@ class ForwardedReply:
         age = int(now - self.stored)
         if age != self.age:
             self.age = age
-            tcp_aged = self._aged(self.tcp, age)
-            self.aged = (tcp_aged if self.udp is self.tcp else self._aged(self.udp, age) if self.udp_ages
-                         else self.udp, tcp_aged)
+            tcp_aged = _aged(self.tcp, self.offsets, self.ttls, age)
+            self.aged = (tcp_aged if self.udp is self.tcp else _aged(self.udp, self.udp_offsets, self.udp_ttls, age),
+                         tcp_aged)
         return self.aged[tcp]
 
-    def _aged(self, message: bytes, age: int) -> bytes:
-        if not self.offsets:
-            return message
-        patched = bytearray(message)
-        for offset, ttl in zip(self.offsets, self.ttls):
-            _TTL.pack_into(patched, offset, ttl - age if ttl > age else 0)
-        return bytes(patched)
+
+def _aged(message: bytes, offsets: tuple[int, ...], ttls: tuple[int, ...], age: int) -> bytes:
+    if not offsets:
+        return message
+    patched = bytearray(message)
+    for offset, ttl in zip(offsets, ttls):
+        _TTL.pack_into(patched, offset, ttl - age if ttl > age else 0)
+    return bytes(patched)
 
 
 class ForwardedAnswers:

@@ -21,6 +21,9 @@ RECORDS: dict[str, list[RR]] = {
     "www.example.test.": [RR("www.example.test.", QTYPE.A, rdata=A("203.0.113.7"), ttl=TTL),
                           RR("www.example.test.", QTYPE.AAAA, rdata=AAAA("2001:db8::7"), ttl=TTL)],
     "api.example.test.": [RR("api.example.test.", QTYPE.A, rdata=A("203.0.113.8"), ttl=TTL)],
+    # 40 A records: 675 bytes, over the 512 of a client without EDNS.
+    "many.example.test.": [RR("many.example.test.", QTYPE.A, rdata=A(f"198.51.100.{i}"), ttl=TTL)
+                           for i in range(1, 41)],
 }
 ZONE_SOA = RR("example.test.", QTYPE.SOA, ttl=60, rdata=SOA(
     "ns.example.test.", "admin.example.test.", (1, 7200, 1800, 86400, 60)))

@@ -134,6 +134,19 @@ def test_external_nxdomain_is_relayed(topology, cluster) -> None:
     assert result.authority and result.authority[0].startswith("example.test. ")
 
 
+def test_forwarded_answer_too_big_for_udp_keeps_what_fits__b14(topology, cluster) -> None:
+    """Trimmed to whole records with TC (CoreDNS), not emptied: a client that never retries
+    over TCP (musl before 1.2.4) still gets addresses. Asked twice: relayed, then cached."""
+    ns = topology.pod("a", 1)
+    many = {f"198.51.100.{i}" for i in range(1, 41)}
+    for _ in range(2):
+        udp = dig(ns, "+ignore", "+noedns", "many.example.test", "A")
+        assert "tc" in udp.flags and 0 < len(udp.answer) < len(many), udp.output
+        assert {line.split()[-1] for line in udp.answer} < many, udp.output
+    tcp = dig(ns, "+tcp", "many.example.test", "A")
+    assert "tc" not in tcp.flags and {line.split()[-1] for line in tcp.answer} == many, tcp.output
+
+
 @pytest.mark.parametrize("pod", PODS)
 def test_getent_through_the_pod_resolv_conf(topology, cluster, pod) -> None:
     """glibc with search <ns>.svc.cluster.local svc.cluster.local cluster.local, ndots:5."""

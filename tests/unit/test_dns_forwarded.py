@@ -5,7 +5,7 @@ cache ages them), gone when the upstream answer expires. Time is a fake clock.""
 from __future__ import annotations
 
 import pytest
-from dnslib import EDNS0, QTYPE, RCODE, RR, SOA, A, DNSRecord
+from dnslib import EDNS0, QTYPE, RCODE, RR, SOA, TXT, A, DNSRecord
 
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig
@@ -27,10 +27,14 @@ class Clock:
 
 
 def upstream_reply(name: str = NAME, *, answers: int = 1, ttl: int = 300, rcode: int = 0,
-                   soa: tuple[int, int] | None = None) -> bytes:
+                   soa: tuple[int, int] | None = None, txt: int = 0) -> bytes:
+    """``answers`` A records (16 bytes each, compressed, after 33 of header and question),
+    after one TXT record of ``txt`` bytes of text if asked."""
     record = DNSRecord.question(name, "A")
     reply = record.reply()
     reply.header.rcode = rcode
+    if txt:
+        reply.add_answer(RR(name, QTYPE.TXT, rdata=TXT([b"x" * 200] * (txt // 200)), ttl=ttl))
     for i in range(answers):
         reply.add_answer(RR(name, QTYPE.A, rdata=A(f"203.0.113.{i % 250 + 1}"), ttl=ttl - i % 2))
     if soa is not None:
@@ -139,13 +143,22 @@ def test_each_shape_gets_its_own_reply_edns_and_rd_echoed(rig: Rig) -> None:
     assert reply.edns == (1232, True) and "rd" not in reply.flags and reply.id == 9
 
 
-def test_too_big_for_udp_is_tc_over_udp_and_whole_over_tcp(rig: Rig) -> None:
-    rig.resolve(question(NAME), upstream_reply(answers=60))
+@pytest.mark.parametrize("packet, upstream, udp_answers, udp_limit", [
+    pytest.param(question(NAME), upstream_reply(answers=40), 29, 512, id="no_edns_keeps_what_fits_512__b14"),
+    pytest.param(question(NAME, edns=1232), upstream_reply(answers=40), 40, 1232, id="edns_1232_is_whole"),
+    pytest.param(question(NAME), upstream_reply(answers=40, txt=600), 0, 512,
+                 id="first_record_alone_too_big_is_question_only"),
+])
+def test_too_big_for_udp_is_trimmed_over_udp_whole_over_tcp_ttls_aged(rig: Rig, packet: bytes, upstream: bytes,
+                                                                      udp_answers: int, udp_limit: int) -> None:
+    rig.resolve(packet, upstream)
     rig.clock.now += 5
-    udp = read_reply(rig.ask(question(NAME)))
-    assert "tc" in udp.flags and udp.answer == () and udp.size <= 512
-    tcp = read_reply(rig.ask(question(NAME), tcp=True))
-    assert "tc" not in tcp.flags and len(tcp.answer) == 60 and tcp.answer[0].split()[1] == "295"
+    tcp = read_reply(rig.ask(packet, tcp=True))
+    udp = read_reply(rig.ask(packet))
+    assert "tc" not in tcp.flags and tcp.answer[0].split()[1] == "295"
+    # the UDP variant is patched too: its records carry the TCP one's aged TTLs
+    assert udp.answer == tcp.answer[:udp_answers]
+    assert ("tc" in udp.flags) == (udp_answers < len(tcp.answer)) and udp.size <= udp_limit
 
 
 def test_unknown_reverse_names_are_not_kept_the_cluster_may_claim_them(rig: Rig) -> None:
@@ -173,7 +186,7 @@ def test_reconfigure_drops_the_encoded_replies(rig: Rig) -> None:
 
 def entry(stored: float = 0.0, expires: float = 100.0) -> ForwardedReply:
     cells = ([0], [0], [0], [0])
-    return ForwardedReply(b"u", b"t", [], [], stored=stored, expires=expires, udp_ages=False, cells=cells)
+    return ForwardedReply(b"u", b"t", [], [], stored=stored, expires=expires, udp_records=0, cells=cells)
 
 
 def test_capacity_drops_the_oldest() -> None:

@@ -4,25 +4,32 @@ clients (ID, RD, OPT, truncation), and ExternalName chains completed from upstre
 from __future__ import annotations
 
 import pytest
-from dnslib import EDNS0, QTYPE, RCODE, RR, SOA, A, DNSRecord
+from dnslib import EDNS0, NS, QTYPE, RCODE, RR, SOA, TXT, A, DNSRecord
 
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.records import RecordIndex
-from kubeport.dns.testing import question, read_reply, service, snapshot_of
+from kubeport.dns.testing import header_only, question, read_reply, service, snapshot_of
 from kubeport.dns.upstream import UpstreamCache, without_opt
 from kubeport.dns.wire import parse_query
 
 
 def upstream_reply(name: str = "www.example.com.", *, answers: int = 1, ttl: int = 300, rcode: int = 0,
-                   soa: tuple[int, int] | None = None, tc: bool = False, opt: bool = True) -> bytes:
+                   soa: tuple[int, int] | None = None, tc: bool = False, opt: bool = True,
+                   nameservers: int = 0, txt: int = 0) -> bytes:
+    """Sizes, compressed: header and question 33 bytes, each A 16, each NS 18; a TXT
+    record of ``txt`` bytes of text comes first, in 200-byte strings."""
     record = DNSRecord.question(name, "A")
     record.header.id = 999
     reply = record.reply()
     reply.header.rcode = rcode
     reply.header.tc = int(tc)
+    if txt:
+        reply.add_answer(RR(name, QTYPE.TXT, rdata=TXT([b"x" * 200] * (txt // 200)), ttl=ttl))
     for i in range(answers):
         reply.add_answer(RR(name, QTYPE.A, rdata=A(f"203.0.113.{i + 1}"), ttl=ttl))
+    for i in range(nameservers):
+        reply.add_auth(RR("example.com.", QTYPE.NS, rdata=NS(f"ns{i}.example.com."), ttl=ttl))
     if soa is not None:
         soa_ttl, minimum = soa
         reply.add_auth(RR("example.com.", QTYPE.SOA, ttl=soa_ttl, rdata=SOA(
@@ -98,12 +105,33 @@ def test_relay_patches_id_and_rd_and_adds_our_opt(answerer: Answerer) -> None:
     assert reply.answer == ("www.example.com. 300 IN A 203.0.113.1",) and reply.edns == (1232, True)
 
 
-def test_relay_too_big_for_udp_sets_tc_with_the_question_only(answerer: Answerer) -> None:
-    message, _ = without_opt(upstream_reply(answers=60))
-    udp = read_reply(answerer.relay(forward_of(answerer, question("www.example.com.")), message))
-    assert "tc" in udp.flags and udp.answer == () and udp.size <= 512
-    tcp = read_reply(answerer.relay(forward_of(answerer, question("www.example.com."), tcp=True), message))
-    assert "tc" not in tcp.flags and len(tcp.answer) == 60
+@pytest.mark.parametrize("upstream, edns, tcp, sections, truncated", [
+    pytest.param(upstream_reply(answers=40), None, False, (29, 0, 0), True,
+                 id="no_edns_keeps_the_records_that_fit_512__b14"),
+    pytest.param(upstream_reply(answers=40), 1232, False, (40, 0, 0), False, id="edns_1232_fits_whole"),
+    pytest.param(upstream_reply(answers=80), 1232, False, (74, 0, 0), True,
+                 id="edns_budget_leaves_room_for_our_opt"),
+    pytest.param(upstream_reply(answers=25, nameservers=6), None, False, (25, 4, 0), True,
+                 id="answer_kept_before_authority__miekg_truncate"),
+    pytest.param(upstream_reply(answers=0, txt=600), None, False, (0, 0, 0), True,
+                 id="first_record_alone_too_big_is_question_only"),
+    pytest.param(upstream_reply(answers=40), None, True, (40, 0, 0), False, id="tcp_gets_the_whole_message"),
+])
+def test_relay_trims_to_the_client_buffer_keeping_whole_records(answerer: Answerer, upstream: bytes,
+                                                                edns: int | None, tcp: bool,
+                                                                sections: tuple[int, int, int],
+                                                                truncated: bool) -> None:
+    message, _ = without_opt(upstream)
+    packet = question("www.example.com.", edns=edns)
+    whole = read_reply(answerer.relay(forward_of(answerer, packet, tcp=True), message))
+    raw = answerer.relay(forward_of(answerer, packet, tcp=tcp), message)
+    reply = read_reply(raw)
+    assert (len(reply.answer), len(reply.authority), len(reply.additional)) == sections
+    assert ("tc" in reply.flags, reply.rcode, reply.edns is not None) == (truncated, "NOERROR", edns is not None)
+    # the counts in the header must match the records kept, else clients misparse
+    assert header_only(raw)[3] == (1, *sections[:2], sections[2] + (edns is not None))
+    assert reply.answer == whole.answer[: sections[0]] and reply.authority == whole.authority[: sections[1]]
+    assert reply.size <= (65535 if tcp else edns or 512)
 
 
 def test_relay_without_upstream_is_servfail(answerer: Answerer) -> None:
