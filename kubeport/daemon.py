@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 from kubeport.endpoints.types import Snapshot
-from kubeport.proxy.health import HealthResponse
+from kubeport.proxy.health import IPV4, IPV6, HealthResponse
 
 from . import components, handover
 from .config import KubeportConfiguration
@@ -156,7 +156,7 @@ class Daemon:
         self._proxier = components.build_proxier(self.config)
         self._dns = components.build_dns(self.config, self.registry)
         # Manifest mode may have no Node object at all: then the node counts as eligible.
-        self._health = ProxyHealth(require_node=not self.manifest_mode)
+        self._health = ProxyHealth(families=proxier_families(self.config), require_node=not self.manifest_mode)
         self._healthchecks = HealthCheckServers(lambda: self._health.healthy(time.time()))
         self.metrics.attach_proxier(self._proxier)
 
@@ -326,6 +326,15 @@ class Daemon:
         self.config = self.config.model_copy(update=applied)
         for field in kept:
             log.warning("configuration: %s changed; it takes effect at the next restart", field)
+
+
+def proxier_families(config: KubeportConfiguration) -> tuple[str, ...]:
+    """The IP families proxied, primary first: one /healthz entry each, like kube-proxy's per-family proxiers.
+
+    Services get their clusterIPs from serviceClusterIPRange, so its CIDRs are the families
+    served: an IPv6-only cluster must not report an IPv4 proxier, a dual-stack one reports both.
+    """
+    return tuple(IPV6 if network.version == 6 else IPV4 for network in config.service_cluster_ip_range)
 
 
 def run(config: KubeportConfiguration, config_file: Path | None = None, flags: dict | None = None) -> int:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from kubeport import config, daemon
 from kubeport.endpoints.types import NodeInfo
 from kubeport.proxy.health import GO_ZERO_TIME, IPV4, IPV6, ProxyHealth, go_time
 
@@ -141,6 +142,22 @@ def test_headers_and_counters() -> None:
     h.livez(T0)
     assert h.healthz_total == {503: 1}
     assert h.livez_total == {200: 2}
+
+
+@pytest.mark.parametrize(
+    ("service_ranges", "families"),
+    [
+        pytest.param("10.96.0.0/12", ["IPv4"], id="ipv4_only"),
+        pytest.param("fd00:96::/108", ["IPv6"], id="ipv6_only__no_ipv4_entry"),
+        pytest.param("fd00:96::/108,10.96.0.0/12", ["IPv4", "IPv6"], id="dual_stack__one_entry_per_family"),
+    ],
+)
+def test_daemon_reports_the_families_it_proxies(service_ranges, families) -> None:
+    configuration = config.build(None, {"serviceClusterIPRange": service_ranges})
+    h = health(families=daemon.proxier_families(configuration))
+    h.updated(T0)
+    assert sorted(body(h.healthz(T0))["status"]) == families
+    assert sorted(body(h.livez(T0))["status"]) == families
 
 
 @pytest.mark.parametrize(
