@@ -94,6 +94,7 @@ def service_info(svc: model.Service) -> ServiceInfo:
         topology_mode=topology_mode,
         publish_not_ready_addresses=spec.publish_not_ready_addresses,
         proxy_name=meta.labels.get(model.LABEL_SERVICE_PROXY_NAME),
+        headless_label=model.LABEL_HEADLESS in meta.labels,
         created=_rfc3339(meta.creation_timestamp),
         selector=",".join(f"{k}={v}" for k, v in sorted((spec.selector or {}).items())),
     )
@@ -147,11 +148,13 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
         info = endpoint_info(endpoint, eps.address_type)
         if info is not None:
             endpoints.append(info)
+    labels = eps.metadata.labels
     return SliceInfo(
         name=eps.metadata.name,
         address_type=_intern(eps.address_type),
         ports=ports,
         endpoints=tuple(endpoints),
+        proxied=model.LABEL_HEADLESS not in labels and model.LABEL_SERVICE_PROXY_NAME not in labels,
     )
 
 

@@ -4,7 +4,8 @@ No label selectors on Services and EndpointSlices. kube-proxy's informers exclud
 Services labelled ``service.kubernetes.io/service-proxy-name`` and objects labelled
 ``service.kubernetes.io/headless``; the DNS server needs both (headless Services and
 their slices are the A records of the pods; a Service handled by another proxy still
-has a name). The proxy drops them itself through ``ServiceInfo.proxied``. The Node watch
+has a name). The proxy drops them itself through ``ServiceInfo.proxied`` and
+``SliceInfo.proxied``. The Node watch
 is limited to this node by a field selector, as kube-proxy does.
 """
 

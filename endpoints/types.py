@@ -74,6 +74,9 @@ class ServiceInfo:
     publish_not_ready_addresses: bool = False
     #: label service.kubernetes.io/service-proxy-name: such services are not ours to proxy.
     proxy_name: str | None = None
+    #: carries the label service.kubernetes.io/headless, which kube-proxy's informers filter
+    #: out whatever spec.clusterIP says; DNS still answers for the service (CoreDNS ignores it).
+    headless_label: bool = False
     #: metadata.creationTimestamp (RFC 3339), for `kubeport get` only.
     created: str | None = None
     #: spec.selector as "k=v,k2=v2" ("" when none), for `kubeport get -o wide` only.
@@ -81,12 +84,13 @@ class ServiceInfo:
 
     @property
     def proxied(self) -> bool:
-        """kube-proxy's ShouldSkipService, inverted, plus the service-proxy-name rule."""
+        """kube-proxy's ShouldSkipService, inverted, plus its informers' label selector (E.4)."""
         return (
             self.type != "ExternalName"
             and not self.headless
             and bool(self.cluster_ips)
             and self.proxy_name is None
+            and not self.headless_label
         )
 
     def port_name(self, port: PortSpec) -> ServicePortName:
@@ -130,6 +134,9 @@ class SliceInfo:
     #: None when the slice's ports are nil ("no ports"), as distinct from empty.
     ports: tuple[EndpointPortInfo, ...] | None
     endpoints: tuple[EndpointInfo, ...]
+    #: False when labelled service.kubernetes.io/headless or service-proxy-name: kube-proxy's
+    #: informers never see such a slice (E.4), but DNS still reads its endpoints.
+    proxied: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,13 +176,14 @@ def endpoints_for_port(
 
     The slice port whose name and protocol match the service port gives the port
     number (so a named targetPort can resolve to a different number per slice).
-    Slices without a matching port contribute nothing; FQDN slices are not proxied.
+    Slices without a matching port contribute nothing; FQDN slices and slices
+    labelled away from kube-proxy (``SliceInfo.proxied``) are not proxied.
     Endpoints are keyed by IP:port; if the same key appears twice, the
     non-terminating copy wins. The result is sorted by the key string.
     """
     by_key: dict[str, PortEndpoint] = {}
     for slice_ in slices:
-        if slice_.address_type == "FQDN" or not slice_.ports:
+        if slice_.address_type == "FQDN" or not slice_.ports or not slice_.proxied:
             continue
         number = 0
         for slice_port in slice_.ports:

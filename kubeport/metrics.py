@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kubeport.endpoints.types import ServiceName, ServiceState, Snapshot
+from kubeport.endpoints.types import ServiceName, Snapshot
+from kubeport.proxy.table import TableContext, local_policy_drops
 
 #: kube-proxy's sync histogram: 1 ms doubling, 15 buckets.
 SYNC_BUCKETS = tuple(0.001 * 2**k for k in range(15))
@@ -31,7 +32,6 @@ MAX_SERVICE_PORT_SERIES = 1000
 
 class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry, node_name: str, clock=time.time) -> None:
-        self._node_name = node_name
         self._clock = clock
         prefix = "kubeproxy"
         self.sync_duration = Histogram(
@@ -68,7 +68,9 @@ class ProxyMetrics:
                              registry=registry)
         self._registry = registry
         self._applied: Snapshot | None = None
-        self._no_local: dict[ServiceName, tuple[bool, bool]] = {}
+        #: only node_name matters: whether a port has endpoints, or local ones, ignores topology.
+        self._drops_ctx = TableContext(node_name=node_name)
+        self._no_local: dict[ServiceName, tuple[int, int]] = {}
         self._no_local_totals = [0, 0]  # internal, external: kept as services change
 
     def attach_proxier(self, proxier: Any) -> None:
@@ -100,16 +102,14 @@ class ProxyMetrics:
     def _count_no_local(self, snapshot: Snapshot) -> None:
         totals = self._no_local_totals
         for name in snapshot.changed_since(self._applied):
-            internal, external = self._no_local.pop(name, (False, False))
+            internal, external = self._no_local.pop(name, (0, 0))
             totals[0] -= internal
             totals[1] -= external
-            state = snapshot.services.get(name)
-            if state is not None:
-                internal, external = _lacks_local_endpoints(state, self._node_name)
-                if internal or external:
-                    self._no_local[name] = (internal, external)
-                totals[0] += internal
-                totals[1] += external
+            internal, external = local_policy_drops(snapshot.services.get(name), self._drops_ctx)
+            if internal or external:
+                self._no_local[name] = (internal, external)
+            totals[0] += internal
+            totals[1] += external
         self.no_local_endpoints.labels(traffic_policy="internal").set(totals[0])
         self.no_local_endpoints.labels(traffic_policy="external").set(totals[1])
 
@@ -125,18 +125,6 @@ def _split_changes(old: Snapshot | None, new: Snapshot) -> tuple[int, int]:
         else:
             services += 1
     return services, endpoints
-
-
-def _lacks_local_endpoints(state: ServiceState, node: str) -> tuple[bool, bool]:
-    """(internal, external): a Local policy applies and no ready endpoint is on this node."""
-    info = state.service
-    if not info.proxied:
-        return False, False
-    external = info.external_policy_local and any(info.externally_accessible(p) for p in info.ports)
-    if not (info.internal_policy_local or external):
-        return False, False
-    local = any(e.ready and e.node_name == node for s in state.slices for e in s.endpoints)
-    return info.internal_policy_local and not local, external and not local
 
 
 class RelayCollector(Collector):

@@ -158,6 +158,31 @@ def _rule(
     return FrontendRule(port_name, kind, Action.FORWARD, chosen, local_clients, affinity)
 
 
+def _endpoint_sets(
+    info: ServiceInfo,
+    port: PortSpec,
+    endpoints: tuple[PortEndpoint, ...],
+    family: int,
+    ctx: TableContext,
+) -> tuple[EndpointSets, bool]:
+    """The port's endpoint sets in one family's proxier, and whether eTP=Local applies to it."""
+    externally_accessible = bool(
+        port.node_port
+        or _of_family(info.external_ips, family)
+        or _of_family(info.load_balancer_ips, family)
+    )
+    external_local = info.external_policy_local and externally_accessible
+    sets = categorize_endpoints(
+        tuple(e for e in endpoints if _family(e.ip) == family),
+        node_name=ctx.node_name,
+        zone=ctx.zone,
+        internal_local=info.internal_policy_local,
+        external_local=external_local,
+        externally_accessible=externally_accessible,
+    )
+    return sets, external_local
+
+
 def _port_rules(
     info: ServiceInfo,
     port: PortSpec,
@@ -169,16 +194,7 @@ def _port_rules(
     external_ips = _of_family(info.external_ips, family)
     lb_ips = _of_family(info.load_balancer_ips, family)
     node_ips = _of_family(ctx.nodeport_addresses, family) if port.node_port else ()
-    externally_accessible = bool(port.node_port or external_ips or lb_ips)
-    external_local = info.external_policy_local and externally_accessible
-    sets = categorize_endpoints(
-        tuple(e for e in endpoints if _family(e.ip) == family),
-        node_name=ctx.node_name,
-        zone=ctx.zone,
-        internal_local=info.internal_policy_local,
-        external_local=external_local,
-        externally_accessible=externally_accessible,
-    )
+    sets, external_local = _endpoint_sets(info, port, endpoints, family, ctx)
     affinity = info.affinity_timeout
     internal = _rule(
         port_name, FrontendKind.CLUSTER_IP, sets,
@@ -199,7 +215,10 @@ def _port_rules(
             port_name, kind, sets,
             local_policy=external_local, short_circuit=external_local, affinity=affinity,
         )
-        if kind is FrontendKind.LOAD_BALANCER and info.load_balancer_source_ranges:
+        # Without endpoints kube-proxy builds no source-range firewall (usesFWChain needs
+        # hasEndpoints): every client is refused rather than outsiders timing out.
+        if (kind is FrontendKind.LOAD_BALANCER and info.load_balancer_source_ranges
+                and rule.action is not Action.REFUSE):
             sources = allowed_sources(info.load_balancer_source_ranges, family, lb_ips, ctx.node_ips)
             if sources is not None:
                 rule = dataclasses.replace(rule, source_ranges=sources)
@@ -208,12 +227,16 @@ def _port_rules(
     return rules
 
 
+def _served_families(info: ServiceInfo) -> list[int]:
+    return sorted({_family(ip) for ip in info.cluster_ips})
+
+
 def service_rules(state: ServiceState | None, ctx: TableContext) -> dict[Frontend, FrontendRule]:
     """Every frontend of one service (empty when it is not proxied or gone)."""
     if state is None or not state.service.proxied:
         return {}
     info = state.service
-    families = sorted({_family(ip) for ip in info.cluster_ips})
+    families = _served_families(info)
     rules: dict[Frontend, FrontendRule] = {}
     for port in info.ports:
         endpoints = state.endpoints_for_port(port)
@@ -222,6 +245,34 @@ def service_rules(state: ServiceState | None, ctx: TableContext) -> dict[Fronten
                 if frontend not in ctx.reserved:
                     rules.setdefault(frontend, rule)
     return rules
+
+
+def local_policy_drops(state: ServiceState | None, ctx: TableContext) -> tuple[int, int]:
+    """(internal, external): the service's ports DROPping for want of a local endpoint, per family.
+
+    What kube-proxy's sync_proxy_rules_no_local_endpoints_total counts (reference A.6, G.1):
+    one per service port and proxier family where it installs the "has no local endpoints"
+    DROP, i.e. the port has endpoints but its Local-policy set, terminating fallback
+    included, is empty. Per port, not per frontend: an eTP=Local port counts once however
+    many NodePort, externalIP and LB addresses it has, even on a node without any.
+    """
+    if state is None or not state.service.proxied:
+        return 0, 0
+    info = state.service
+    if not (info.internal_policy_local or info.external_policy_local):
+        return 0, 0  # most services: no endpoint sets to build
+    families = _served_families(info)
+    internal = external = 0
+    for port in info.ports:
+        endpoints = state.endpoints_for_port(port)
+        for family in families:
+            sets, external_local = _endpoint_sets(info, port, endpoints, family, ctx)
+            if not sets.has_any:
+                continue  # REJECT, not DROP
+            nothing_local = not sets.local
+            internal += info.internal_policy_local and nothing_local
+            external += external_local and nothing_local
+    return internal, external
 
 
 def build_table(snapshot: Snapshot, ctx: TableContext) -> dict[Frontend, FrontendRule]:

@@ -14,7 +14,9 @@ from prometheus_client import generate_latest
 from kubeport import components, config, handover
 from kubeport.endpoints import model
 from kubeport.endpoints.state import ClusterState
+from kubeport.endpoints.types import ServiceState
 from kubeport.metrics import ProxyMetrics, RelayCollector
+from kubeport.proxy.testing import endpoint, endpoint_slice, port, service, snapshot
 from kubeport.reload import Reloader
 
 
@@ -186,6 +188,79 @@ def test_no_local_endpoints_counted_per_policy():
     values = scrape(registry)
     assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=internal}"] == 1
     assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=external}"] == 1
+
+
+REMOTE = endpoint("10.244.2.11", node="node-b")
+LOCAL = endpoint("10.244.1.11", node="node-a")
+LOCAL_TERMINATING = endpoint("10.244.1.12", node="node-a", ready=False, serving=True, terminating=True)
+LOCAL_V6 = endpoint("fd00:244::11", node="node-a")
+HTTP = [("http", "TCP", 8080)]
+
+
+def _state(info, *slices):
+    return ServiceState(info, tuple(endpoint_slice(f"s{i}", eps, ports, family)
+                                    for i, (eps, ports, family) in enumerate(slices)))
+
+
+def _web(*ports, cluster_ips=("10.96.0.20",), **fields):
+    return service("web", cluster_ips, ports or [port(80, name="http", target=8080)], **fields)
+
+
+NODE_PORT = port(80, name="http", target=8080, node_port=30080)
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        pytest.param(_state(_web(internal_policy_local=True), ([REMOTE], HTTP, "IPv4")), (1, 0),
+                     id="itp_local__endpoints_elsewhere_only__drop__counted"),
+        pytest.param(_state(_web(internal_policy_local=True)), (0, 0),
+                     id="itp_local__no_endpoints_at_all__reject__not_counted"),
+        pytest.param(_state(_web(internal_policy_local=True), ([REMOTE, LOCAL_TERMINATING], HTTP, "IPv4")), (0, 0),
+                     id="itp_local__local_serving_terminating__fallback_forwards__not_counted"),
+        pytest.param(_state(_web(internal_policy_local=True), ([REMOTE, LOCAL], HTTP, "IPv4")), (0, 0),
+                     id="itp_local__local_ready__not_counted"),
+        pytest.param(_state(_web(NODE_PORT, type="NodePort", external_policy_local=True), ([REMOTE], HTTP, "IPv4")),
+                     (0, 1), id="etp_local__endpoints_elsewhere_only__drop__counted"),
+        pytest.param(_state(_web(NODE_PORT, type="NodePort", external_policy_local=True),
+                            ([REMOTE], HTTP, "IPv4"), ([LOCAL_V6], HTTP, "IPv6")),
+                     (0, 1), id="etp_local__only_local_endpoint_of_the_other_family__counted__per_family_proxier"),
+        pytest.param(_state(_web(external_policy_local=True), ([REMOTE], HTTP, "IPv4")), (0, 0),
+                     id="etp_local__port_not_externally_accessible__not_counted"),
+        pytest.param(_state(_web(NODE_PORT, type="LoadBalancer", external_policy_local=True,
+                                 external_ips=("203.0.113.7",), load_balancer_ips=("198.51.100.9",)),
+                            ([REMOTE], HTTP, "IPv4")),
+                     (0, 1), id="etp_local__node_port_external_ip_and_lb__counted_once_per_port"),
+        pytest.param(_state(_web(port(80, name="http", target=8080), port(9090, name="metrics"),
+                                 internal_policy_local=True),
+                            ([LOCAL], HTTP, "IPv4"), ([REMOTE], [("metrics", "TCP", 9090)], "IPv4")),
+                     (1, 0), id="two_ports__only_one_without_local_endpoints__counted_per_port"),
+        pytest.param(_state(_web(cluster_ips=("10.96.0.20", "fd00:96::20"), internal_policy_local=True),
+                            ([REMOTE], HTTP, "IPv4"), ([endpoint("fd00:244::12", node="node-b")], HTTP, "IPv6")),
+                     (2, 0), id="dual_stack__counted_in_each_family"),
+        pytest.param(_state(_web(NODE_PORT, type="NodePort", internal_policy_local=True,
+                                 external_policy_local=True), ([REMOTE], HTTP, "IPv4")),
+                     (1, 1), id="both_policies_local__counted_in_each"),
+        pytest.param(_state(_web(internal_policy_local=True, proxy_name="other"), ([REMOTE], HTTP, "IPv4")), (0, 0),
+                     id="not_proxied__not_counted"),
+    ],
+)
+def test_no_local_endpoints__where_kube_proxy_installs_its_drop__a6_g1(state, expected):
+    registry = CollectorRegistry()
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: 1.0)
+    metrics.synced(snapshot([state]), 0.001)
+    values = scrape(registry)
+    assert (values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=internal}"],
+            values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=external}"]) == expected
+
+
+def test_no_local_endpoints__a_removed_service_is_no_longer_counted():
+    registry = CollectorRegistry()
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: 1.0)
+    first = snapshot([_state(_web(internal_policy_local=True), ([REMOTE], HTTP, "IPv4"))])
+    metrics.synced(first, 0.001)
+    metrics.synced(snapshot([], previous=first), 0.001)
+    assert scrape(registry)["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=internal}"] == 0
 
 
 class FakeStats:

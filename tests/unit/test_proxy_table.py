@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kubeport.endpoints import convert, model
@@ -96,6 +98,16 @@ CASES = [
     pytest.param(
         service("web", ["10.96.0.20"], [port(80)], proxy_name="other-proxy"), (WEB_SLICE,), {},
         id="service_proxy_name_label__never_proxied__e4",
+    ),
+    pytest.param(
+        service("web", ["10.96.0.20"], [port(80)], headless_label=True), (WEB_SLICE,), {},
+        id="headless_label__never_proxied_even_with_a_cluster_ip__e4",
+    ),
+    pytest.param(
+        service("web", ["10.96.0.20"], [port(80, target=8080)]),
+        (dataclasses.replace(WEB_SLICE, proxied=False), REMOTE_SLICE),
+        {"10.96.0.20:80/TCP": (FWD, CIP, REMOTE, None)},
+        id="slice_labelled_away_from_the_proxy__its_endpoints_unused__e4",
     ),
     pytest.param(
         service("web", [], [port(80)]), (WEB_SLICE,), {},
@@ -311,7 +323,8 @@ def _lb(ranges, **fields):
     ],
 )
 def test_load_balancer_source_ranges__only_lb_vips__a6_e3(ranges, expected):
-    rules = service_rules(ServiceState(_lb(ranges), (WEB_SLICE,)), LB_CTX)
+    v6_slice = endpoint_slice("web-v6", [endpoint("fd00:244::5")], [("", "TCP", 8080)], "IPv6")
+    rules = service_rules(ServiceState(_lb(ranges), (WEB_SLICE, v6_slice)), LB_CTX)
     restricted = {str(f): r.source_ranges for f, r in rules.items() if r.source_ranges is not None}
     assert restricted == expected
     # NodePorts, ClusterIPs (and externalIPs) are never subject to source ranges.
@@ -324,3 +337,66 @@ def test_load_balancer_source_ranges__change_is_a_rule_change():
     table.update(name, service_rules(ServiceState(_lb(["203.0.113.0/24"]), (WEB_SLICE,)), LB_CTX))
     changes = table.update(name, service_rules(ServiceState(_lb(["203.0.114.0/24"]), (WEB_SLICE,)), LB_CTX))
     assert [str(c.frontend) for c in changes] == ["198.51.100.9:80/TCP"]
+
+
+@pytest.mark.parametrize(
+    ("slices", "expected"),
+    [
+        pytest.param((WEB_SLICE,), {"198.51.100.9:80/TCP": (FWD, ("203.0.113.0/24",))},
+                     id="endpoints__vip_restricted__a6"),
+        pytest.param((), {"198.51.100.9:80/TCP": (REFUSE, None)},
+                     id="no_endpoints__refused_for_every_client__no_fw_chain_without_endpoints__a6"),
+        pytest.param((endpoint_slice("web-a", [endpoint("10.244.1.5", ready=False)], [("", "TCP", 8080)]),),
+                     {"198.51.100.9:80/TCP": (REFUSE, None)},
+                     id="only_unready_endpoints__refused_for_every_client__a6"),
+        pytest.param((REMOTE_SLICE,), {"198.51.100.9:80/TCP": (DROP, ("203.0.113.0/24",))},
+                     id="etp_local_no_local_endpoint__endpoints_elsewhere__still_restricted__a6"),
+    ],
+)
+def test_load_balancer_source_ranges__only_while_the_service_has_endpoints(slices, expected):
+    info = service("web", ["10.96.0.20"], [port(80, target=8080, node_port=30080)], type="LoadBalancer",
+                   load_balancer_ips=("198.51.100.9",), load_balancer_source_ranges=("203.0.113.0/24",),
+                   external_policy_local=True)
+    rules = service_rules(ServiceState(info, slices), LB_CTX)
+    lb = {str(f): (r.action.value, r.source_ranges) for f, r in rules.items() if r.kind is FrontendKind.LOAD_BALANCER}
+    assert lb == expected
+
+
+def _labelled_service(labels: dict[str, str]) -> model.Service:
+    return model.Service.model_validate({
+        "metadata": {"name": "web", "namespace": "default", "labels": labels},
+        "spec": {"clusterIP": "10.96.0.20", "ports": [{"port": 80, "targetPort": 8080}]},
+    })
+
+
+def _labelled_slice(labels: dict[str, str]) -> model.EndpointSlice:
+    return model.EndpointSlice.model_validate({
+        "metadata": {"name": "web-a", "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": "web", **labels}},
+        "addressType": "IPv4", "ports": [{"name": "", "port": 8080}],
+        "endpoints": [{"addresses": ["10.244.1.5"], "nodeName": "node-a"}],
+    })
+
+
+HEADLESS_LABEL = {"service.kubernetes.io/headless": ""}
+PROXY_NAME_LABEL = {"service.kubernetes.io/service-proxy-name": "other-proxy"}
+
+
+@pytest.mark.parametrize(
+    ("service_labels", "slice_labels", "expected"),
+    [
+        pytest.param({}, {}, {"10.96.0.20:80/TCP": (FWD, CIP, LOCAL, None)}, id="unlabelled__proxied"),
+        pytest.param(HEADLESS_LABEL, {}, {}, id="service_labelled_headless__skipped__e4"),
+        pytest.param(PROXY_NAME_LABEL, {}, {}, id="service_labelled_service_proxy_name__skipped__e4"),
+        pytest.param({}, HEADLESS_LABEL, {"10.96.0.20:80/TCP": (REFUSE, CIP, [], None)},
+                     id="slice_labelled_headless__not_watched__e4"),
+        pytest.param({}, PROXY_NAME_LABEL, {"10.96.0.20:80/TCP": (REFUSE, CIP, [], None)},
+                     id="slice_labelled_service_proxy_name__not_watched__e4"),
+    ],
+)
+def test_kube_proxy_label_selector__from_the_api_objects(service_labels, slice_labels, expected):
+    slice_ = convert.slice_info(_labelled_slice(slice_labels))
+    state = ServiceState(convert.service_info(_labelled_service(service_labels)), (slice_,))
+    assert summarize(service_rules(state, CTX)) == expected
+    # DNS reads the same objects and still sees the endpoints (CoreDNS has no such selector).
+    assert [e.address for e in slice_.endpoints] == ["10.244.1.5"]
