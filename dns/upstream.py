@@ -19,11 +19,18 @@ from dataclasses import dataclass
 from dnslib import DNSRecord
 
 from .stats import DnsStats
-from .wire import CD, HEADER, NOERROR, NXDOMAIN, RCODE_NAMES, RD, TC, TYPE_OPT, RecordSpan, opt_record, walk_message
+from .wire import CD, HEADER, NOERROR, NXDOMAIN, RCODE_NAMES, RD, SERVFAIL, TC, TYPE_OPT, RecordSpan, opt_record, walk_message
 
 log = logging.getLogger(__name__)
 
 T_SOA = 6
+
+#: CoreDNS cache's defaults: an answer stays at least MIN_TTL seconds whatever its TTL
+#: (minsuccess/mindenial 5), a negative answer without records 5 s (MinimalDefaultTTL), and
+#: an upstream's SERVFAIL 5 s (servfail 5s), so a failing or TTL-0 name does not send every
+#: query upstream.
+MIN_TTL = 5
+SERVFAIL_TTL = 5
 
 
 @dataclass(slots=True)
@@ -105,24 +112,29 @@ class UpstreamCache:
 
     def put(self, key: bytes, message: bytes, spans: list[RecordSpan], now: float) -> None:
         """Cache a message (ID 0, no OPT) if it can be: a positive answer for its lowest
-        TTL, a negative one (NXDOMAIN, NODATA) for min(SOA TTL, SOA MINIMUM) (RFC 2308),
-        capped; never SERVFAIL, REFUSED or truncated answers."""
+        TTL, a negative one (NXDOMAIN, NODATA) for min(SOA TTL, SOA MINIMUM) (RFC 2308), at
+        least :data:`MIN_TTL` and at most the caps; a SERVFAIL for :data:`SERVFAIL_TTL`
+        (CoreDNS cache); never REFUSED or truncated answers. A cap of 0 turns caching off."""
         if self.capacity <= 0:
             return
         flags = (message[2] << 8) | message[3]
         rcode = flags & 0xF
-        if flags & TC or rcode not in (NOERROR, NXDOMAIN):
+        if flags & TC or rcode not in (NOERROR, NXDOMAIN, SERVFAIL):
             return
         answers = [span for span in spans if span.section == 0]
-        negative = rcode == NXDOMAIN or not answers
-        if negative:
+        negative = rcode != NOERROR or not answers
+        if rcode == SERVFAIL:
+            ttl = min(SERVFAIL_TTL, self.max_negative_ttl)
+        elif negative:
             soas = [span for span in spans if span.section == 1 and span.rtype == T_SOA]
-            if not soas:
-                return
-            minimum = struct.unpack_from("!I", message, soas[0].end - 4)[0]
-            ttl = min(soas[0].ttl, minimum, self.max_negative_ttl)
+            if soas:
+                minimum = struct.unpack_from("!I", message, soas[0].end - 4)[0]
+                ttl = min(soas[0].ttl, minimum)
+            else:
+                ttl = MIN_TTL
+            ttl = min(max(ttl, MIN_TTL), self.max_negative_ttl)
         else:
-            ttl = min(min(span.ttl for span in spans if span.section < 2), self.max_ttl)
+            ttl = min(max(min(span.ttl for span in spans if span.section < 2), MIN_TTL), self.max_ttl)
         if ttl <= 0:
             return
         if key not in self._entries and len(self._entries) >= self.capacity:

@@ -117,6 +117,18 @@ def test_negative_answer_lives_for_the_soa_minimum__rfc2308(rig: Rig) -> None:
     assert isinstance(rig.answerer.answer(question(NAME)), Forward)
 
 
+@pytest.mark.parametrize("upstream, rcode", [
+    pytest.param(upstream_reply(answers=0, rcode=RCODE.SERVFAIL), "SERVFAIL", id="servfail__coredns_servfail_5s"),
+    pytest.param(upstream_reply(ttl=0), "NOERROR", id="ttl_zero__coredns_minttl_5s"),
+])
+def test_upstream_servfail_and_ttl_zero_are_kept_5s_like_coredns(rig: Rig, upstream: bytes, rcode: str) -> None:
+    rig.resolve(question(NAME), upstream)
+    rig.clock.now += 4.9
+    assert read_reply(rig.ask(question(NAME))).rcode == rcode  # from the entry: upstream not asked
+    rig.clock.now += 0.1
+    assert isinstance(rig.answerer.answer(question(NAME)), Forward)
+
+
 def test_hits_are_counted_like_relayed_answers(rig: Rig) -> None:
     rig.resolve(question(NAME), upstream_reply())
     rig.ask(question(NAME))

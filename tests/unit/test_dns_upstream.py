@@ -57,20 +57,26 @@ def test_cache_ages_ttls_and_expires() -> None:
     assert cache.get(b"k", 1300.0) is None and len(cache) == 0
 
 
-@pytest.mark.parametrize("kwargs, lifetime", [
-    pytest.param({"ttl": 300}, 300, id="positive_lowest_ttl"),
-    pytest.param({"ttl": 7200}, 3600, id="positive_capped"),
-    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN, "soa": (900, 60)}, 60, id="negative_soa_minimum__rfc2308"),
-    pytest.param({"answers": 0, "soa": (30, 600)}, 30, id="nodata_soa_ttl__rfc2308"),
-    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN, "soa": (7200, 7200)}, 1800, id="negative_capped"),
-    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN}, 0, id="negative_without_soa_not_cached"),
-    pytest.param({"answers": 0, "rcode": RCODE.SERVFAIL}, 0, id="servfail_not_cached"),
-    pytest.param({"answers": 0, "rcode": RCODE.REFUSED}, 0, id="refused_not_cached"),
-    pytest.param({"tc": True}, 0, id="truncated_not_cached"),
-    pytest.param({"ttl": 0}, 0, id="ttl_zero_not_cached"),
+@pytest.mark.parametrize("kwargs, lifetime, caps", [
+    pytest.param({"ttl": 300}, 300, None, id="positive_lowest_ttl"),
+    pytest.param({"ttl": 7200}, 3600, None, id="positive_capped"),
+    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN, "soa": (900, 60)}, 60, None, id="negative_soa_minimum__rfc2308"),
+    pytest.param({"answers": 0, "soa": (30, 600)}, 30, None, id="nodata_soa_ttl__rfc2308"),
+    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN, "soa": (7200, 7200)}, 1800, None, id="negative_capped"),
+    # CoreDNS cache defaults: minsuccess/mindenial 5 s, MinimalDefaultTTL 5 s, servfail 5 s.
+    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN}, 5, None, id="negative_without_soa_5s__coredns"),
+    pytest.param({"answers": 0, "rcode": RCODE.NXDOMAIN, "soa": (1, 1)}, 5, None, id="negative_at_least_5s__coredns"),
+    pytest.param({"answers": 0, "rcode": RCODE.SERVFAIL}, 5, None, id="servfail_5s__coredns"),
+    pytest.param({"answers": 0, "rcode": RCODE.REFUSED}, 0, None, id="refused_not_cached"),
+    pytest.param({"tc": True}, 0, None, id="truncated_not_cached"),
+    pytest.param({"ttl": 0}, 5, None, id="ttl_zero_kept_5s__coredns_minttl"),
+    pytest.param({"ttl": 3}, 5, None, id="short_ttl_kept_5s__coredns_minttl"),
+    pytest.param({"ttl": 300}, 0, {"max_ttl": 0}, id="max_ttl_0_turns_caching_off"),
+    pytest.param({"answers": 0, "rcode": RCODE.SERVFAIL}, 0, {"max_negative_ttl": 0},
+                 id="max_denial_ttl_0_keeps_no_servfail"),
 ])
-def test_cache_lifetime(kwargs: dict, lifetime: int) -> None:
-    cache = UpstreamCache(10, max_ttl=3600, max_negative_ttl=1800)
+def test_cache_lifetime(kwargs: dict, lifetime: int, caps: dict | None) -> None:
+    cache = UpstreamCache(10, **({"max_ttl": 3600, "max_negative_ttl": 1800} | (caps or {})))
     cache.put(b"k", *stored(upstream_reply(**kwargs)), now=0.0)
     if lifetime == 0:
         assert cache.get(b"k", 0.0) is None
