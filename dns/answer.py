@@ -22,7 +22,7 @@ from dnslib.label import DNSBuffer
 from kubeport.endpoints.types import ServiceName
 
 from .config import DnsConfig
-from .encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, Packer, Record
+from .encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer, Record
 from .forwarded import ForwardedAnswers, ForwardedReply
 from .lookup import Lookup, Resolution, not_synced, qtype_name, reverse_records, soa_record
 from .names import Zone, classify, reverse_address
@@ -198,8 +198,14 @@ class Answerer:
         if where is Zone.OTHER:
             return Forward(query, tcp, query.labels, qtype, shareable=True)
         if where is Zone.REVERSE:
-            # Unknown reverse names fall through to upstream (CoreDNS `fallthrough in-addr.arpa ip6.arpa`);
-            # so does a reverse zone's apex itself (CoreDNS answers NODATA there).
+            if qtype == T_SOA:  # NODATA is not NXDOMAIN: no fallthrough, answered here (B.5)
+                zone = query.labels[-2:]
+                if len(lower) == 2:
+                    return self._reply(query, tcp, Resolution(answer=[soa_record(self.index, zone, self.config.ttl)],
+                                                              deps=None))
+                return self._reply(query, tcp, Resolution(negative=True, deps=None, soa_zone=zone))
+            # Unknown reverse names fall through to upstream (CoreDNS `fallthrough in-addr.arpa ip6.arpa`),
+            # and so, here, does any other type at a reverse zone's apex (CoreDNS: NODATA, NS).
             address = reverse_address(lower) if qtype == T_PTR else None
             records = reverse_records(self.index, query.labels, address, self.config.ttl) if address else []
             if not records:
@@ -241,7 +247,7 @@ class Answerer:
         flags = reply_flags(query.flags, result.rcode, authoritative=True)
         authority: list[Record] = []
         if result.negative:
-            zone = query.labels[len(query.labels) - len(self.index.zone_labels):]
+            zone = result.soa_zone or query.labels[len(query.labels) - len(self.index.zone_labels):]
             authority.append(soa_record(self.index, zone, self.config.ttl))
         sections = (result.answer, authority, result.additional)
         packed, ends = _pack(flags, query, sections)

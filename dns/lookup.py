@@ -60,6 +60,8 @@ class Resolution:
     #: an ExternalName chain leaving the zone: ask upstream for this name, put ``answer``
     #: (the CNAMEs) first
     forward: str | None = None
+    #: the zone whose SOA a negative answer carries, when not the cluster zone (a reverse zone)
+    soa_zone: tuple[bytes, ...] | None = None
 
 
 def _labels(text: str) -> tuple[bytes, ...]:

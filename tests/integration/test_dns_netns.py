@@ -134,6 +134,16 @@ def test_external_nxdomain_is_relayed(topology, cluster) -> None:
     assert result.authority and result.authority[0].startswith("example.test. ")
 
 
+def test_reverse_zone_soa_is_answered_here_not_upstream__b5(topology, cluster) -> None:
+    ns = topology.pod("a", 1)
+    apex = dig(ns, "in-addr.arpa", "SOA")
+    assert apex.status == "NOERROR" and len(apex.answer) == 1, apex.output
+    assert apex.answer[0].startswith("in-addr.arpa. 5 IN SOA ns.dns.in-addr.arpa. hostmaster.in-addr.arpa. ")
+    below = dig(ns, "20.0.96.10.in-addr.arpa", "SOA")
+    assert below.status == "NOERROR" and below.answer == () and "aa" in below.flags, below.output
+    assert below.authority == apex.answer, below.output
+
+
 def test_forwarded_answer_too_big_for_udp_keeps_what_fits__b14(topology, cluster) -> None:
     """Trimmed to whole records with TC (CoreDNS), not emptied: a client that never retries
     over TCP (musl before 1.2.4) still gets addresses. Asked twice: relayed, then cached."""
