@@ -85,6 +85,7 @@ def build_proxier(config: KubeportConfiguration) -> Any:
         ProxyConfig(
             nodeport_addresses=tuple(config.node_port_addresses),
             cluster_cidrs=tuple(str(cidr) for cidr in config.cluster_cidr),
+            service_cidrs=tuple(str(cidr) for cidr in config.service_cluster_ip_range),
             vip_interface=config.vip_interface,
             udp_idle_timeout=config.conntrack.udp_stream_timeout,
             reserved_frontends=frozenset(reserved),

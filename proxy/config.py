@@ -18,6 +18,9 @@ class ProxyConfig:
     nodeport_addresses: tuple[str, ...] = ("primary",)
     #: --cluster-cidr: pod CIDRs. Sources inside them are "local" for the eTP=Local short-circuit.
     cluster_cidrs: tuple[str, ...] = ()
+    #: --service-cluster-ip-range: what is routed to an address in them that is no ClusterIP here
+    #: (not a local address) is dropped, as kube-proxy's nftables mode does.
+    service_cidrs: tuple[str, ...] = ()
     #: the link that carries the VIP addresses (/32, /128). The `dummy` type may not exist; lo always does.
     vip_interface: str = "lo"
     #: seconds a backend connect may take before the next endpoint is tried.
@@ -79,6 +82,11 @@ class ProxyConfig:
             except ValueError:
                 raise ProxyConfigError(f"cluster_cidrs: invalid CIDR {cidr!r}") from None
         object.__setattr__(self, "_cidr_networks", tuple(networks))
+        for cidr in self.service_cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ProxyConfigError(f"service_cidrs: invalid CIDR {cidr!r}") from None
         positive = {
             "connect_timeout": self.connect_timeout,
             "udp_idle_timeout": self.udp_idle_timeout,

@@ -18,6 +18,12 @@ endpoints, no loadBalancerSourceRanges).
   and not the node itself (``fib saddr type local``) are dropped (eTP=Local).
 * ``fw4``/``fw6``: LB VIP frontends with loadBalancerSourceRanges; a client whose
   (frontend . source) is not in ``fwallow4``/``fwallow6`` is dropped (reference A.6, E.3).
+* ``services4``/``services6`` (the service CIDRs) and a chain on the forward hook: a
+  packet the node would route on to one of their addresses is dropped, as kube-proxy's
+  nftables mode drops traffic to unallocated ClusterIPs (reference A.6). Every ClusterIP
+  in use is a local address here, so only unallocated ones are ever forwarded; without
+  the drop, a pod asking for one sends it out through the node's default route. Only
+  forwarded packets walk this chain, never those the proxy relays.
 
 The first sync of a run replaces the whole table, elements included, in one
 transaction: a successor taking over from a running instance (seamless restart)
@@ -48,6 +54,9 @@ RULES = (
     f"ip {_FRONTEND_KEY} @fw4 ip {_FRONTEND_KEY} . ip saddr != @fwallow4 drop",
     f"ip6 {_FRONTEND_KEY} @fw6 ip6 {_FRONTEND_KEY} . ip6 saddr != @fwallow6 drop",
 )
+FORWARD_CHAIN = "forward"
+FORWARD_HOOK = "type filter hook forward priority filter - 5; policy accept;"
+FORWARD_RULES = ("ip daddr @services4 drop", "ip6 daddr @services6 drop")
 
 #: frontend -> True when only non-local clients are dropped.
 DropSet = Mapping[Frontend, bool]
@@ -78,13 +87,20 @@ def _allow_elements(frontend: Frontend, sources: Iterable[str]) -> list[str]:
     return [f"{_element(frontend)} . {_source(cidr)}" for cidr in sources]
 
 
-def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, allowed: AllowSet | None = None) -> str:
+def _by_family(cidrs: Iterable[str]) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {4: [], 6: []}
+    for cidr in cidrs:
+        network = ipaddress.ip_network(cidr, strict=False)
+        found[network.version].append(str(network))
+    return found
+
+
+def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, allowed: AllowSet | None = None,
+                 service_cidrs: Iterable[str] = ()) -> str:
     """The whole table with its elements, replacing any previous one, as one atomic batch."""
     drops, allowed = drops or {}, allowed or {}
-    local: dict[int, list[str]] = {4: [], 6: []}
-    for cidr in cluster_cidrs:
-        network = ipaddress.ip_network(cidr, strict=False)
-        local[network.version].append(str(network))
+    local = _by_family(cluster_cidrs)
+    services = _by_family(service_cidrs)
     members: dict[str, list[str]] = {}
     for frontend, only_external in sorted(drops.items()):
         members.setdefault(_set_name(frontend, only_external), []).append(_element(frontend))
@@ -104,6 +120,12 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
         lines.append(f"  set fwallow{family} {{ type {key} . {addr_type}; flags interval;"
                      f"{elements(f'fwallow{family}')} }}")
         lines.append(f"  set local{family} {{ type {addr_type}; flags interval;{elements('', local[family])} }}")
+        lines.append(f"  set services{family} {{ type {addr_type}; flags interval;"
+                     f"{elements('', services[family])} }}")
+    if services[4] or services[6]:
+        lines += [f"  chain {FORWARD_CHAIN} {{", f"    {FORWARD_HOOK}"]
+        lines += [f"    {rule}" for rule in FORWARD_RULES]
+        lines.append("  }")
     if drops or allowed:
         lines += [f"  chain {CHAIN} {{", f"    {CHAIN_HOOK}"]
         lines += [f"    {rule}" for rule in RULES]
@@ -148,7 +170,7 @@ def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet
 
 
 class Firewall(Protocol):
-    async def start(self, cluster_cidrs: Iterable[str]) -> None: ...
+    async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None: ...
     async def sync(self, desired: DropSet, allowed: AllowSet | None = None) -> None: ...
     async def stop(self, *, release: bool = True) -> None: ...
 
@@ -159,6 +181,7 @@ class NftFirewall:
     def __init__(self, nft: str = "nft") -> None:
         self._nft = nft
         self._cluster_cidrs: tuple[str, ...] = ()
+        self._service_cidrs: tuple[str, ...] = ()
         #: what the kernel holds; None until this run has written the table (the first sync).
         self._current: tuple[dict[Frontend, bool], dict[Frontend, tuple[str, ...]]] | None = None
         self.enabled = False
@@ -172,13 +195,14 @@ class NftFirewall:
         if proc.returncode != 0:
             raise FirewallError(f"nft -f - failed ({proc.returncode}): {err.decode(errors='replace').strip()}")
 
-    async def start(self, cluster_cidrs: Iterable[str]) -> None:
+    async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None:
         """Check for nft; the table itself is written by the first sync (a predecessor's stays until then)."""
         if shutil.which(self._nft) is None:
             log.error("nft not found: Local traffic policies without local endpoints refuse instead of drop, "
-                      "loadBalancerSourceRanges are not enforced")
+                      "loadBalancerSourceRanges are not enforced, unallocated ClusterIPs are routed on")
             return
         self._cluster_cidrs = tuple(cluster_cidrs)
+        self._service_cidrs = tuple(service_cidrs)
         self._current = None
         self.enabled = True
 
@@ -187,7 +211,7 @@ class NftFirewall:
             return
         allowed = dict(allowed or {})
         if self._current is None:
-            script = render_setup(self._cluster_cidrs, desired, allowed)
+            script = render_setup(self._cluster_cidrs, desired, allowed, self._service_cidrs)
         else:
             script = render_changes(self._current[0], desired, self._current[1], allowed)
             if not script:
@@ -217,11 +241,13 @@ class FakeFirewall:
         self.allowed: dict[Frontend, tuple[str, ...]] = {}
         self.syncs: list[dict[Frontend, bool]] = []
         self.cluster_cidrs: tuple[str, ...] = ()
+        self.service_cidrs: tuple[str, ...] = ()
         self.enabled = False
         self.released: bool | None = None
 
-    async def start(self, cluster_cidrs: Iterable[str]) -> None:
+    async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None:
         self.cluster_cidrs = tuple(cluster_cidrs)
+        self.service_cidrs = tuple(service_cidrs)
         self.enabled = True
 
     async def sync(self, desired: DropSet, allowed: AllowSet | None = None) -> None:

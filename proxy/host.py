@@ -49,7 +49,8 @@ class HostState:
         self._pruned = False
         self.problems: dict[str, str] = {}
 
-    async def start(self, extra_addresses: frozenset[str], cluster_cidrs: Iterable[str]) -> None:
+    async def start(self, extra_addresses: frozenset[str], cluster_cidrs: Iterable[str],
+                    service_cidrs: Iterable[str] = ()) -> None:
         """Add the extra addresses only: a predecessor's VIPs (seamless restart) stay until the
         first snapshot says which are wanted; the firewall table is written by the first sync."""
         self._extra = extra_addresses
@@ -57,7 +58,7 @@ class HostState:
         self.wanted_version += 1
         await self._add_addresses()
         if self._firewall is not None:
-            await self._firewall.start(cluster_cidrs)
+            await self._firewall.start(cluster_cidrs, service_cidrs)
 
     @property
     def wanted(self) -> frozenset[str]:

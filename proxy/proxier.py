@@ -126,7 +126,7 @@ class Proxier:
         if not sctp:
             log.warning("SCTP is not supported by this kernel: SCTP service ports are not served")
         self._listeners = Listeners(self._ctx, sctp=sctp, steer_affinity=config.workers > 1)
-        await self._host.start(self._extra_addresses, config.cluster_cidrs)
+        await self._host.start(self._extra_addresses, config.cluster_cidrs, config.service_cidrs)
 
     async def stop(
         self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from netns import (
+    EXT_IPS,
     CommandFailed,
     curl_in,
     http_url,
@@ -298,3 +299,26 @@ def _daemon_log(topology, which: str) -> str:
     from netns import DAEMONS
 
     return "\n".join(d.log_text() for d in DAEMONS if d.ns == topology.node(which))
+
+
+def test_what_is_routed_to_an_unallocated_cluster_ip_is_dropped__nftables_a6(topology, cluster):
+    """Every ClusterIP in use is a local address of the node: a pod's packet for an unallocated
+    one would be routed on, out of the node. kube-proxy's nftables mode drops it; so does
+    kubeport. Here a host beyond the node owns the address, and the node itself reaches it."""
+    unallocated, node_a, ext = "10.96.0.99", topology.node("a"), topology.ext
+    setup = [(ext, "addr", "add", f"{unallocated}/32", "dev", "lo"),
+             (ext, "route", "add", "10.244.0.0/16", "via", topology.node_ip("a")),
+             (node_a, "route", "add", f"{unallocated}/32", "via", EXT_IPS[0])]
+    for ns, *args in setup:
+        run_in(ns, "ip", *args)
+    server = start_podserver(ext, "beyond")
+    try:
+        assert "pod=beyond" in curl_in(node_a, http_url(unallocated, 8080))  # the route itself works
+        with pytest.raises(CommandFailed) as dropped:
+            curl_in(topology.pod("a", 1), http_url(unallocated, 8080), timeout=1)
+        assert dropped.value.returncode == 28, dropped.value  # a timeout: dropped, not refused
+    finally:
+        server.kill()
+        server.wait()
+        for ns, verb, *args in reversed(setup):
+            run_in(ns, "ip", verb, "del", *args[1:], check=False)

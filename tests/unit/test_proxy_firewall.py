@@ -26,6 +26,19 @@ def test_setup_replaces_leftovers_atomically_and_marks_pod_cidrs_local():
     assert "chain" not in script  # nothing to drop: no hook, no cost per received packet
 
 
+@pytest.mark.parametrize(("service_cidrs", "forward"), [
+    pytest.param(["10.96.0.0/12", "fd00:10:96::/112"], True, id="service_cidrs__forward_hook_drops__nftables_a6"),
+    pytest.param([], False, id="no_service_cidrs__no_forward_hook"),
+])
+def test_setup_drops_what_is_routed_to_unallocated_cluster_ips(service_cidrs, forward):
+    lines = render_setup([], service_cidrs=service_cidrs).splitlines()
+    assert ("  set services4 { type ipv4_addr; flags interval; elements = { 10.96.0.0/12 }; }" in lines) is forward
+    assert ("  set services6 { type ipv6_addr; flags interval; elements = { fd00:10:96::/112 }; }" in lines) is forward
+    assert ("    type filter hook forward priority filter - 5; policy accept;" in lines) is forward
+    assert ("    ip daddr @services4 drop" in lines) is forward and ("    ip6 daddr @services6 drop" in lines) is forward
+    assert "hook input" not in "\n".join(lines)  # the input hook still waits for something to drop
+
+
 def test_setup_hooks_the_chain_when_something_is_dropped():
     lines = render_setup(["10.244.0.0/16"], {CIP: False}).splitlines()
     assert "    type filter hook input priority filter - 5; policy accept;" in lines
