@@ -25,6 +25,14 @@ endpoints, no loadBalancerSourceRanges).
   the drop, a pod asking for one sends it out through the node's default route. Only
   forwarded packets walk this chain, never those the proxy relays.
 
+* ``capture4``/``capture6`` and ``reject4``/``reject6``: the externalIP and LoadBalancer
+  frontends (proxy/capture.py). An externalIP is no local address of the node, since the
+  whole address would then be taken from the host that owns it, on every port; only its
+  service ports are taken: a packet to a served one is marked on the prerouting and output
+  hooks and the mark routes it to a local socket; one to a refused port (no endpoint) is
+  rejected where it would be forwarded or sent, as kube-proxy's REJECT. These chains too
+  are hooked only while a set has an element.
+
 The first sync of a run replaces the whole table, elements included, in one
 transaction: a successor taking over from a running instance (seamless restart)
 never leaves a moment where the table is empty, and ``start`` touches nothing.
@@ -38,6 +46,7 @@ import logging
 import shutil
 from typing import Iterable, Mapping, Protocol
 
+from . import capture
 from .table import Frontend
 
 log = logging.getLogger(__name__)
@@ -54,6 +63,16 @@ RULES = (
     f"ip {_FRONTEND_KEY} @fw4 ip {_FRONTEND_KEY} . ip saddr != @fwallow4 drop",
     f"ip6 {_FRONTEND_KEY} @fw6 ip6 {_FRONTEND_KEY} . ip6 saddr != @fwallow6 drop",
 )
+_MARK_RULE = "meta mark set meta mark | {mark:#010x}"
+CAPTURE_CHAINS = (
+    ("capture_in", "type filter hook prerouting priority mangle; policy accept;",
+     (f"ip {_FRONTEND_KEY} @capture4 {_MARK_RULE}", f"ip6 {_FRONTEND_KEY} @capture6 {_MARK_RULE}")),
+    ("capture_out", "type route hook output priority mangle; policy accept;",
+     (f"ip {_FRONTEND_KEY} @capture4 {_MARK_RULE}", f"ip6 {_FRONTEND_KEY} @capture6 {_MARK_RULE}",
+      f"ip {_FRONTEND_KEY} @reject4 reject", f"ip6 {_FRONTEND_KEY} @reject6 reject")),
+    ("capture_fwd", "type filter hook forward priority filter - 5; policy accept;",
+     (f"ip {_FRONTEND_KEY} @reject4 reject", f"ip6 {_FRONTEND_KEY} @reject6 reject")),
+)
 FORWARD_CHAIN = "forward"
 FORWARD_HOOK = "type filter hook forward priority filter - 5; policy accept;"
 FORWARD_RULES = ("ip daddr @services4 drop", "ip6 daddr @services6 drop")
@@ -62,6 +81,8 @@ FORWARD_RULES = ("ip daddr @services4 drop", "ip6 daddr @services6 drop")
 DropSet = Mapping[Frontend, bool]
 #: LB VIP frontend -> the source CIDRs let in (normalised, non-overlapping).
 AllowSet = Mapping[Frontend, tuple[str, ...]]
+#: externalIP / LB frontend -> True when served (captured), False when refused (rejected).
+CaptureSet = Mapping[Frontend, bool]
 
 
 class FirewallError(RuntimeError):
@@ -83,6 +104,14 @@ def _source(cidr: str) -> str:
     return str(network)
 
 
+def _capture_set(frontend: Frontend, served: bool) -> str:
+    return f"{'capture' if served else 'reject'}{frontend.family}"
+
+
+def _capture_chains(mark: int) -> list[tuple[str, str, list[str]]]:
+    return [(name, hook, [rule.format(mark=mark) for rule in rules]) for name, hook, rules in CAPTURE_CHAINS]
+
+
 def _allow_elements(frontend: Frontend, sources: Iterable[str]) -> list[str]:
     return [f"{_element(frontend)} . {_source(cidr)}" for cidr in sources]
 
@@ -96,9 +125,9 @@ def _by_family(cidrs: Iterable[str]) -> dict[int, list[str]]:
 
 
 def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, allowed: AllowSet | None = None,
-                 service_cidrs: Iterable[str] = ()) -> str:
+                 service_cidrs: Iterable[str] = (), captured: CaptureSet | None = None, mark: int = 0) -> str:
     """The whole table with its elements, replacing any previous one, as one atomic batch."""
-    drops, allowed = drops or {}, allowed or {}
+    drops, allowed, captured = drops or {}, allowed or {}, captured or {}
     local = _by_family(cluster_cidrs)
     services = _by_family(service_cidrs)
     members: dict[str, list[str]] = {}
@@ -107,6 +136,8 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
     for frontend, sources in sorted(allowed.items()):
         members.setdefault(f"fw{frontend.family}", []).append(_element(frontend))
         members.setdefault(f"fwallow{frontend.family}", []).extend(_allow_elements(frontend, sources))
+    for frontend, served in sorted(captured.items()):
+        members.setdefault(_capture_set(frontend, served), []).append(_element(frontend))
 
     def elements(name: str, values: list[str] | None = None) -> str:
         values = members.get(name) if values is None else values
@@ -115,7 +146,7 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
     lines = [f"table {TABLE} {{}}", f"delete table {TABLE}", f"table {TABLE} {{"]
     for family, addr_type in ((4, "ipv4_addr"), (6, "ipv6_addr")):
         key = f"{addr_type} . inet_proto . inet_service"
-        for name in (f"drop{family}", f"dropext{family}", f"fw{family}"):
+        for name in (f"drop{family}", f"dropext{family}", f"fw{family}", f"capture{family}", f"reject{family}"):
             lines.append(f"  set {name} {{ type {key};{elements(name)} }}")
         lines.append(f"  set fwallow{family} {{ type {key} . {addr_type}; flags interval;"
                      f"{elements(f'fwallow{family}')} }}")
@@ -130,14 +161,19 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
         lines += [f"  chain {CHAIN} {{", f"    {CHAIN_HOOK}"]
         lines += [f"    {rule}" for rule in RULES]
         lines.append("  }")
+    if captured:
+        for name, hook, rules in _capture_chains(mark):
+            lines += [f"  chain {name} {{", f"    {hook}", *(f"    {rule}" for rule in rules), "  }"]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
 def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet | None = None,
-                   desired_allowed: AllowSet | None = None) -> str:
+                   desired_allowed: AllowSet | None = None, current_captured: CaptureSet | None = None,
+                   desired_captured: CaptureSet | None = None, mark: int = 0) -> str:
     """The batch turning ``current`` into ``desired``; "" when they are the same."""
     current_allowed, desired_allowed = current_allowed or {}, desired_allowed or {}
+    current_captured, desired_captured = current_captured or {}, desired_captured or {}
     deletes: list[tuple[str, str]] = []
     adds: list[tuple[str, str]] = []
     for frontend, only_external in sorted(current.items()):
@@ -158,6 +194,12 @@ def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet
             deletes.append((f"fw{frontend.family}", _element(frontend)))
         elif old is None:
             adds.append((f"fw{frontend.family}", _element(frontend)))
+    for frontend, served in sorted(current_captured.items()):
+        if desired_captured.get(frontend) != served:
+            deletes.append((_capture_set(frontend, served), _element(frontend)))
+    for frontend, served in sorted(desired_captured.items()):
+        if current_captured.get(frontend) != served:
+            adds.append((_capture_set(frontend, served), _element(frontend)))
     lines = [f"delete element {TABLE} {name} {{ {element} }}" for name, element in deletes]
     lines += [f"add element {TABLE} {name} {{ {element} }}" for name, element in adds]
     hooked, wanted = bool(current or current_allowed), bool(desired or desired_allowed)
@@ -166,12 +208,22 @@ def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet
         lines += [f"add rule {TABLE} {CHAIN} {rule}" for rule in RULES]
     elif hooked and not wanted:
         lines += [f"flush chain {TABLE} {CHAIN}", f"delete chain {TABLE} {CHAIN}"]
+    if desired_captured and not current_captured:
+        for name, hook, rules in _capture_chains(mark):
+            lines += [f"add chain {TABLE} {name} {{ {hook} }}", *(f"add rule {TABLE} {name} {rule}" for rule in rules)]
+    elif current_captured and not desired_captured:
+        for name, _, _ in CAPTURE_CHAINS:
+            lines += [f"flush chain {TABLE} {name}", f"delete chain {TABLE} {name}"]
     return "".join(line + "\n" for line in lines)
 
 
 class Firewall(Protocol):
+    #: externalIP and LB frontends are taken by port (capture.py), not as local addresses.
+    capturing: bool
+
     async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None: ...
-    async def sync(self, desired: DropSet, allowed: AllowSet | None = None) -> None: ...
+    async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
+                   captured: CaptureSet | None = None) -> None: ...
     async def stop(self, *, release: bool = True) -> None: ...
 
 
@@ -183,8 +235,9 @@ class NftFirewall:
         self._cluster_cidrs: tuple[str, ...] = ()
         self._service_cidrs: tuple[str, ...] = ()
         #: what the kernel holds; None until this run has written the table (the first sync).
-        self._current: tuple[dict[Frontend, bool], dict[Frontend, tuple[str, ...]]] | None = None
+        self._current: tuple[dict[Frontend, bool], dict[Frontend, tuple[str, ...]], dict[Frontend, bool]] | None = None
         self.enabled = False
+        self.capturing = False
 
     async def _run(self, script: str) -> None:
         proc = await asyncio.create_subprocess_exec(
@@ -205,32 +258,45 @@ class NftFirewall:
         self._service_cidrs = tuple(service_cidrs)
         self._current = None
         self.enabled = True
+        try:
+            await capture.set_up()
+        except capture.CaptureError as exc:
+            log.error("externalIPs and LoadBalancer IPs become local addresses (every port of them): "
+                      "no policy routing for their ports: %s", exc)
+            return
+        self.capturing = True
 
-    async def sync(self, desired: DropSet, allowed: AllowSet | None = None) -> None:
+    async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
+                   captured: CaptureSet | None = None) -> None:
         if not self.enabled:
             return
-        allowed = dict(allowed or {})
+        allowed, captured = dict(allowed or {}), dict(captured or {})
         if self._current is None:
-            script = render_setup(self._cluster_cidrs, desired, allowed, self._service_cidrs)
+            script = render_setup(self._cluster_cidrs, desired, allowed, self._service_cidrs, captured, capture.MARK)
         else:
-            script = render_changes(self._current[0], desired, self._current[1], allowed)
+            script = render_changes(self._current[0], desired, self._current[1], allowed, self._current[2], captured,
+                                    capture.MARK)
             if not script:
                 return
         await self._run(script)  # atomic: on failure nothing changed, the next sync retries
-        self._current = (dict(desired), allowed)
+        self._current = (dict(desired), allowed, captured)
 
     async def stop(self, *, release: bool = True) -> None:
         """Remove the table; ``release=False`` (handover) leaves it to the successor."""
         if not self.enabled:
             return
         self.enabled = False
+        capturing, self.capturing = self.capturing, False
         written, self._current = self._current, None
-        if not release or written is None:
+        if not release:
             return
-        try:
-            await self._run(f"delete table {TABLE}\n")
-        except FirewallError as exc:
-            log.warning("removing nftables table %s: %s", TABLE, exc)
+        if written is not None:
+            try:
+                await self._run(f"delete table {TABLE}\n")
+            except FirewallError as exc:
+                log.warning("removing nftables table %s: %s", TABLE, exc)
+        if capturing:
+            await capture.tear_down()
 
 
 class FakeFirewall:
@@ -242,16 +308,24 @@ class FakeFirewall:
         self.syncs: list[dict[Frontend, bool]] = []
         self.cluster_cidrs: tuple[str, ...] = ()
         self.service_cidrs: tuple[str, ...] = ()
+        self.captured: dict[Frontend, bool] = {}
         self.enabled = False
+        self.capturing = False
         self.released: bool | None = None
 
     async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None:
         self.cluster_cidrs = tuple(cluster_cidrs)
         self.service_cidrs = tuple(service_cidrs)
         self.enabled = True
+        self.capturing = self.can_capture
 
-    async def sync(self, desired: DropSet, allowed: AllowSet | None = None) -> None:
+    #: tests set it False: a host without policy routing (externalIPs become addresses).
+    can_capture = True
+
+    async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
+                   captured: CaptureSet | None = None) -> None:
         self.allowed = dict(allowed or {})
+        self.captured = dict(captured or {})
         if dict(desired) != self.drops:
             self.drops = dict(desired)
             self.syncs.append(dict(desired))
@@ -262,3 +336,4 @@ class FakeFirewall:
         if release:
             self.drops = {}
             self.allowed = {}
+            self.captured = {}

@@ -21,6 +21,8 @@ from .table import Action, Frontend, FrontendKind, FrontendRule, RuleChange
 log = logging.getLogger(__name__)
 
 _VIP_KINDS = (FrontendKind.CLUSTER_IP, FrontendKind.EXTERNAL_IP, FrontendKind.LOAD_BALANCER)
+#: taken by port through the firewall when it can (capture.py), else local addresses too.
+_CAPTURED_KINDS = (FrontendKind.EXTERNAL_IP, FrontendKind.LOAD_BALANCER)
 
 
 class HostState:
@@ -32,6 +34,8 @@ class HostState:
         self._vip_frontends: dict[str, int] = {}
         self.drops: dict[Frontend, bool] = {}
         self.allowed: dict[Frontend, tuple[str, ...]] = {}
+        #: externalIP and LB frontends taken by port: True served, False refused (capture.py).
+        self.captured: dict[Frontend, bool] = {}
         #: addresses the address manager holds, and those handed to it but not confirmed yet.
         self._held: set[str] = set()
         self._in_flight: set[str] = set()
@@ -70,17 +74,25 @@ class HostState:
         """The addresses last accepted by the address manager."""
         return frozenset(self._held)
 
+    @property
+    def capturing(self) -> bool:
+        """externalIPs and LB IPs are taken by port, not made local addresses (capture.py)."""
+        return self._firewall is not None and self._firewall.capturing
+
     def account(self, changes: Iterable[RuleChange]) -> None:
+        vip_kinds = (FrontendKind.CLUSTER_IP,) if self.capturing else _VIP_KINDS
         for change in changes:
             frontend, old, new = change.frontend, change.old, change.new
             # The new rule is counted before the old one goes: a VIP kept by a changed frontend
             # never drops to zero users, so it is neither queued for removal nor re-announced.
-            if new is not None and new.kind in _VIP_KINDS:
+            if new is not None and new.kind in vip_kinds:
                 self._count_vip(frontend.ip, +1)
-            if old is not None and old.kind in _VIP_KINDS:
+            if old is not None and old.kind in vip_kinds:
                 self._count_vip(frontend.ip, -1)
             self._filter(frontend, old, -1)
             self._filter(frontend, new, +1)
+            if vip_kinds is not _VIP_KINDS:
+                self._capture(frontend, old, new)
 
     def begin_adding(self) -> None:
         """Hand the addresses counted so far to the address manager, without waiting.
@@ -135,6 +147,15 @@ class HostState:
                 self.allowed[frontend] = rule.source_ranges
             else:
                 self.allowed.pop(frontend, None)
+
+    def _capture(self, frontend: Frontend, old: FrontendRule | None, new: FrontendRule | None) -> None:
+        was = self.captured.get(frontend)
+        if new is not None and new.kind in _CAPTURED_KINDS:
+            self.captured[frontend] = new.action is not Action.REFUSE
+        elif old is not None and old.kind in _CAPTURED_KINDS:
+            self.captured.pop(frontend, None)
+        if self.captured.get(frontend) != was:
+            self._firewall_dirty = True
 
     def _count_vip(self, address: str, sign: int) -> None:
         counts = self._vip_frontends
@@ -204,7 +225,7 @@ class HostState:
         if self._firewall is None:
             return
         try:
-            await self._firewall.sync(dict(self.drops), dict(self.allowed))
+            await self._firewall.sync(dict(self.drops), dict(self.allowed), dict(self.captured))
         except FirewallError as exc:
             log.error("nftables: %s", exc)
             self.problems["firewall"] = f"nftables rules: {exc}"

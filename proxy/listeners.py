@@ -9,7 +9,7 @@ from typing import Callable
 from . import steering
 from .balancer import Route
 from .context import RelayContext
-from .table import Frontend, FrontendRule, RuleChange
+from .table import Frontend, FrontendKind, FrontendRule, RuleChange
 from .tcp import TcpListener
 from .udp import UdpListener
 
@@ -71,12 +71,13 @@ class Listeners:
 
     def _start(self, frontend: Frontend, rule: FrontendRule, route_for: RouteFor) -> None:
         route = route_for(rule)
+        transparent = rule.kind in (FrontendKind.EXTERNAL_IP, FrontendKind.LOAD_BALANCER)
         if frontend.protocol == "UDP":
-            listener: TcpListener | UdpListener = UdpListener(self._ctx, frontend, route)
+            listener: TcpListener | UdpListener = UdpListener(self._ctx, frontend, route, transparent)
         elif frontend.protocol == "SCTP":
-            listener = TcpListener(self._ctx, frontend, route, proto=socket.IPPROTO_SCTP)
+            listener = TcpListener(self._ctx, frontend, route, proto=socket.IPPROTO_SCTP, transparent=transparent)
         else:
-            listener = TcpListener(self._ctx, frontend, route)
+            listener = TcpListener(self._ctx, frontend, route, transparent=transparent)
         try:
             listener.open()
         except OSError as exc:

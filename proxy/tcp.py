@@ -17,6 +17,7 @@ import os
 import socket
 import struct
 
+from . import capture
 from .balancer import EndpointState, Route
 from .context import RelayContext
 from .poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
@@ -283,11 +284,14 @@ class Conn:
 class TcpListener:
     """A listening socket on one frontend; ``route`` is swapped whole on endpoint changes."""
 
-    def __init__(self, ctx: RelayContext, frontend: Frontend, route: Route, proto: int = 0) -> None:
+    def __init__(self, ctx: RelayContext, frontend: Frontend, route: Route, proto: int = 0,
+                 transparent: bool = False) -> None:
         self.ctx = ctx
         self.frontend = frontend
         self.route = route
         self.proto = proto
+        #: an externalIP or LB frontend: its address may not be the node's (capture.py).
+        self.transparent = transparent
         self.sock: socket.socket | None = None
         self._fd = -1
         self._paused: object | None = None
@@ -307,6 +311,8 @@ class TcpListener:
                 sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_FREEBIND, 1)
             else:
                 sock.setsockopt(socket.IPPROTO_IP, _IP_FREEBIND, 1)
+            if self.transparent:
+                capture.make_transparent(sock, family == socket.AF_INET6)  # inherited too
             if not self.proto:
                 sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)  # inherited by accepted sockets
             sock.bind((self.frontend.ip, self.frontend.port))

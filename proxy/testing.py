@@ -178,9 +178,10 @@ class Backends:
             transport.close()
 
 
-async def start_proxier(*, leftover_addresses=(), **config):
+async def start_proxier(*, leftover_addresses=(), capture=True, **config):
     """A started Proxier (ProxyWorkers with ``workers`` > 1) with fake addresses (node: 127.0.0.1,
-    ::1; ``leftover_addresses`` as a predecessor left them) and a fake firewall."""
+    ::1; ``leftover_addresses`` as a predecessor left them) and a fake firewall (``capture``:
+    with policy routing for externalIPs and LB IPs, see capture.py)."""
     from .addresses import FakeAddresses
     from .config import ProxyConfig
     from .firewall import FakeFirewall
@@ -190,6 +191,7 @@ async def start_proxier(*, leftover_addresses=(), **config):
     config.setdefault("nodeport_addresses", ("primary", "localhost"))
     addresses = FakeAddresses(["127.0.0.1", "::1"], owned=leftover_addresses)
     firewall = FakeFirewall()
+    firewall.can_capture = capture
     proxier = create_proxier(ProxyConfig(**config), "node-a", addresses=addresses, firewall=firewall)
     await proxier.start(extra_addresses=["127.0.0.53"])
     return proxier, addresses, firewall

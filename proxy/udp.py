@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 
-from . import datagrams
+from . import capture, datagrams
 from .balancer import Route
 from .context import RelayContext
 from .flows import Admission, Flow, FlowTable
@@ -107,10 +107,12 @@ def _batches(ctx: RelayContext) -> tuple[datagrams.Inbound, ReplyBatch]:
 
 
 class UdpListener:
-    def __init__(self, ctx: RelayContext, frontend: Frontend, route: Route) -> None:
+    def __init__(self, ctx: RelayContext, frontend: Frontend, route: Route, transparent: bool = False) -> None:
         self.ctx = ctx
         self.frontend = frontend
         self._route = route
+        #: an externalIP or LB frontend: replies may leave from an address the node lacks (capture.py).
+        self.transparent = transparent
         config = ctx.config
         self.flows: FlowTable[Upstream] = FlowTable(
             config.udp_idle_timeout, config.udp_max_flows, config.udp_max_flows_per_client
@@ -144,6 +146,8 @@ class UdpListener:
                 sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_FREEBIND, 1)
             else:
                 sock.setsockopt(socket.IPPROTO_IP, _IP_FREEBIND, 1)
+            if self.transparent:
+                capture.make_transparent(sock, family == socket.AF_INET6)
             sock.bind((self.frontend.ip, self.frontend.port))
         except OSError:
             sock.close()

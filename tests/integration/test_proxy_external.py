@@ -4,15 +4,18 @@ through the real daemon on node-a (issue #3; reference A.6, E.1-E.3).
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from netns import CommandFailed, curl_in, http_url, run_in, udp_request
-from test_proxy_support import endpoint_slice, node, pods_seen, service, start_daemon, write
+from netns import EXT_IPS, CommandFailed, curl_in, http_url, run_in, start_podserver, udp_request, wait_until
+from test_proxy_support import endpoint_slice, node, pods_seen, remove, service, start_daemon, write
 
 pytestmark = pytest.mark.integration
 
 NODE_A, NODE_A6, NODE_B = "192.168.50.11", "fd00:50::11", "192.168.50.12"
 EXTERNAL_IP, LB_IP, LB_PROXY_IP = "192.168.60.10", "192.168.70.10", "192.168.70.11"
 GUARDED_LB_IP, WELCOME_LB_IP = "192.168.70.20", "192.168.70.21"
+VACANT_IP = "192.168.60.12"  # an externalIP of a service without endpoints
 HTTP = {"name": "http", "protocol": "TCP", "port": 8080}
 UDP = {"name": "udp", "protocol": "UDP", "port": 9090}
 ALL_PODS = {"a1", "a2", "b1", "b2"}
@@ -68,8 +71,44 @@ def test_external_ip_and_load_balancer_vip_from_outside__e2_e3(topology, cluster
 
 
 def test_load_balancer_ip_in_proxy_mode_is_not_captured__e3(topology, cluster):
+    assert "pod=" in curl_in(topology.client, http_url(LB_IP, 80))
+    with pytest.raises(CommandFailed):  # routed on by node-a, which has no route for it
+        curl_in(topology.client, http_url(LB_PROXY_IP, 80), timeout=1.5)
+
+
+def test_external_and_lb_ips_are_taken_by_port_not_as_node_addresses__e2(topology, cluster):
+    """kube-proxy's iptables and nftables modes take only IP:port (its IPVS mode, the whole address)."""
     listing = run_in(topology.node("a"), "ip", "-o", "addr", "show").stdout
-    assert LB_IP in listing and LB_PROXY_IP not in listing
+    assert not {EXTERNAL_IP, LB_IP, LB_PROXY_IP, GUARDED_LB_IP} & set(re.findall(r"inet6? ([^/ ]+)/", listing))
+
+
+def test_external_ip_that_is_a_real_hosts_address__its_other_ports_still_reach_it__e2(topology, cluster):
+    """The externalIP is the ext host's own LAN address: node-a and its pods reach the service
+    on its port, and the host itself on every other port (the address is not node-a's)."""
+    manifests, _ = cluster
+    host, node_a, pod = EXT_IPS[0], topology.node("a"), topology.pod("a", 1)
+    write(manifests, "foreign",
+          service("foreign", ["10.96.0.40"], [{"name": "http", "port": 80, "targetPort": 8080}], externalIPs=[host]),
+          endpoint_slice("foreign-1", "foreign", [HTTP], topology.pods),
+          service("vacant", ["10.96.0.41"], [{"name": "http", "port": 80, "targetPort": 8080}],
+                  externalIPs=[VACANT_IP]))
+    route_back = (topology.ext, "ip", "route", "add", "10.244.0.0/16", "via", NODE_A)
+    run_in(*route_back)
+    server = start_podserver(topology.ext, "beyond")
+    try:
+        for client in (node_a, pod):
+            wait_until(lambda: "pod=" in curl_in(client, http_url(host, 80), timeout=1), 15,  # noqa: B023
+                       message="the externalIP's service port taken", ignore=(CommandFailed,))
+            assert "pod=beyond" not in curl_in(client, http_url(host, 80))  # a pod of the service
+            assert "pod=beyond" in curl_in(client, http_url(host, 8080))  # any other port: the host itself
+        with pytest.raises(CommandFailed) as refused:  # no endpoint: REJECT, from outside too
+            curl_in(topology.client, http_url(VACANT_IP, 80), timeout=2)
+        assert refused.value.returncode == 7
+    finally:
+        server.kill()
+        server.wait()
+        run_in(*route_back[:3], "del", *route_back[4:], check=False)
+        remove(manifests, "foreign")
 
 
 def test_load_balancer_source_ranges__outside_the_ranges_dropped__a6_e3(topology, cluster):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.proxy.firewall import RULES, FakeFirewall, render_changes, render_setup
+from kubeport.proxy.firewall import CAPTURE_CHAINS, RULES, FakeFirewall, render_changes, render_setup
 from kubeport.proxy.table import Frontend
 
 CIP = Frontend("10.96.0.20", 80, "TCP")
@@ -37,6 +37,44 @@ def test_setup_drops_what_is_routed_to_unallocated_cluster_ips(service_cidrs, fo
     assert ("    type filter hook forward priority filter - 5; policy accept;" in lines) is forward
     assert ("    ip daddr @services4 drop" in lines) is forward and ("    ip6 daddr @services6 drop" in lines) is forward
     assert "hook input" not in "\n".join(lines)  # the input hook still waits for something to drop
+
+
+EXT = Frontend("192.168.60.10", 80, "TCP")
+EXT_REFUSED = Frontend("192.168.60.11", 53, "UDP")
+MARK = 0x100000
+CAPTURE_HOOK = "".join(
+    f"add chain inet kubeport {name} {{ {hook} }}\n"
+    + "".join(f"add rule inet kubeport {name} {rule.format(mark=MARK)}\n" for rule in rules)
+    for name, hook, rules in CAPTURE_CHAINS)
+CAPTURE_UNHOOK = "".join(f"flush chain inet kubeport {name}\ndelete chain inet kubeport {name}\n"
+                         for name, _, _ in CAPTURE_CHAINS)
+
+
+def test_setup_captures_external_ports__marked_when_served_rejected_when_refused():
+    script = render_setup([], captured={EXT: True, EXT_REFUSED: False}, mark=MARK)
+    assert "set capture4 { type ipv4_addr . inet_proto . inet_service; elements = { 192.168.60.10 . tcp . 80 }; }" in script
+    assert "set reject4 { type ipv4_addr . inet_proto . inet_service; elements = { 192.168.60.11 . udp . 53 }; }" in script
+    assert "    type filter hook prerouting priority mangle; policy accept;" in script.splitlines()
+    assert "ip daddr . meta l4proto . th dport @capture4 meta mark set meta mark | 0x00100000" in script
+    assert "    type route hook output priority mangle; policy accept;" in script.splitlines()
+    assert "ip daddr . meta l4proto . th dport @reject4 reject" in script
+    assert "hook prerouting" not in render_setup([], mark=MARK)  # nothing captured: no cost per packet
+
+
+@pytest.mark.parametrize(("current", "desired", "expected"), [
+    pytest.param({}, {EXT: True}, "add element inet kubeport capture4 { 192.168.60.10 . tcp . 80 }\n" + CAPTURE_HOOK,
+                 id="first_capture_hooks_the_chains"),
+    pytest.param({EXT: True}, {EXT: False},
+                 "delete element inet kubeport capture4 { 192.168.60.10 . tcp . 80 }\n"
+                 "add element inet kubeport reject4 { 192.168.60.10 . tcp . 80 }\n",
+                 id="endpoints_gone__served_to_refused__a6"),
+    pytest.param({EXT: True, EXT_REFUSED: False}, {EXT_REFUSED: False},
+                 "delete element inet kubeport capture4 { 192.168.60.10 . tcp . 80 }\n", id="one_left__still_hooked"),
+    pytest.param({EXT_REFUSED: False}, {}, "delete element inet kubeport reject4 { 192.168.60.11 . udp . 53 }\n"
+                 + CAPTURE_UNHOOK, id="last_gone_unhooks"),
+])
+def test_changes_capture(current, desired, expected):
+    assert render_changes({}, {}, current_captured=current, desired_captured=desired, mark=MARK) == expected
 
 
 def test_setup_hooks_the_chain_when_something_is_dropped():

@@ -36,8 +36,28 @@ async def test_stop_release_false__vips_and_firewall_left_for_the_successor__iss
         assert firewall.allowed == {Frontend("127.0.0.21", 80, "TCP"): ("10.0.0.0/8",)}
         await proxier.stop(release=False)
         assert addresses.released is False and firewall.released is False
-        assert {"127.0.0.10", "127.0.0.20", "127.0.0.21"} <= addresses.owned
-        assert firewall.allowed  # still there: the successor replaces the table in one transaction
+        assert {"127.0.0.10", "127.0.0.20"} <= addresses.owned
+        assert firewall.allowed and firewall.captured  # the successor replaces the table in one transaction
+
+
+@on_uvloop
+@pytest.mark.parametrize("capture", [
+    pytest.param(True, id="policy_routing__only_the_service_ports_taken"),
+    pytest.param(False, id="no_policy_routing__the_address_taken_like_ipvs_mode"),
+])
+async def test_external_ips_and_lb_ips_taken_by_port__not_as_addresses(capture):
+    async with running_proxier(capture=capture) as (proxier, addresses, firewall, backends):
+        port = await backends.tcp("a")
+        edge = web(port, name="edge", vip="127.0.0.20", type="LoadBalancer", external_ips=("127.0.0.22",),
+                   load_balancer_ips=("127.0.0.21",))
+        empty = web(name="empty", vip="127.0.0.30", external_ips=("127.0.0.31",))  # no endpoint: refused
+        await apply_states(proxier, [edge, empty])
+        taken = {"127.0.0.21", "127.0.0.22", "127.0.0.31"}
+        assert {"127.0.0.20", "127.0.0.30"} <= addresses.owned
+        assert not taken & addresses.owned if capture else taken - {"127.0.0.31"} <= addresses.owned
+        assert firewall.captured == ({Frontend("127.0.0.21", 80, "TCP"): True, Frontend("127.0.0.22", 80, "TCP"): True,
+                                      Frontend("127.0.0.31", 80, "TCP"): False} if capture else {})
+        assert await greeting("127.0.0.22") == "a"  # the listener is there either way
 
 
 @on_uvloop
