@@ -14,6 +14,7 @@ pytestmark = pytest.mark.integration
 
 NODE_A, NODE_A6, NODE_B = "192.168.50.11", "fd00:50::11", "192.168.50.12"
 EXTERNAL_IP, LB_IP, LB_PROXY_IP = "192.168.60.10", "192.168.70.10", "192.168.70.11"
+EXTERNAL_IP6 = "fd00:60::10"
 GUARDED_LB_IP, WELCOME_LB_IP = "192.168.70.20", "192.168.70.21"
 VACANT_IP = "192.168.60.12"  # an externalIP of a service without endpoints
 HTTP = {"name": "http", "protocol": "TCP", "port": 8080}
@@ -32,7 +33,7 @@ def cluster(topology, pods, tmp_path_factory):
           service("edge", ["10.96.0.30", "fd00:10:96::30"], [
               {"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080},
               {"name": "udp", "protocol": "UDP", "port": 90, "targetPort": 9090, "nodePort": 30090},
-          ], type="LoadBalancer", externalIPs=[EXTERNAL_IP],
+          ], type="LoadBalancer", externalIPs=[EXTERNAL_IP, EXTERNAL_IP6],
               status={"loadBalancer": {"ingress": [{"ip": LB_IP}, {"ip": LB_PROXY_IP, "ipMode": "Proxy"}]}}),
           endpoint_slice("edge-v4", "edge", [HTTP, UDP], everyone),
           endpoint_slice("edge-v6", "edge", [HTTP, UDP], everyone, family=6))
@@ -67,7 +68,9 @@ def test_node_port_on_ipv6_node_address(topology, cluster):
 
 def test_external_ip_and_load_balancer_vip_from_outside__e2_e3(topology, cluster):
     assert pods_seen(topology.client, EXTERNAL_IP, 80, ALL_PODS) == ALL_PODS
+    assert pods_seen(topology.client, EXTERNAL_IP6, 80, ALL_PODS) == ALL_PODS
     assert pods_seen(topology.client, LB_IP, 80, ALL_PODS) == ALL_PODS
+    assert udp_request(topology.client, EXTERNAL_IP6, 90, "v6").split()[0].decode() in ALL_PODS
 
 
 def test_load_balancer_ip_in_proxy_mode_is_not_captured__e3(topology, cluster):
@@ -79,7 +82,8 @@ def test_load_balancer_ip_in_proxy_mode_is_not_captured__e3(topology, cluster):
 def test_external_and_lb_ips_are_taken_by_port_not_as_node_addresses__e2(topology, cluster):
     """kube-proxy's iptables and nftables modes take only IP:port (its IPVS mode, the whole address)."""
     listing = run_in(topology.node("a"), "ip", "-o", "addr", "show").stdout
-    assert not {EXTERNAL_IP, LB_IP, LB_PROXY_IP, GUARDED_LB_IP} & set(re.findall(r"inet6? ([^/ ]+)/", listing))
+    assert not {EXTERNAL_IP, EXTERNAL_IP6, LB_IP, LB_PROXY_IP, GUARDED_LB_IP} & set(
+        re.findall(r"inet6? ([^/ ]+)/", listing))
 
 
 def test_external_ip_that_is_a_real_hosts_address__its_other_ports_still_reach_it__e2(topology, cluster):
