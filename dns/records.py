@@ -25,7 +25,6 @@ from kubeport.endpoints.types import (
     EndpointInfo,
     EndpointPortInfo,
     PortSpec,
-    ServiceInfo,
     ServiceName,
     ServiceState,
     SliceInfo,
@@ -73,19 +72,6 @@ class ServiceRecords:
         return (self.name.name, self.name.namespace, "svc")
 
 
-def dns_ready(service: ServiceInfo, endpoint: EndpointInfo) -> bool:
-    """Whether DNS publishes an endpoint: its ``ready`` condition (CoreDNS reads nothing else).
-
-    The one rule for publishNotReadyAddresses: the EndpointSlice controller writes
-    ``ready = publishNotReadyAddresses || (podReady && !terminating)``
-    (staging/src/k8s.io/endpointslice/utils.go podToEndpoint). From a kube-apiserver that
-    is already in ``ready``; in manifest mode nobody runs the controller, so a service that
-    publishes not-ready addresses has every endpoint counted as ready here — the value the
-    controller would have written. Both sources thus give the same answer.
-    """
-    return endpoint.ready or service.publish_not_ready_addresses
-
-
 def _is_ip(text: str) -> bool:
     return ip_facts(text) is not None
 
@@ -105,13 +91,21 @@ def _all_addresses(address_type: str, endpoints: tuple[EndpointInfo, ...]) -> bo
     return True
 
 
-def _published(service: ServiceInfo, slice_: SliceInfo) -> tuple[SliceInfo, tuple[str, ...]]:
-    """The slice cut to the endpoints DNS publishes (:func:`dns_ready`, a whole slice at a
-    time), the slice itself when that is all of them; and the addresses of the others."""
+def _published(slice_: SliceInfo) -> tuple[SliceInfo, tuple[str, ...]]:
+    """The slice cut to the endpoints DNS publishes, the slice itself when that is all of
+    them; and the addresses of the others.
+
+    DNS publishes an endpoint by its ``ready`` condition and nothing else (CoreDNS, B.12).
+    publishNotReadyAddresses is already in it: the EndpointSlice controller writes
+    ``ready = publishNotReadyAddresses || (podReady && !terminating)`` (podToEndpoint), and
+    in manifest mode, where nobody runs it, the state does as it would
+    (endpoints/hints.py, ``as_the_controller_writes``). A slice the controller did not
+    write (mirrored Endpoints, another controller) keeps its own ``ready``, as for CoreDNS.
+    """
     endpoints = slice_.endpoints
     if not _all_addresses(slice_.address_type, endpoints):
         endpoints = tuple(e for e in endpoints if _is_ip(e.address))
-    if service.publish_not_ready_addresses or all(map(_ready, endpoints)):
+    if all(map(_ready, endpoints)):
         unready: tuple[str, ...] = ()
     else:
         unready = tuple(e.address for e in endpoints if not e.ready)
@@ -133,7 +127,7 @@ def service_records(state: ServiceState) -> ServiceRecords:
     for slice_ in state.slices:
         if slice_.address_type == "FQDN":
             continue  # deprecated, never written by the controller; CoreDNS would make CNAMEs
-        published, not_published = _published(info, slice_)
+        published, not_published = _published(slice_)
         if published.endpoints:
             slices.append(published)
         unready += not_published

@@ -1,8 +1,14 @@
-"""Topology hints for manifest mode: what the EndpointSlice controller would have written.
+"""Manifest mode: what the EndpointSlice controller would have written, hints above all.
 
-No EndpointSlice controller runs in manifest mode, so :func:`fill_hints` (a
-``ClusterState(slice_transform=...)``) plays its part for services that ask for hints
-(reference B):
+No EndpointSlice controller runs in manifest mode, so :func:`as_the_controller_writes` (a
+``ClusterState(slice_transform=...)``) plays its part:
+
+* ``publishNotReadyAddresses: true`` -> every endpoint is ``ready`` (the controller writes
+  ``ready = publishNotReadyAddresses || (podReady && !terminating)``, podToEndpoint): DNS
+  publishes them and the proxy uses them, as with a real controller, while both read
+  nothing but ``ready`` (from an API server a slice the controller did not write keeps
+  its own conditions, as CoreDNS and kube-proxy see it);
+* hints for services that ask for them (reference B):
 
 * ``service.kubernetes.io/topology-mode: Auto`` (or the deprecated
   ``topology-aware-hints``, which wins when present; exactly ``Auto``/``auto``) ->
@@ -88,10 +94,28 @@ def hints_enabled(topology_mode: str | None) -> bool:
     return topology_mode in ("Auto", "auto")
 
 
+def as_the_controller_writes(
+    service: ServiceInfo, slices: tuple[SliceInfo, ...], nodes: Mapping[str, NodeInfo]
+) -> tuple[SliceInfo, ...]:
+    """The manifest-mode SliceTransform: readiness as published, then hints (of ready endpoints)."""
+    return fill_hints(service, published_ready(service, slices), nodes)
+
+
+def published_ready(service: ServiceInfo, slices: tuple[SliceInfo, ...]) -> tuple[SliceInfo, ...]:
+    """Every endpoint ready when the service publishes not-ready addresses; else untouched."""
+    if not service.publish_not_ready_addresses:
+        return slices
+    return tuple(
+        slice_ if all(e.ready for e in slice_.endpoints) else replace(
+            slice_, endpoints=tuple(e if e.ready else replace(e, ready=True) for e in slice_.endpoints))
+        for slice_ in slices
+    )
+
+
 def fill_hints(
     service: ServiceInfo, slices: tuple[SliceInfo, ...], nodes: Mapping[str, NodeInfo]
 ) -> tuple[SliceInfo, ...]:
-    """The manifest-mode SliceTransform (see module docstring)."""
+    """Hints, for services that ask for them (see module docstring)."""
     if hints_enabled(service.topology_mode):
         return auto_hints(slices, nodes.values()).slices
     if service.traffic_distribution in VALID_TRAFFIC_DISTRIBUTIONS:

@@ -133,9 +133,9 @@ class Daemon:
     def _build_state(self) -> ClusterState:
         transform = None
         if self.manifest_mode:
-            from kubeport.endpoints.hints import fill_hints
+            from kubeport.endpoints.hints import as_the_controller_writes
 
-            transform = fill_hints
+            transform = as_the_controller_writes
         # With an API server, DNS also waits for Namespaces (CoreDNS answers for namespace names).
         required = REQUIRED_KINDS if self.manifest_mode else REQUIRED_KINDS | {"Namespace"}
         return ClusterState(

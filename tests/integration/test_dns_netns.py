@@ -65,6 +65,11 @@ def cluster(topology, tmp_path_factory):
     write(manifests, "ext", service("ext", type="ExternalName", externalName="www.example.test"),
           service("inner", type="ExternalName", externalName=WEB))
     write(manifests, "live", *live(LIVE_BEFORE))
+    # Manifest mode writes ready as the EndpointSlice controller would: publishNotReadyAddresses.
+    unready = endpoint_slice("warming-1", "warming", ["10.244.1.13"], [{"name": "http", "port": 8080}])
+    unready["endpoints"][0]["conditions"] = {"ready": False}
+    write(manifests, "warming", service("warming", clusterIP="None", ports=HTTP, publishNotReadyAddresses=True),
+          unready)
     start_fake_upstream(topology)
     args = ("--upstream", EXT_IPS[0], "--service-cluster-ip-range", ",".join(SERVICE_CIDRS))
     daemons = [KubeportDaemon(topology.node(which), manifests, state / which, *args) for which in ("a", "b")]
@@ -105,6 +110,8 @@ RECORD_CASES = [
     pytest.param(["www.example.test", "A"], "NOERROR", ["www.example.test. * IN A 203.0.113.7"], id="forwarded"),
     pytest.param(["www.example.test", "AAAA"], "NOERROR", ["www.example.test. * IN AAAA 2001:db8::7"],
                  id="forwarded_aaaa"),
+    pytest.param([fqdn("warming"), "A"], "NOERROR", [f"{fqdn('warming')}. 5 IN A 10.244.1.13"],
+                 id="publish_not_ready_addresses__manifests_write_ready_as_the_controller__b12"),
     pytest.param([fqdn("nope"), "A"], "NXDOMAIN", NEGATIVE, id="nxdomain_with_soa"),
     pytest.param(["nowhere.svc.cluster.local", "A"], "NXDOMAIN", NEGATIVE, id="nxdomain_unknown_namespace"),
     pytest.param([WEB, "TXT"], "NOERROR", NEGATIVE, id="nodata_other_type_with_soa"),

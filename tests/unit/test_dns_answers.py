@@ -134,7 +134,9 @@ ADDRESS_CASES = [
     case("headless_without_ready_endpoints_is_nxdomain__spec241", f"hdlsempty.{S}", "A", "NXDOMAIN"),
     case("headless_portless_slice_still_has_a__b7", f"hdlsnoport.{S}", "A",
          answer=[f"hdlsnoport.{S} 5 IN A 172.0.1.2"]),
-    case("publish_not_ready_addresses__b12", f"hdlspna.{S}", "A", answer=[f"hdlspna.{S} 5 IN A 172.0.2.2"]),
+    # Only `ready` is read (B.12): the controller folds publishNotReadyAddresses into it, and a
+    # slice it did not write keeps its own (manifest mode: endpoints/hints.py).
+    case("publish_not_ready_addresses_reads_only_ready__b12", f"hdlspna.{S}", "A", "NXDOMAIN"),
     case("endpoint_hostname__spec241", f"pet-0.hdls1.{S}", "A", answer=[f"pet-0.hdls1.{S} 5 IN A 172.0.0.2"]),
     case("endpoint_dashed_ip__b6", f"172-0-0-3.hdls1.{S}", "A",
          answer=[f"172-0-0-3.hdls1.{S} 5 IN A 172.0.0.3"]),

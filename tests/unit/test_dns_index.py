@@ -14,7 +14,7 @@ import pytest
 from kubeport.dns.answer import Answerer
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.names import reverse_name_labels
-from kubeport.dns.records import IndexChange, RecordIndex, dns_ready
+from kubeport.dns.records import IndexChange, RecordIndex
 from kubeport.dns.server import DnsServer
 from kubeport.dns.testing import (
     cluster_state,
@@ -26,7 +26,7 @@ from kubeport.dns.testing import (
     snapshot_of,
     to_model,
 )
-from kubeport.endpoints.types import EndpointInfo, ServiceInfo, ServiceName
+from kubeport.endpoints.types import ServiceName
 
 NAMESPACES = ["default", "ns1", "ns2"]
 NAMES = ["a", "b", "c", "d"]
@@ -192,17 +192,6 @@ def test_only_dns_relevant_changes_count() -> None:
     changed = state.commit()
     assert not index.apply(changed, changed.changed_since(snapshot), now=20)
     assert index.serial == 10  # the SOA serial moves only with DNS-visible changes
-
-
-@pytest.mark.parametrize("ready, publish, expected", [
-    pytest.param(True, False, True, id="ready"),
-    pytest.param(False, False, False, id="not_ready__b12"),
-    pytest.param(False, True, True, id="publish_not_ready_addresses_as_controller_writes__b12"),
-])
-def test_dns_ready(ready: bool, publish: bool, expected: bool) -> None:
-    info = ServiceInfo(ServiceName("ns", "s"), "", "ClusterIP", (), True, None, (),
-                       publish_not_ready_addresses=publish)
-    assert dns_ready(info, EndpointInfo("10.0.0.1", ready=ready, serving=ready, terminating=not ready)) is expected
 
 
 def test_serving_and_terminating_are_ignored__b12() -> None:

@@ -69,9 +69,9 @@ def test_not_ready_endpoints_are_cut_and_kept_as_pod_addresses__b9() -> None:
     assert index.ptr_targets("10.244.0.2") == []
 
 
-def test_publish_not_ready_addresses_keeps_the_slice_as_is__b12() -> None:
-    held = state(EndpointInfo("10.244.0.2", ready=False), publish=True)
-    assert service_records(held).slices is held.slices
+def test_publish_not_ready_addresses_is_read_from_ready_only__b12() -> None:
+    held = state(EndpointInfo("10.244.0.1"), EndpointInfo("10.244.0.2", ready=False), publish=True)
+    assert [e.address for e in service_records(held).slices[0].endpoints] == ["10.244.0.1"]
 
 
 @pytest.mark.parametrize("address_type, addresses, published", [

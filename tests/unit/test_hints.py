@@ -13,8 +13,8 @@ import pytest
 from kubeport.endpoints import model
 from kubeport.endpoints.hints import (
     INSUFFICIENT_NODE_INFO, INSUFFICIENT_NUMBER_OF_ENDPOINTS, MIN_ALLOCATION_EXCEEDS_OVERLOAD_THRESHOLD,
-    NO_ZONE_SPECIFIED, Allocation, HintsDisabled, allocations, auto_hints, fill_hints, giving_and_receiving_zones,
-    zone_cpu_ratios,
+    NO_ZONE_SPECIFIED, Allocation, HintsDisabled, allocations, as_the_controller_writes, auto_hints, fill_hints,
+    giving_and_receiving_zones, zone_cpu_ratios,
 )
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.topology import categorize_endpoints
@@ -397,3 +397,25 @@ def test_cluster_state_recomputes_auto_hints_when_nodes_change() -> None:
     second = state.commit()
     (slice_,) = second.services[ServiceName("default", "web")].slices
     assert [e.zone_hints for e in slice_.endpoints] == [frozenset({"zone-a"}), frozenset({"zone-b"})]
+
+
+# --- publishNotReadyAddresses: ready as podToEndpoint writes it ------------------------------
+
+
+@pytest.mark.parametrize(("publish", "ready", "terminating", "expected"), [
+    pytest.param(True, False, False, True, id="publish__not_ready_pod_is_ready"),
+    pytest.param(True, False, True, True, id="publish__terminating_pod_is_ready_too"),
+    pytest.param(False, False, False, False, id="no_publish__kept_as_written"),
+    pytest.param(False, True, False, True, id="no_publish__ready_kept"),
+])
+def test_publish_not_ready_addresses_makes_every_endpoint_ready(publish, ready, terminating, expected) -> None:
+    """The controller writes ready = publishNotReadyAddresses || (podReady && !terminating);
+    serving and terminating stay as they are (kube-proxy and DNS then read ``ready``)."""
+    service = ServiceInfo(ServiceName("ns", "s"), "", "ClusterIP", ("10.96.0.9",), False, None, (),
+                          publish_not_ready_addresses=publish)
+    written = EndpointInfo("10.0.0.1", ready=ready, serving=ready, terminating=terminating)
+    slices = (SliceInfo("s-1", "IPv4", PORTS, (written,)),)
+    (result,) = as_the_controller_writes(service, slices, {})[0].endpoints
+    assert (result.ready, result.serving, result.terminating) == (expected, ready, terminating)
+    if expected == ready:
+        assert as_the_controller_writes(service, slices, {}) is slices  # nothing to write: nothing copied
