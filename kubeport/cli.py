@@ -92,7 +92,7 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     put("healthzBindAddress", args.healthz_bind_address)
     put("metricsBindAddress", args.metrics_bind_address)
     put("vipInterface", args.vip_interface)
-    put("conntrack.udpStreamTimeout", args.udp_idle_timeout)
+    put("conntrack.udpTimeout", args.udp_idle_timeout)
     put("serviceClusterIPRange", args.service_cluster_ip_range)
     put("serviceNodePortRange", args.service_node_port_range)
     put("nodePortAddresses", _csv(args.nodeport_addresses))

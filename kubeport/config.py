@@ -7,7 +7,7 @@ The file format is a versioned YAML document::
 
 Proxy fields reuse KubeProxyConfiguration's names and meanings (``hostnameOverride``,
 ``healthzBindAddress``, ``nodePortAddresses``, ``clientConnection.kubeconfig``,
-``conntrack.udpStreamTimeout`` ...); the ``dns`` section mirrors the CoreDNS kubernetes
+``conntrack.udpTimeout`` ...); the ``dns`` section mirrors the CoreDNS kubernetes
 plugin's options. Flags override the file. Unknown fields are errors naming the field.
 """
 
@@ -107,9 +107,12 @@ class ClientConnection(_Section):
 
 
 class Conntrack(_Section):
+    udp_timeout: Duration = Field(
+        30.0, gt=0, description="How long a UDP flow lives without traffic (conntrack's nf_conntrack_udp_timeout)."
+    )
     udp_stream_timeout: Duration = Field(
-        30.0, gt=0, description="How long a UDP flow lives without traffic (one timeout: conntrack has 30 s, and 120 s "
-        "for a flow with traffic both ways for over 2 s)."
+        120.0, gt=0, description="The same for a flow the endpoint answered and still in use 2 s after it began "
+        "(nf_conntrack_udp_timeout_stream)."
     )
 
 

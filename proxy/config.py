@@ -27,9 +27,10 @@ class ProxyConfig:
     connect_timeout: float = 5.0
     #: endpoints tried per TCP connection before the client is reset (kube-proxy userspace: retry on dial failure).
     connect_attempts: int = 3
-    #: seconds a UDP flow lives without traffic either way: conntrack's 30 s (nf_conntrack_udp_timeout);
-    #: conntrack keeps a flow with traffic both ways for over 2 s for 120 s (the stream timeout).
+    #: seconds a UDP flow lives without traffic either way: conntrack's 30 s (nf_conntrack_udp_timeout).
     udp_idle_timeout: float = 30.0
+    #: the same for a flow answered and still in use 2 s after it began (nf_conntrack_udp_timeout_stream).
+    udp_stream_timeout: float = 120.0
     #: UDP flows per frontend; new clients beyond it are dropped (counted).
     udp_max_flows: int = 65536
     #: UDP flows one client IP may hold per frontend (a single client cannot exhaust the table).
@@ -90,6 +91,7 @@ class ProxyConfig:
         positive = {
             "connect_timeout": self.connect_timeout,
             "udp_idle_timeout": self.udp_idle_timeout,
+            "udp_stream_timeout": self.udp_stream_timeout,
             "accept_pause": self.accept_pause,
             "eject_base_seconds": self.eject_base_seconds,
             "worker_stats_interval": self.worker_stats_interval,

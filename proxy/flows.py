@@ -1,10 +1,13 @@
 """The UDP flow table, sans-IO: client address -> flow, idle expiry with ``now``, limits.
 
 A flow is one client address talking to one endpoint through one frontend, like a
-conntrack entry. Traffic either way refreshes it (conntrack does too); a flow idle
-for ``idle_timeout`` seconds expires. Entries are kept in least-recently-used
-order, so expiry looks only at the oldest entries: its cost grows with what
-expires, not with the table.
+conntrack entry. Traffic either way refreshes it (conntrack does too), and its timeout is
+conntrack's: ``idle_timeout`` (nf_conntrack_udp_timeout, 30 s), or ``stream_timeout``
+(nf_conntrack_udp_timeout_stream, 120 s) once the endpoint has answered and the flow is
+still in use :data:`STREAM_AFTER` seconds after it began (the kernel's ``stream_ts``): a
+DNS-like exchange goes after 30 s, a QUIC or VPN session survives a quiet minute. Each
+kind is kept in least-recently-used order in a table of its own, so expiry looks only at
+the oldest entries of each: its cost grows with what expires, not with the table.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any, Collection, Generic, Hashable, Iterator, TypeVar
 
 H = TypeVar("H")
 
+#: seconds after its first datagram from which a flow that has had a reply is a stream.
+STREAM_AFTER = 2.0
+
 
 class Admission(enum.Enum):
     OK = "ok"
@@ -23,7 +29,7 @@ class Admission(enum.Enum):
 
 
 class Flow(Generic[H]):
-    __slots__ = ("client", "client_ip", "endpoint", "handle", "last_seen")
+    __slots__ = ("client", "client_ip", "endpoint", "handle", "last_seen", "created", "replied", "stream")
 
     def __init__(self, client: Hashable, client_ip: str, endpoint: Any, handle: H, now: float) -> None:
         self.client = client
@@ -33,37 +39,66 @@ class Flow(Generic[H]):
         #: the I/O side's object (the connected upstream socket); opaque here.
         self.handle = handle
         self.last_seen = now
+        self.created = now
+        #: the endpoint has answered (conntrack's SEEN_REPLY).
+        self.replied = False
+        #: kept for the stream timeout (conntrack's ASSURED UDP entry).
+        self.stream = False
 
     def __repr__(self) -> str:
         return f"<Flow {self.client!r} -> {getattr(self.endpoint, 'key', self.endpoint)}>"
 
 
 class FlowTable(Generic[H]):
-    def __init__(self, idle_timeout: float, max_flows: int, max_flows_per_client: int) -> None:
+    def __init__(self, idle_timeout: float, max_flows: int, max_flows_per_client: int,
+                 stream_timeout: float | None = None) -> None:
         self.idle_timeout = idle_timeout
+        #: None when not longer than ``idle_timeout``: one timeout for every flow.
+        self.stream_timeout = stream_timeout if stream_timeout and stream_timeout > idle_timeout else None
         self.max_flows = max_flows
         self.max_flows_per_client = max_flows_per_client
         self._flows: OrderedDict[Hashable, Flow[H]] = OrderedDict()
+        self._streams: OrderedDict[Hashable, Flow[H]] = OrderedDict()
         self._per_client: dict[str, int] = {}
 
     def __len__(self) -> int:
-        return len(self._flows)
+        return len(self._flows) + len(self._streams)
 
     def __iter__(self) -> Iterator[Flow[H]]:
-        return iter(list(self._flows.values()))
+        return iter([*self._flows.values(), *self._streams.values()])
 
     def get(self, client: Hashable, now: float) -> Flow[H] | None:
         """The client's flow, refreshed; None if it has none."""
         flow = self._flows.get(client)
         if flow is not None:
             flow.last_seen = now
-            self._flows.move_to_end(client)
+            if flow.replied and self.stream_timeout is not None and now - flow.created >= STREAM_AFTER:
+                self._promote(flow)
+            else:
+                self._flows.move_to_end(client)
+            return flow
+        flow = self._streams.get(client)
+        if flow is not None:
+            flow.last_seen = now
+            self._streams.move_to_end(client)
         return flow
 
     def touch(self, flow: Flow[H], now: float) -> None:
-        """Traffic from the endpoint back to the client also keeps a flow alive."""
+        """Traffic from the endpoint back to the client: keeps the flow alive, and marks it answered."""
         flow.last_seen = now
-        self._flows.move_to_end(flow.client)
+        if flow.stream:
+            self._streams.move_to_end(flow.client)
+            return
+        flow.replied = True
+        if self.stream_timeout is not None and now - flow.created >= STREAM_AFTER:
+            self._promote(flow)
+        else:
+            self._flows.move_to_end(flow.client)
+
+    def _promote(self, flow: Flow[H]) -> None:
+        del self._flows[flow.client]
+        flow.stream = True
+        self._streams[flow.client] = flow
 
     def admit(self, client_ip: str) -> Admission:
         if len(self._flows) >= self.max_flows:
@@ -73,7 +108,7 @@ class FlowTable(Generic[H]):
         return Admission.OK
 
     def add(self, client: Hashable, client_ip: str, endpoint: Any, handle: H, now: float) -> Flow[H]:
-        if client in self._flows:
+        if client in self._flows or client in self._streams:
             raise KeyError(f"flow for {client!r} exists")
         flow = Flow(client, client_ip, endpoint, handle, now)
         self._flows[client] = flow
@@ -81,9 +116,10 @@ class FlowTable(Generic[H]):
         return flow
 
     def remove(self, flow: Flow[H]) -> bool:
-        if self._flows.get(flow.client) is not flow:
+        flows = self._streams if flow.stream else self._flows
+        if flows.get(flow.client) is not flow:
             return False
-        del self._flows[flow.client]
+        del flows[flow.client]
         left = self._per_client[flow.client_ip] - 1
         if left:
             self._per_client[flow.client_ip] = left
@@ -92,23 +128,28 @@ class FlowTable(Generic[H]):
         return True
 
     def expire(self, now: float, limit: int = 4096) -> list[Flow[H]]:
-        """Remove and return flows idle for ``idle_timeout`` (at most ``limit`` per call)."""
-        expired = []
-        deadline = now - self.idle_timeout
-        flows = self._flows
-        while flows and len(expired) < limit:
-            oldest = next(iter(flows.values()))
-            if oldest.last_seen > deadline:
-                break
-            self.remove(oldest)
-            expired.append(oldest)
+        """Remove and return flows idle past their timeout (at most ``limit`` per call)."""
+        expired: list[Flow[H]] = []
+        for flows, timeout in self._timed():
+            deadline = now - timeout
+            while flows and len(expired) < limit:
+                oldest = next(iter(flows.values()))
+                if oldest.last_seen > deadline:
+                    break
+                self.remove(oldest)
+                expired.append(oldest)
         return expired
 
     def next_expiry(self) -> float | None:
-        """When the oldest flow expires if nothing refreshes it; None if the table is empty."""
-        if not self._flows:
-            return None
-        return next(iter(self._flows.values())).last_seen + self.idle_timeout
+        """When the first flow expires if nothing refreshes it; None if the table is empty."""
+        due = [next(iter(flows.values())).last_seen + timeout for flows, timeout in self._timed() if flows]
+        return min(due) if due else None
+
+    def _timed(self) -> list[tuple[OrderedDict[Hashable, Flow[H]], float]]:
+        timed = [(self._flows, self.idle_timeout)]
+        if self.stream_timeout is not None:
+            timed.append((self._streams, self.stream_timeout))
+        return timed
 
     def remove_unless(self, endpoint_keys: Collection[str]) -> list[Flow[H]]:
         """Remove and return flows whose endpoint is not among ``endpoint_keys`` (endpoint removed).
@@ -116,13 +157,14 @@ class FlowTable(Generic[H]):
         kube-proxy clears such conntrack entries after a sync; here they go at once,
         so the client's next datagram is placed on a live endpoint.
         """
-        stale = [f for f in self._flows.values() if f.endpoint.key not in endpoint_keys]
+        stale = [f for f in self if f.endpoint.key not in endpoint_keys]
         for flow in stale:
             self.remove(flow)
         return stale
 
     def clear(self) -> list[Flow[H]]:
-        flows = list(self._flows.values())
+        flows = list(self)
         self._flows.clear()
+        self._streams.clear()
         self._per_client.clear()
         return flows

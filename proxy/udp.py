@@ -4,7 +4,8 @@ Each client address gets a flow: one socket connected to the chosen endpoint.
 Datagrams from the client go out on it; datagrams coming back are sent to the
 client from the listening socket, which is bound to the frontend address, so the
 reply's source is the address the client talked to. Flows expire after
-``udp_idle_timeout`` without traffic either way (one timer per listener), and
+``udp_idle_timeout`` without traffic either way, an answered flow in use for over 2 s
+after ``udp_stream_timeout`` (conntrack's two UDP timeouts; one timer per listener), and
 are dropped at once when their endpoint leaves the route.
 
 I/O is batched (datagrams.py): one recvmmsg per readiness of a frontend, one sendmmsg
@@ -115,7 +116,7 @@ class UdpListener:
         self.transparent = transparent
         config = ctx.config
         self.flows: FlowTable[Upstream] = FlowTable(
-            config.udp_idle_timeout, config.udp_max_flows, config.udp_max_flows_per_client
+            config.udp_idle_timeout, config.udp_max_flows, config.udp_max_flows_per_client, config.udp_stream_timeout
         )
         self.sock: socket.socket | None = None
         self.fd = -1

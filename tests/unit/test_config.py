@@ -52,7 +52,7 @@ def test_defaults_are_kube_proxy_and_kubeadm_defaults():
         pytest.param("dns:\n  ttl: 4000\n", "dns.ttl: Input should be less than or equal to 3600", id="ttl_range"),
         pytest.param("healthzBindAddress: localhost\n", "healthzBindAddress:", id="bind_address_shape"),
         pytest.param("serviceNodePortRange: 30000\n", "serviceNodePortRange:", id="port_range_shape"),
-        pytest.param("conntrack:\n  udpStreamTimeout: forever\n", "conntrack.udpStreamTimeout:", id="duration"),
+        pytest.param("conntrack:\n  udpTimeout: forever\n", "conntrack.udpTimeout:", id="duration"),
         pytest.param("nodePortAddresses: [somewhere]\n", "nodePortAddresses:", id="nodeport_addresses"),
         pytest.param("serviceClusterIPRange: 10.96.0.0/12,10.100.0.0/16\n", "different IP families",
                      id="dual_stack_needs_two_families"),
