@@ -80,7 +80,8 @@ class HostState:
         return self._firewall is not None and self._firewall.capturing
 
     def account(self, changes: Iterable[RuleChange]) -> None:
-        vip_kinds = (FrontendKind.CLUSTER_IP,) if self.capturing else _VIP_KINDS
+        capturing = self.capturing
+        vip_kinds = (FrontendKind.CLUSTER_IP,) if capturing else _VIP_KINDS
         for change in changes:
             frontend, old, new = change.frontend, change.old, change.new
             # The new rule is counted before the old one goes: a VIP kept by a changed frontend
@@ -91,7 +92,7 @@ class HostState:
                 self._count_vip(frontend.ip, -1)
             self._filter(frontend, old, -1)
             self._filter(frontend, new, +1)
-            if vip_kinds is not _VIP_KINDS:
+            if capturing:
                 self._capture(frontend, old, new)
 
     def begin_adding(self) -> None:
