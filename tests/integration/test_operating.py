@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 WEB_IP = "10.96.0.50"
 ECHO_IP = "10.96.0.51"
+WEB_EXTERNAL_IP = "192.168.60.50"  # taken by port (proxy/capture.py): the handover must keep it too
 CLIENT_LOOP = Path(__file__).resolve().parent / "client_loop.py"
 
 
@@ -35,7 +36,8 @@ def manifests(topology, tmp_path) -> Path:
     http = [{"name": "http", "port": 8080}]
     udp = [{"name": "echo", "protocol": "UDP", "port": 9090}]
     write(directory, "node", node(topology, "a"))
-    write(directory, "web", service("web", [WEB_IP], [{"name": "http", "port": 80, "targetPort": 8080}]),
+    write(directory, "web", service("web", [WEB_IP], [{"name": "http", "port": 80, "targetPort": 8080}],
+                                    externalIPs=[WEB_EXTERNAL_IP]),
           endpoint_slice("web-1", "web", http, pods))
     write(directory, "echo",
           service("echo", [ECHO_IP], [{"name": "echo", "protocol": "UDP", "port": 9090}]),
@@ -87,32 +89,41 @@ def test_restart_hands_over_with_zero_failures(topology, pods, manifests, tmp_pa
     # A grace period above zero: with 0 s the old instance would reset requests in flight.
     old = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS, "--shutdown-grace-period", "5s")
     old.wait_ready()
-    status = tmp_path / "client.json"
+    status, external_status = tmp_path / "client.json", tmp_path / "client-external.json"
     client = spawn_in(topology.pod("a", 1), sys.executable, str(CLIENT_LOOP), "--tcp", f"{WEB_IP}:80",
                       "--udp", f"{ECHO_IP}:9090", "--status", str(status),
                       stdout=__import__("subprocess").PIPE, text=True)
+    external = spawn_in(topology.pod("a", 2), sys.executable, str(CLIENT_LOOP), "--tcp", f"{WEB_EXTERNAL_IP}:80",
+                        "--status", str(external_status), stdout=__import__("subprocess").PIPE, text=True)
 
-    def progress() -> dict:
+    def progress(path: Path = status) -> dict:
         try:
-            return json.loads(status.read_text())
+            return json.loads(path.read_text())
         except (OSError, ValueError):
             return {"tcp_ok": 0, "udp_ok": 0}
 
     wait_until(lambda: progress()["tcp_ok"] >= 30 and progress()["udp_ok"] >= 30, 20, message="client running")
+    wait_until(lambda: progress(external_status)["tcp_ok"] >= 30, 20, message="externalIP client running")
     new = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS,
                          "--healthz-bind-address", "0.0.0.0:10356", "--metrics-bind-address", "127.0.0.1:10349",
                          log_path=tmp_path / "new.log")
     new.wait_ready()
     assert old.proc.wait(timeout=30) == 0, old.log_tail()
     assert "handing over" in old.log_text()
-    after = progress()["tcp_ok"]
+    after, after_external = progress()["tcp_ok"], progress(external_status)["tcp_ok"]
     wait_until(lambda: progress()["tcp_ok"] >= after + 50, 20, message="client keeps working after the handover")
+    wait_until(lambda: progress(external_status)["tcp_ok"] >= after_external + 50, 20,
+               message="externalIP client keeps working after the handover")
     assert vip_present(topology, WEB_IP), "the new instance kept the service address"
     client.send_signal(signal.SIGTERM)
     out, _ = client.communicate(timeout=10)
     counts = json.loads(out.strip().splitlines()[-1])
     assert counts["tcp_fail"] == 0 and counts["udp_lost"] == 0, counts
     assert counts["tcp_ok"] > 80 and counts["udp_ok"] > 80, counts
+    external.send_signal(signal.SIGTERM)
+    out, _ = external.communicate(timeout=10)
+    counts = json.loads(out.strip().splitlines()[-1])
+    assert counts["tcp_fail"] == 0 and counts["tcp_ok"] > 80, counts
     assert new.stop() == 0
     assert not vip_present(topology, WEB_IP), "the last instance removes the addresses"
 
