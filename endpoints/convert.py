@@ -117,9 +117,10 @@ def _names(items: list[model.ForZone] | list[model.ForNode] | None) -> frozenset
 def endpoint_info(endpoint: model.Endpoint, address_type: str) -> EndpointInfo | None:
     if not endpoint.addresses:
         return None  # kube-proxy skips endpoints without an address
-    address = endpoint.addresses[0]
+    address, *more = endpoint.addresses
     if address_type != "FQDN":
         address = canonical_ip(address)
+        more = [canonical_ip(extra) for extra in more]
     conditions = endpoint.conditions
     hints = endpoint.hints
     ref = endpoint.target_ref
@@ -133,7 +134,8 @@ def endpoint_info(endpoint: model.Endpoint, address_type: str) -> EndpointInfo |
         zone=_intern(endpoint.zone) if endpoint.zone else None,
         zone_hints=_names(hints.for_zones) if hints else None,
         node_hints=_names(hints.for_nodes) if hints else None,
-        pod_name=ref.name if ref is not None and ref.kind == "Pod" and ref.name else None,
+        pod_name=ref.name if ref is not None and ref.name else None,
+        more_addresses=tuple(more),
     )
 
 

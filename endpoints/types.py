@@ -103,7 +103,7 @@ class ServiceInfo:
 
 @dataclass(frozen=True, slots=True)
 class EndpointInfo:
-    """One endpoint of an EndpointSlice (only addresses[0] is used, like kube-proxy)."""
+    """One endpoint of an EndpointSlice (the proxy uses addresses[0] only, like kube-proxy)."""
 
     address: str
     ready: bool = True  # nil counts as true
@@ -116,8 +116,11 @@ class EndpointInfo:
     zone_hints: frozenset[str] | None = None
     #: hints.forNodes names; None when absent or empty.
     node_hints: frozenset[str] | None = None
-    #: targetRef.name when targetRef.kind is Pod (CoreDNS endpoint_pod_names).
+    #: targetRef.name, whatever its kind (CoreDNS endpoint_pod_names).
     pod_name: str | None = None
+    #: addresses[1:]: DNS publishes each (CoreDNS), the proxy only the first (kube-proxy; the
+    #: API lets consumers do either).
+    more_addresses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

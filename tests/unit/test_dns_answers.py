@@ -58,7 +58,11 @@ CLUSTER = [
     service("podnames", "testns", clusterIP="None", ports=HTTP),
     endpoint_slice("podnames", "testns", ports=HTTP, endpoints=[
         {"addresses": ["172.0.4.2"], "targetRef": {"kind": "Pod", "name": "pod-abc"}},
-        {"addresses": ["172.0.4.3"], "targetRef": {"kind": "Pod", "name": "p" * 64}}]),
+        {"addresses": ["172.0.4.3"], "targetRef": {"kind": "Pod", "name": "p" * 64}},
+        {"addresses": ["172.0.4.4"], "targetRef": {"kind": "VirtualMachineInstance", "name": "vm-1"}}]),
+    service("multi", "testns", clusterIP="None", ports=HTTP),
+    endpoint_slice("multi", "testns", ports=HTTP, endpoints=[
+        {"addresses": ["172.0.5.2", "172.0.5.3"], "hostname": "both"}]),
     service("ext", "testns", type="ExternalName", externalName="ext.interwebs.test."),
     service("extip", "testns", type="ExternalName", externalName="1.2.3.4"),
     service("extin", "testns", type="ExternalName", externalName="svc1.testns.svc.cluster.local"),
@@ -163,6 +167,13 @@ ADDRESS_CASES = [
     case("endpoint_pod_names_off__b6", f"pod-abc.podnames.{S}", "A", "NXDOMAIN"),
     case("endpoint_pod_name_of_64_chars_uses_dashed_ip__b6", f"172-0-4-3.podnames.{S}", "A",
          answer=[f"172-0-4-3.podnames.{S} 5 IN A 172.0.4.3"], endpoint_pod_names=True),
+    case("endpoint_pod_names_take_target_ref_name_whatever_its_kind__b6", f"vm-1.podnames.{S}", "A",
+         answer=[f"vm-1.podnames.{S} 5 IN A 172.0.4.4"], endpoint_pod_names=True),
+    # CoreDNS makes an endpoint of every address of an endpoint (EndpointSliceToEndpoints).
+    case("every_address_of_an_endpoint__headless_a", f"multi.{S}", "A",
+         answer=[f"multi.{S} 5 IN A 172.0.5.2", f"multi.{S} 5 IN A 172.0.5.3"]),
+    case("every_address_of_an_endpoint__its_hostname", f"both.multi.{S}", "A",
+         answer=[f"both.multi.{S} 5 IN A 172.0.5.2", f"both.multi.{S} 5 IN A 172.0.5.3"]),
 ]
 
 
@@ -235,6 +246,8 @@ PTR_CASES = [
                         f"5678-abcd--1.hdls1.{S}"]),
     case("clusterip_endpoint_ptr__b8", "5.0.244.10.in-addr.arpa.", "PTR",
          answer=[f"5.0.244.10.in-addr.arpa. 5 IN PTR 10-244-0-5.{W}"]),
+    case("ptr_of_an_endpoints_second_address__b8", "3.5.0.172.in-addr.arpa.", "PTR",
+         answer=[f"3.5.0.172.in-addr.arpa. 5 IN PTR both.multi.{S}"]),
     case("ptr_on_a_forward_name_is_nodata__b4", f"svc1.{S}", "PTR"),
     case("ptr_on_a_missing_forward_name_is_nxdomain__b5", f"nope.{S}", "PTR", "NXDOMAIN"),
 ]

@@ -400,3 +400,14 @@ def test_kube_proxy_label_selector__from_the_api_objects(service_labels, slice_l
     assert summarize(service_rules(state, CTX)) == expected
     # DNS reads the same objects and still sees the endpoints (CoreDNS has no such selector).
     assert [e.address for e in slice_.endpoints] == ["10.244.1.5"]
+
+
+def test_an_endpoint_with_two_addresses__the_proxy_uses_the_first__dns_gets_both():
+    """kube-proxy reads addresses[0] (the API lets consumers take only the first); CoreDNS
+    publishes each address."""
+    two = _labelled_slice({}).model_copy(deep=True)
+    two.endpoints[0].addresses = ["10.244.1.5", "10.244.1.6"]
+    slice_ = convert.slice_info(two)
+    state = ServiceState(convert.service_info(_labelled_service({})), (slice_,))
+    assert summarize(service_rules(state, CTX)) == {"10.96.0.20:80/TCP": (FWD, CIP, LOCAL, None)}
+    assert [(e.address, e.more_addresses) for e in slice_.endpoints] == [("10.244.1.5", ("10.244.1.6",))]
