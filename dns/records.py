@@ -48,7 +48,6 @@ Owners = Union[ServiceName, tuple[ServiceName, ...]]
 
 _address = attrgetter("address")
 _ready = attrgetter("ready")
-_more_addresses = attrgetter("more_addresses")
 #: the C-speed address check per address type (see _all_addresses)
 _PTON = {"IPv4": partial(socket.inet_pton, socket.AF_INET), "IPv6": partial(socket.inet_pton, socket.AF_INET6)}
 
@@ -104,11 +103,11 @@ def _published(slice_: SliceInfo) -> tuple[SliceInfo, tuple[str, ...]]:
     write (mirrored Endpoints, another controller) keeps its own ``ready``, as for CoreDNS.
     """
     endpoints = slice_.endpoints
-    if any(map(_more_addresses, endpoints)):
+    if slice_.more_addresses is not None:
         # CoreDNS makes an endpoint of every address (EndpointSliceToEndpoints): same name,
         # conditions and hostname for each.
-        endpoints = tuple(one for e in endpoints for one in (
-            e, *(replace(e, address=extra, more_addresses=()) for extra in e.more_addresses)))
+        endpoints = tuple(one for e, more in zip(endpoints, slice_.more_addresses)
+                          for one in (e, *(replace(e, address=extra) for extra in more)))
     if not _all_addresses(slice_.address_type, endpoints):
         endpoints = tuple(e for e in endpoints if _is_ip(e.address))
     if all(map(_ready, endpoints)):

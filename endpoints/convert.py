@@ -117,10 +117,9 @@ def _names(items: list[model.ForZone] | list[model.ForNode] | None) -> frozenset
 def endpoint_info(endpoint: model.Endpoint, address_type: str) -> EndpointInfo | None:
     if not endpoint.addresses:
         return None  # kube-proxy skips endpoints without an address
-    address, *more = endpoint.addresses
+    address = endpoint.addresses[0]
     if address_type != "FQDN":
         address = canonical_ip(address)
-        more = [canonical_ip(extra) for extra in more]
     conditions = endpoint.conditions
     hints = endpoint.hints
     ref = endpoint.target_ref
@@ -135,7 +134,6 @@ def endpoint_info(endpoint: model.Endpoint, address_type: str) -> EndpointInfo |
         zone_hints=_names(hints.for_zones) if hints else None,
         node_hints=_names(hints.for_nodes) if hints else None,
         pod_name=ref.name if ref is not None and ref.name else None,
-        more_addresses=tuple(more),
     )
 
 
@@ -146,10 +144,12 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
             EndpointPortInfo(_intern(p.name or ""), _intern(p.protocol or "TCP"), p.port or 0) for p in eps.ports
         ))
     endpoints = []
+    more: list[tuple[str, ...]] = []
     for endpoint in eps.endpoints:
         info = endpoint_info(endpoint, eps.address_type)
         if info is not None:
             endpoints.append(info)
+            more.append(_more_addresses(endpoint.addresses, eps.address_type))
     labels = eps.metadata.labels
     return SliceInfo(
         name=eps.metadata.name,
@@ -157,7 +157,14 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
         ports=ports,
         endpoints=tuple(endpoints),
         proxied=model.LABEL_HEADLESS not in labels and model.LABEL_SERVICE_PROXY_NAME not in labels,
+        more_addresses=tuple(more) if any(more) else None,
     )
+
+
+def _more_addresses(addresses: list[str], address_type: str) -> tuple[str, ...]:
+    if len(addresses) < 2:
+        return ()
+    return tuple(addresses[1:] if address_type == "FQDN" else map(canonical_ip, addresses[1:]))
 
 
 def _cpu_millis(quantity: str | None) -> int:
