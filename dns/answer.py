@@ -198,14 +198,17 @@ class Answerer:
         if where is Zone.OTHER:
             return Forward(query, tcp, query.labels, qtype, shareable=True)
         if where is Zone.REVERSE:
-            if qtype == T_SOA:  # NODATA is not NXDOMAIN: no fallthrough, answered here (B.5)
+            # NODATA is not NXDOMAIN: no fallthrough, answered here (B.5): an SOA anywhere in the
+            # zone, and any type but PTR and NS at its apex.
+            apex = len(lower) == 2
+            if qtype == T_SOA or (apex and qtype not in (T_PTR, T_NS)):
                 zone = query.labels[-2:]
-                if len(lower) == 2:
+                if apex and qtype == T_SOA:
                     return self._reply(query, tcp, Resolution(answer=[soa_record(self.index, zone, self.config.ttl)],
                                                               deps=None))
                 return self._reply(query, tcp, Resolution(negative=True, deps=None, soa_zone=zone))
             # Unknown reverse names fall through to upstream (CoreDNS `fallthrough in-addr.arpa ip6.arpa`),
-            # and so, here, does any other type at a reverse zone's apex (CoreDNS: NODATA, NS).
+            # and so, here, does an NS query at the apex (CoreDNS names a service inside the reverse zone).
             address = reverse_address(lower) if qtype == T_PTR else None
             records = reverse_records(self.index, query.labels, address, self.config.ttl) if address else []
             if not records:

@@ -269,16 +269,19 @@ def test_unknown_reverse_names_fall_through_upstream__b2(answerer: Answerer, nam
     assert isinstance(result, Forward) and result.chain is None
 
 
-@pytest.mark.parametrize("name, answer, authority", [
-    pytest.param("in-addr.arpa.", "in-addr.arpa.", None, id="reverse_apex_soa__b5"),
-    pytest.param("IP6.arpa.", "IP6.arpa.", None, id="reverse_apex_soa_spelled_as_asked__b5"),
-    pytest.param("20.0.96.10.in-addr.arpa.", None, "in-addr.arpa.", id="soa_below_reverse_apex_is_nodata__b5"),
-    pytest.param("9.9.9.10.in-addr.arpa.", None, "in-addr.arpa.", id="soa_on_unknown_reverse_name_is_nodata__b5"),
+@pytest.mark.parametrize("name, qtype, answer, authority", [
+    pytest.param("in-addr.arpa.", "SOA", "in-addr.arpa.", None, id="reverse_apex_soa__b5"),
+    pytest.param("IP6.arpa.", "SOA", "IP6.arpa.", None, id="reverse_apex_soa_spelled_as_asked__b5"),
+    pytest.param("20.0.96.10.in-addr.arpa.", "SOA", None, "in-addr.arpa.", id="soa_below_reverse_apex_is_nodata__b5"),
+    pytest.param("9.9.9.10.in-addr.arpa.", "SOA", None, "in-addr.arpa.", id="soa_on_unknown_reverse_name_is_nodata__b5"),
+    pytest.param("in-addr.arpa.", "A", None, "in-addr.arpa.", id="reverse_apex_a_is_nodata__b5"),
+    pytest.param("ip6.arpa.", "TXT", None, "ip6.arpa.", id="reverse_apex_txt_is_nodata__b5"),
 ])
-def test_reverse_zone_soa_is_answered_not_forwarded(answerer: Answerer, name: str, answer: str | None,
+def test_reverse_zone_nodata_and_soa_are_answered_not_forwarded(answerer: Answerer, name: str, qtype: str, answer: str | None,
                                                      authority: str | None) -> None:
-    """SOA queries never fall through: NODATA is not the NXDOMAIN class (B.5)."""
-    reply = read_reply(answerer.answer(question(name, "SOA", edns=1232)))
+    """SOA queries, and any type but PTR and NS at the apex, never fall through: NODATA is
+    not the NXDOMAIN class (B.5)."""
+    reply = read_reply(answerer.answer(question(name, qtype, edns=1232)))
     zone_soa = SOA.replace("cluster.local.", answer or authority)
     assert reply.rcode == "NOERROR" and "aa" in reply.flags
     assert reply.answer == ((zone_soa,) if answer else ())
