@@ -1,8 +1,8 @@
 """VIP addresses (/32, /128) on a local link, reconciled over rtnetlink (netlink_batch.py).
 
-ClusterIPs, externalIPs and LoadBalancer VIPs become local addresses of the node
-(default link ``lo``; the ``dummy`` link type may be missing from the kernel), so
-the proxy can listen on them. Addresses kubeport adds carry the address protocol
+ClusterIPs become local addresses of the node (default link ``lo``; the ``dummy`` link
+type may be missing from the kernel), so the proxy can listen on them; externalIPs and
+LoadBalancer IPs too, but only where their ports cannot be taken alone (capture.py). Addresses kubeport adds carry the address protocol
 ``IFA_PROTO = 0x6b`` ("k"): after a crash the next run recognises its own leftovers,
 and it never touches an address it did not add.
 
