@@ -228,15 +228,18 @@ class NodeInfo:
         return tuple(address for kind, address in self.addresses if kind == "InternalIP")
 
     def primary_ips(self) -> tuple[str, ...]:
-        """The first non-loopback InternalIP per family (kube-proxy's `primary`)."""
+        """The node's IP per family, kube-proxy's node IPs (GetNodeHostIPs): the first
+        InternalIP of the family, else its first ExternalIP. A loopback one is kept here;
+        ``--nodeport-addresses primary`` then leaves it out (nodeports.py)."""
         found: dict[int, str] = {}
-        for address in self.internal_ips:
+        ordered = [a for kind, a in self.addresses if kind == "InternalIP"]
+        ordered += [a for kind, a in self.addresses if kind == "ExternalIP"]
+        for address in ordered:
             try:
                 ip = ipaddress.ip_address(address)
             except ValueError:
                 continue
-            if not ip.is_loopback:
-                found.setdefault(ip.version, str(ip))
+            found.setdefault(ip.version, str(ip))
         return tuple(found[v] for v in sorted(found))
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from kubeport.endpoints import model
 from kubeport.endpoints.state import ClusterState
-from kubeport.endpoints.types import ServiceName, endpoints_for_port
+from kubeport.endpoints.types import NodeInfo, ServiceName, endpoints_for_port
 
 WEB = ServiceName("default", "web")
 
@@ -153,6 +153,21 @@ def test_own_node_is_published_with_zone():
     assert snap.node.zone == "zone-a"
     assert snap.node.primary_ips() == ("192.168.50.11",)
     assert snap.node_changed
+
+
+@pytest.mark.parametrize(("addresses", "expected"), [
+    pytest.param([("InternalIP", "192.168.50.11"), ("InternalIP", "192.168.50.12")], ("192.168.50.11",),
+                 id="first_internal_ip"),
+    pytest.param([("ExternalIP", "203.0.113.5"), ("InternalIP", "192.168.50.11"), ("InternalIP", "fd00:50::11")],
+                 ("192.168.50.11", "fd00:50::11"), id="internal_before_external__both_families"),
+    pytest.param([("InternalIP", "192.168.50.11"), ("ExternalIP", "2001:db8::5")], ("192.168.50.11", "2001:db8::5"),
+                 id="a_family_without_internal_ip_takes_the_external_one"),
+    pytest.param([("Hostname", "node-a"), ("ExternalIP", "203.0.113.5")], ("203.0.113.5",), id="external_only"),
+    pytest.param([("InternalIP", "127.0.0.1"), ("InternalIP", "192.168.50.11")], ("127.0.0.1",),
+                 id="loopback_kept__primary_expansion_drops_it"),
+])
+def test_node_ips_as_kube_proxy_reads_them__get_node_host_ips(addresses, expected):
+    assert NodeInfo(name="node-a", addresses=tuple(addresses)).primary_ips() == expected
 
 
 async def test_wait_newer_wakes_on_commit():
