@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import socket
 
 log = logging.getLogger(__name__)
 
@@ -83,21 +84,30 @@ async def tear_down() -> None:
             log.warning("removing the capture routing: %s: %s", " ".join(argv), err)
 
 
-_IP_TRANSPARENT = 19
+_IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
+_IPV6_FREEBIND = 78
+_IP_TRANSPARENT = getattr(socket, "IP_TRANSPARENT", 19)
 _IPV6_TRANSPARENT = 75
 _warned = False
 
 
-def make_transparent(sock, ipv6: bool) -> None:
-    """Let a listener of a captured frontend answer from an address the node does not hold
-    (the SYN-ACK, a UDP reply). Needs CAP_NET_ADMIN, as the firewall does; without it the
+def bind_anywhere(sock: socket.socket, ipv6: bool, transparent: bool) -> None:
+    """The options of a frontend listener, set before bind: its address may not be the node's.
+
+    FREEBIND always: a VIP is added while its listeners open, not before. TRANSPARENT for a
+    captured frontend (``transparent``): its SYN-ACKs and UDP replies leave from an address
+    the node does not hold. That needs CAP_NET_ADMIN, as the firewall does; without it the
     listener still serves an address that is local (the fallback)."""
     global _warned
+    if ipv6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    level, freebind, transparent_option = ((socket.IPPROTO_IPV6, _IPV6_FREEBIND, _IPV6_TRANSPARENT) if ipv6
+                                           else (socket.IPPROTO_IP, _IP_FREEBIND, _IP_TRANSPARENT))
+    sock.setsockopt(level, freebind, 1)
+    if not transparent:
+        return
     try:
-        if ipv6:
-            sock.setsockopt(41, _IPV6_TRANSPARENT, 1)  # IPPROTO_IPV6
-        else:
-            sock.setsockopt(0, _IP_TRANSPARENT, 1)  # IPPROTO_IP
+        sock.setsockopt(level, transparent_option, 1)
     except PermissionError as exc:
         if not _warned:
             log.warning("listeners of externalIPs and LB IPs are not transparent (%s): captured ports "

@@ -38,8 +38,6 @@ _STREAM_NONBLOCK = socket.SOCK_STREAM | socket.SOCK_NONBLOCK
 RawSocket = _socket.socket
 _STREAM = int(socket.SOCK_STREAM)
 _AF_INET, _AF_INET6 = int(socket.AF_INET), int(socket.AF_INET6)
-_IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
-_IPV6_FREEBIND = 78
 _ACCEPT_BATCH = 64
 #: the descriptor or memory shortage errors: pause accepting, then retry (trio's list).
 _ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -306,13 +304,7 @@ class TcpListener:
         try:
             sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEPORT, 1)  # workers share listeners
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_FREEBIND, 1)
-            else:
-                sock.setsockopt(socket.IPPROTO_IP, _IP_FREEBIND, 1)
-            if self.transparent:
-                capture.make_transparent(sock, family == socket.AF_INET6)  # inherited too
+            capture.bind_anywhere(sock, family == socket.AF_INET6, self.transparent)  # inherited by accepted ones
             if not self.proto:
                 sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)  # inherited by accepted sockets
             sock.bind((self.frontend.ip, self.frontend.port))

@@ -33,8 +33,6 @@ from .table import Frontend
 log = logging.getLogger(__name__)
 
 _DGRAM_NONBLOCK = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK
-_IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
-_IPV6_FREEBIND = 78
 #: datagrams read per readiness of a frontend, and replies gathered per poller dispatch.
 BATCH = 64
 #: recvmmsg calls per ready flow and dispatch: a flow that keeps its socket full shares the loop.
@@ -142,13 +140,7 @@ class UdpListener:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_FREEBIND, 1)
-            else:
-                sock.setsockopt(socket.IPPROTO_IP, _IP_FREEBIND, 1)
-            if self.transparent:
-                capture.make_transparent(sock, family == socket.AF_INET6)
+            capture.bind_anywhere(sock, family == socket.AF_INET6, self.transparent)
             sock.bind((self.frontend.ip, self.frontend.port))
         except OSError:
             sock.close()
