@@ -1,8 +1,13 @@
 """Which node addresses NodePorts listen on: kube-proxy's --nodeport-addresses (reference E.1).
 
 Pure. Tokens are CIDRs or the KEP-6032 keywords ``primary`` (the Node object's
-primary InternalIP per family), ``localhost`` (the loopback CIDRs) and ``all``
-(every local address); keywords and CIDRs may be combined.
+primary IP per family), ``localhost`` (the loopback CIDRs) and ``all`` (every local
+address but loopback); keywords and CIDRs may be combined.
+
+Loopback addresses carry NodePorts only when the list names them (``localhost``, or a
+CIDR such as ``127.0.0.0/8``): kube-proxy's nftables mode never serves them, and
+KEP-6032's localhost proxy starts only for an explicit loopback entry (``all`` and the
+match-all a family falls back to do not count).
 """
 
 from __future__ import annotations
@@ -46,13 +51,17 @@ def parse_nodeport_addresses(value: str | Sequence[str]) -> NodePortSpec:
     return NodePortSpec(frozenset(keywords), tuple(cidrs))
 
 
+def _is_match_all(network: Network) -> bool:
+    return network.prefixlen == 0
+
+
 def nodeport_networks(spec: NodePortSpec, primary_ips: Iterable[str]) -> tuple[Network, ...]:
     """The CIDRs a node address must fall in to carry NodePorts.
 
     Only CIDRs, or ``primary`` alone (kube-proxy's own forms): a family without any CIDR
     matches every address of that family (reference E.1: "that family gets 0.0.0.0/0 /
     ::/0"), so ``primary`` on a node with an IPv4 InternalIP only, or with no Node object,
-    serves the other family, or both, on every address, as kube-proxy does. Combined
+    serves the other family, or both, on every non-loopback address, as kube-proxy does. Combined
     tokens (KEP-6032), families are exactly what the tokens name.
     """
     networks = list(spec.cidrs)
@@ -93,6 +102,7 @@ def select_nodeport_addresses(
         ip = ipaddress.ip_address(address)
         if str(ip) in excluded or ip in _LINK_LOCAL_V6:
             continue
-        if any(ip.version == n.version and ip in n for n in networks):
+        if any(ip.version == n.version and ip in n and not (ip.is_loopback and _is_match_all(n))
+               for n in networks):
             chosen.add(ip)
     return tuple(str(ip) for ip in sorted(chosen, key=lambda ip: (ip.version, ip)))
