@@ -148,6 +148,9 @@ class ServiceSpec(ApiModel):
                 self.external_traffic_policy = "Cluster"
         if self.type == "LoadBalancer" and self.allocate_load_balancer_node_ports is None:
             self.allocate_load_balancer_node_ports = True
+        if self.session_affinity == "None":
+            # SetDefaults_Service drops it before validation: kubectl apply accepts such a Service.
+            self.session_affinity_config = None
         if self.session_affinity == "ClientIP":
             if self.session_affinity_config is None:
                 self.session_affinity_config = SessionAffinityConfig()

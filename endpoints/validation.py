@@ -162,9 +162,7 @@ def _validate_session_affinity(spec: model.ServiceSpec) -> list[FieldError]:
     path = "spec.sessionAffinityConfig"
     config = spec.session_affinity_config
     if spec.session_affinity == "None":
-        if config is not None:
-            return [forbidden(path, "must not be set when session affinity is None")]
-        return []
+        return []  # the model drops a config given with None, as the API server's defaulting does
     # The model defaults a missing config/timeout for ClientIP, as the API server does.
     timeout = config.client_ip.timeout_seconds if config and config.client_ip else None
     if timeout is None:

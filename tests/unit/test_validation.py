@@ -93,7 +93,9 @@ SERVICE_CASES = [
     ("affinity_timeout__max_86400_accepted", service({"ports": [{"port": 80}], "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 86400}}}), []),
     ("affinity_timeout__zero", service({"ports": [{"port": 80}], "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}), ["spec.sessionAffinityConfig.clientIP.timeoutSeconds: Invalid value: 0: must be greater than 0 and less than 86400"]),
     ("affinity_timeout__above_max", service({"ports": [{"port": 80}], "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 86401}}}), ["spec.sessionAffinityConfig.clientIP.timeoutSeconds: Invalid value: 86401: must be greater than 0 and less than 86400"]),
-    ("affinity_config__forbidden_without_client_ip", service({"ports": [{"port": 80}], "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}), ["spec.sessionAffinityConfig: Forbidden: must not be set when session affinity is None"]),
+    # SetDefaults_Service clears sessionAffinityConfig when affinity is None, before validation.
+    ("affinity_config__dropped_when_none__api_defaults", service({"ports": [{"port": 80}], "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}), []),
+    ("affinity_config__dropped_when_none_explicit__api_defaults", service({"ports": [{"port": 80}], "sessionAffinity": "None", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}), []),
     # traffic policies
     ("external_traffic_policy__cluster_ip_with_external_ips", service({"ports": [{"port": 80}], "externalIPs": ["192.0.2.10"], "externalTrafficPolicy": "Local"}), []),
     ("external_traffic_policy__not_externally_accessible", service({"ports": [{"port": 80}], "externalTrafficPolicy": "Local"}), ['spec.externalTrafficPolicy: Invalid value: "Local": may only be set for externally-accessible services']),
