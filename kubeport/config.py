@@ -20,7 +20,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "kubeport.io/v1alpha1"
@@ -164,12 +174,15 @@ class KubeportConfiguration(_Section):
     api_version: Literal["kubeport.io/v1alpha1"] = Field(API_VERSION, description="The file format version.")
     kind: Literal["KubeportConfiguration"] = KIND
     hostname_override: str = Field(
-        default_factory=socket.gethostname, description="This node's name (its Node object)."
+        default_factory=lambda: _node_name(""), description="This node's name (its Node object)."
     )
     manifests: Path | None = Field(None, description="Directory of manifests (the embedded source, the default).")
     client_connection: ClientConnection = Field(default_factory=ClientConnection)
     in_cluster: bool = Field(False, description="Reach the kube-apiserver with the pod's service account.")
-    bind_address: str = Field("0.0.0.0", description="The node's primary IP hint (kube-proxy's bindAddress).")
+    bind_address: str = Field(
+        "0.0.0.0",
+        description="kube-proxy's bindAddress: an IPv6 one moves the healthz/metrics defaults to [::] and [::1].",
+    )
     service_cluster_ip_range: CIDRList = Field(
         default_factory=lambda: [ipaddress.ip_network("10.96.0.0/12")],
         alias="serviceClusterIPRange",
@@ -218,11 +231,48 @@ class KubeportConfiguration(_Section):
             raise ValueError(f"invalid port range {low}-{high}")
         return value
 
+    @field_validator("bind_address")
+    @classmethod
+    def _bind_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+        return value
+
     @field_validator("healthz_bind_address", "metrics_bind_address")
     @classmethod
-    def _host_port(cls, value: str) -> str:
+    def _host_port(cls, value: str, info: ValidationInfo) -> str:
+        value = append_port_if_needed(value, _DEFAULT_PORTS[info.field_name])
         split_host_port(value)
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bind_address_defaults(cls, data: Any) -> Any:
+        """An IPv6 bindAddress moves the servers' defaults to [::] and [::1], as kube-proxy's
+        SetDefaults_KubeProxyConfiguration does."""
+        if not isinstance(data, dict):
+            return data
+        bind = data.get("bindAddress", data.get("bind_address"))
+        try:
+            ipv6 = bind is not None and ipaddress.ip_address(bind).version == 6
+        except (TypeError, ValueError):
+            return data  # the field validator names the problem
+        if ipv6:
+            data = dict(data)
+            for alias, name, default in (("healthzBindAddress", "healthz_bind_address", "[::]:10256"),
+                                         ("metricsBindAddress", "metrics_bind_address", "[::1]:10249")):
+                if alias not in data and name not in data:
+                    data[alias] = default
+        return data
+
+    @field_validator("hostname_override")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        """kube-proxy's GetHostname: trimmed and lower-cased (Node names are), the host's name
+        when empty."""
+        return _node_name(value)
 
     @field_validator("node_port_addresses")
     @classmethod
@@ -252,6 +302,25 @@ class KubeportConfiguration(_Section):
     def to_yaml(self) -> str:
         data = self.model_dump(mode="json", by_alias=True)
         return yaml.safe_dump(data, sort_keys=False)
+
+
+_DEFAULT_PORTS = {"healthz_bind_address": 10256, "metrics_bind_address": 10249}
+
+
+def _node_name(value: str) -> str:
+    name = value.strip() or socket.gethostname().strip()
+    if not name:
+        raise ValueError("empty hostname is invalid")
+    return name.lower()
+
+
+def append_port_if_needed(value: str, port: int) -> str:
+    """kube-proxy's AppendPortIfNeeded: a bare IP gets the default port ('::' -> '[::]:port')."""
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        return value  # HOST:PORT already, or invalid: split_host_port says which
+    return f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}"
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -52,6 +52,9 @@ def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, text=json.dumps(body, indent=2) + "\n", content_type="application/json")
 
 
+_WILDCARDS = ("0.0.0.0", "::")
+
+
 class StatusServer:
     def __init__(
         self,
@@ -93,6 +96,9 @@ class StatusServer:
         metrics.router.add_get("/api/v1/namespaces/{namespace}/{kind}", self._list)
         for app, bind in ((healthz, self._healthz_bind), (metrics, self._metrics_bind)):
             host, port = split_host_port(bind)
+            # Go's listener on a wildcard ("0.0.0.0:10256", kube-proxy's default) takes both
+            # families: an IPv6 load-balancer probe of the node must reach /healthz too.
+            host = None if host in _WILDCARDS else host
             runner = web.AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
             await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=True).start()

@@ -45,12 +45,44 @@ def test_defaults_are_kube_proxy_and_kubeadm_defaults():
 
 
 @pytest.mark.parametrize(
+    "fields, expected",
+    [
+        pytest.param({}, ("0.0.0.0:10256", "127.0.0.1:10249"), id="ipv4_defaults__set_defaults_kube_proxy_configuration"),
+        pytest.param({"bindAddress": "::"}, ("[::]:10256", "[::1]:10249"), id="ipv6_bind_address_moves_defaults"),
+        pytest.param({"bindAddress": "::", "healthzBindAddress": "10.0.0.1:9"}, ("10.0.0.1:9", "[::1]:10249"),
+                     id="explicit_address_wins_over_bind_address_default"),
+        pytest.param({"healthzBindAddress": "0.0.0.0", "metricsBindAddress": "::1"},
+                     ("0.0.0.0:10256", "[::1]:10249"), id="bare_ip_gets_default_port__append_port_if_needed"),
+    ],
+)
+def test_bind_addresses_default_as_kube_proxy(fields, expected):
+    config = cfg.build(None, fields)
+    assert (config.healthz_bind_address, config.metrics_bind_address) == expected
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [pytest.param(" Worker-1 ", "worker-1", id="trimmed_and_lower_cased__get_hostname"),
+     pytest.param("node-a", "node-a", id="as_given")],
+)
+def test_node_name_as_kube_proxy_reads_it(override, expected):
+    assert cfg.build(None, {"hostnameOverride": override}).hostname_override == expected
+
+
+def test_empty_node_name_is_the_hosts(monkeypatch):
+    monkeypatch.setattr(cfg.socket, "gethostname", lambda: "Host-A\n")
+    assert cfg.build(None, {"hostnameOverride": "  "}).hostname_override == "host-a"
+    assert cfg.build(None, {}).hostname_override == "host-a"
+
+
+@pytest.mark.parametrize(
     "body, field",
     [
         pytest.param("foo: 1\n", "foo: unknown field", id="unknown_top_level_field"),
         pytest.param("dns:\n  tll: 5\n", "dns.tll: unknown field", id="unknown_nested_field"),
         pytest.param("dns:\n  ttl: 4000\n", "dns.ttl: Input should be less than or equal to 3600", id="ttl_range"),
         pytest.param("healthzBindAddress: localhost\n", "healthzBindAddress:", id="bind_address_shape"),
+        pytest.param("bindAddress: somewhere\n", "bindAddress: 'somewhere' is not an IP address", id="bind_address_ip"),
         pytest.param("serviceNodePortRange: 30000\n", "serviceNodePortRange:", id="port_range_shape"),
         pytest.param("conntrack:\n  udpTimeout: forever\n", "conntrack.udpTimeout:", id="duration"),
         pytest.param("nodePortAddresses: [somewhere]\n", "nodePortAddresses:", id="nodeport_addresses"),

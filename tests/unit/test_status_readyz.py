@@ -100,3 +100,17 @@ async def test_readyz_problems_refresh_at_once_when_the_state_moves(served, chan
     status, body = await readyz()
     assert body["problems"] == ["proxy: 10.96.0.1:80/TCP conflicts"]
     assert status == (503 if change == "generation" else 200)
+
+
+async def test_wildcard_healthz_address_serves_both_families__go_listen_on_0_0_0_0():
+    port = free_port()
+    server = StatusServer(FakeView(), healthz_bind=f"0.0.0.0:{port}", metrics_bind=f"127.0.0.1:{free_port()}",
+                          registry=CollectorRegistry())
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            for host in ("127.0.0.1", "[::1]"):
+                async with session.get(f"http://{host}:{port}/readyz") as response:
+                    assert response.status == 200, host
+    finally:
+        await server.stop()
