@@ -164,9 +164,10 @@ def _endpoint_sets(
     endpoints: tuple[PortEndpoint, ...],
     family: int,
     ctx: TableContext,
+    assume_external: bool = False,
 ) -> tuple[EndpointSets, bool]:
     """The port's endpoint sets in one family's proxier, and whether eTP=Local applies to it."""
-    externally_accessible = bool(
+    externally_accessible = assume_external or bool(
         port.node_port
         or _of_family(info.external_ips, family)
         or _of_family(info.load_balancer_ips, family)
@@ -254,7 +255,9 @@ def local_policy_drops(state: ServiceState | None, ctx: TableContext) -> tuple[i
     one per service port and proxier family where it installs the "has no local endpoints"
     DROP, i.e. the port has endpoints but its Local-policy set, terminating fallback
     included, is empty. Per port, not per frontend: an eTP=Local port counts once however
-    many NodePort, externalIP and LB addresses it has, even on a node without any.
+    many NodePort, externalIP and LB addresses it has, even on a node without any, and
+    even with none at all yet (a LoadBalancer without node ports waiting for its ingress
+    IP): kube-proxy decides eTP=Local for the whole Service (ExternalPolicyLocal).
     """
     if state is None or not state.service.proxied:
         return 0, 0
@@ -266,12 +269,12 @@ def local_policy_drops(state: ServiceState | None, ctx: TableContext) -> tuple[i
     for port in info.ports:
         endpoints = state.endpoints_for_port(port)
         for family in families:
-            sets, external_local = _endpoint_sets(info, port, endpoints, family, ctx)
+            sets, _ = _endpoint_sets(info, port, endpoints, family, ctx, assume_external=info.external_policy_local)
             if not sets.has_any:
                 continue  # REJECT, not DROP
             nothing_local = not sets.local
             internal += info.internal_policy_local and nothing_local
-            external += external_local and nothing_local
+            external += info.external_policy_local and nothing_local
     return internal, external
 
 
