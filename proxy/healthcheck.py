@@ -47,10 +47,12 @@ def needs_health_check(info: ServiceInfo) -> bool:
 
 
 def local_ready_endpoints(state: ServiceState, node_name: str) -> int:
-    """Distinct IPs of this node's READY endpoints over all the service's ports.
+    """Distinct IPs of this node's READY endpoints over all the service's ports, in one family.
 
     Terminating endpoints never count, so a node whose pods are draining fails the
-    check while still serving them (KEP-1669's intended LB drain).
+    check while still serving them (KEP-1669's intended LB drain). kube-proxy's proxier of
+    each family reports its own family's count (LocalReadyEndpoints), so a dual-stack pod
+    is one endpoint, not two: the larger family's count is the answer.
     """
     if not node_name:
         return 0
@@ -59,7 +61,8 @@ def local_ready_endpoints(state: ServiceState, node_name: str) -> int:
         for candidate in state.endpoints_for_port(port):
             if candidate.endpoint.ready and candidate.endpoint.node_name == node_name:
                 ips.add(candidate.ip)
-    return len(ips)
+    ipv6 = sum(1 for ip in ips if ":" in ip)
+    return max(ipv6, len(ips) - ipv6)
 
 
 def desired_health_checks(

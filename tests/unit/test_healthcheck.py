@@ -90,6 +90,16 @@ def test_local_endpoints_are_distinct_ips_across_all_ports() -> None:
     assert local_ready_endpoints(only_https, NODE) == 1
 
 
+def test_dual_stack_pod_is_one_endpoint__each_family_proxier_counts_its_own() -> None:
+    ports = (EndpointPortInfo("http", "TCP", 8080),)
+    dual = info(cluster_ips=("10.96.0.20", "fd00:96::20"))
+    slices = (SliceInfo("v4", "IPv4", ports, (ep("10.244.1.5"), ep("10.244.1.6"))),
+              SliceInfo("v6", "IPv6", ports, (ep("fd00:244::5"),)))
+    assert local_ready_endpoints(ServiceState(dual, slices), NODE) == 2
+    both = (SliceInfo("v4", "IPv4", ports, (ep("10.244.1.5"),)), SliceInfo("v6", "IPv6", ports, (ep("fd00:244::5"),)))
+    assert local_ready_endpoints(ServiceState(dual, both), NODE) == 1
+
+
 def test_local_endpoints_need_a_node_name() -> None:
     assert local_ready_endpoints(state(info(), ep("10.244.1.5")), "") == 0
 
