@@ -21,6 +21,7 @@ from .types import (
 
 _intern = sys.intern
 T = TypeVar("T")
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 
 #: Equal immutable values converted from different objects, shared: the port list of
 #: thousands of services is often the same (memory, not speed). Bounded; cleared when full.
@@ -158,7 +159,19 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
         endpoints=tuple(endpoints),
         proxied=model.LABEL_HEADLESS not in labels and model.LABEL_SERVICE_PROXY_NAME not in labels,
         more_addresses=tuple(more) if any(more) else None,
+        trigger_time=_trigger_time(eps.metadata.annotations.get(TRIGGER_TIME_ANNOTATION)),
     )
+
+
+def _trigger_time(value: str | None) -> float | None:
+    """RFC 3339 (the controller writes RFC3339Nano) to seconds; None if absent or unparseable,
+    as kube-proxy ignores a bad annotation."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 def _more_addresses(addresses: list[str], address_type: str) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from kubeport import components, config, handover
 from kubeport.endpoints import model
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceState
-from kubeport.metrics import ProxyMetrics, RelayCollector
+from kubeport.endpoints.convert import TRIGGER_TIME_ANNOTATION, slice_info
+from kubeport.metrics import ProxyMetrics, RelayCollector, programming_starts
 from kubeport.proxy.testing import endpoint, endpoint_slice, port, service, snapshot
 from kubeport.reload import Reloader
 
@@ -296,3 +298,61 @@ def test_handover_works_on_uvloop_too():
     import uvloop
 
     uvloop.run(test_first_instance_claims_the_node_and_a_second_takes_over())
+
+
+def _programmed(old_slices, new_slices, changed_at=50.0, not_before=10.0, service_fields=None):
+    old = snapshot([ServiceState(_web(), tuple(old_slices))])
+    new = replace(snapshot([ServiceState(_web(**(service_fields or {})), tuple(new_slices))], previous=old),
+                  changed_at=changed_at)
+    return list(programming_starts(old, new, not_before))
+
+
+def _traced(slice_, trigger):
+    return replace(slice_, trigger_time=trigger)
+
+
+_S0 = endpoint_slice("s0", [REMOTE], HTTP)
+_S0_MOVED = endpoint_slice("s0", [LOCAL], HTTP)
+_S1 = endpoint_slice("s1", [LOCAL], HTTP)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fields", "expected"),
+    [
+        pytest.param([], [_traced(_S0, 40.0)], None, [40.0], id="slice_added__its_trigger_time__g1"),
+        pytest.param([_traced(_S0, 30.0)], [_traced(_S0_MOVED, 40.0)], None, [40.0], id="slice_changed__new_trigger"),
+        pytest.param([_traced(_S0, 30.0)], [_traced(_S0, 40.0)], {"internal_policy_local": True}, [],
+                     id="slice_unchanged__service_only_change__nothing"),
+        pytest.param([], [_traced(_S0, 5.0)], None, [], id="trigger_before_start__ignored__tracker_start_time"),
+        pytest.param([], [_S0], None, [50.0], id="no_annotation__manifests__arrival_time"),
+        pytest.param([], [_traced(_S0, 40.0), _traced(_S1, 45.0)], None, [40.0, 45.0],
+                     id="two_slices_changed__one_observation_each"),
+        pytest.param([_traced(_S0, 30.0), _traced(_S1, 31.0)], [_traced(_S0, 30.0), _traced(_S1, 45.0)], None, [],
+                     id="annotation_only_change__not_a_change__es_info_changed"),
+    ],
+)
+def test_network_programming_starts_at_the_trigger_time(old, new, fields, expected):
+    assert _programmed(old, new, service_fields=fields) == expected
+
+
+def test_network_programming_nothing_for_a_removed_service():
+    old = snapshot([_state(_web(), ([REMOTE], HTTP, "IPv4"))])
+    new = replace(snapshot([], previous=old), changed_at=50.0)
+    assert list(programming_starts(old, new, 10.0)) == []
+
+
+@pytest.mark.parametrize(
+    ("annotation", "expected"),
+    [
+        pytest.param("2024-01-01T12:00:00Z", 1704110400.0, id="rfc3339"),
+        pytest.param("2024-01-01T12:00:00.250000000Z", 1704110400.25, id="rfc3339_nano__as_the_controller_writes"),
+        pytest.param("yesterday", None, id="unparseable__ignored"),
+        pytest.param(None, None, id="absent"),
+    ],
+)
+def test_trigger_time_annotation_is_read(annotation, expected):
+    metadata = {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}}
+    if annotation is not None:
+        metadata["annotations"] = {TRIGGER_TIME_ANNOTATION: annotation}
+    eps = model.EndpointSlice.model_validate({"metadata": metadata, "addressType": "IPv4", "endpoints": []})
+    assert slice_info(eps).trigger_time == expected
