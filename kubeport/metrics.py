@@ -189,26 +189,32 @@ class RelayCollector(Collector):
                                                       "UDP flows refused by the flow limits",
                                                       labels=["service_port"]),
         }
-        for label, values in _capped(stats):
-            families["active"].add_metric([label], values["active"])
-            families["total"].add_metric([label], values["total"])
+        for label, protocol, values in _capped(stats):
             families["bytes"].add_metric([label, "to_backend"], values["bytes_to_backend"])
             families["bytes"].add_metric([label, "to_client"], values["bytes_to_client"])
-            for key in ("connect_failures", "connect_giveups", "ejections", "udp_flows", "udp_flows_total",
-                        "udp_flows_rejected"):
+            # A port's series are those of its protocol: no zero connection series for a UDP port.
+            keys = _STREAM_KEYS if protocol != "UDP" else ()
+            keys += _UDP_KEYS if protocol in ("UDP", None) else ()
+            for key in keys:
                 families[key].add_metric([label], values[key])
         yield from families.values()
+
+
+_STREAM_KEYS = ("active", "total", "connect_failures", "connect_giveups", "ejections")
+_UDP_KEYS = ("udp_flows", "udp_flows_total", "udp_flows_rejected")
 
 
 _FIELDS = ("active", "total", "bytes_to_backend", "bytes_to_client", "connect_failures", "connect_giveups",
            "ejections", "udp_flows", "udp_flows_total", "udp_flows_rejected")
 
 
-def _capped(stats: Mapping[Any, Any]) -> list[tuple[str, dict[str, int]]]:
-    rows = [(str(name), {f: getattr(s, f, 0) for f in _FIELDS}) for name, s in stats.items()]
+def _capped(stats: Mapping[Any, Any]) -> list[tuple[str, str | None, dict[str, int]]]:
+    """(label, protocol, counters) per service port; protocol None for the summed rest."""
+    rows = [(str(name), getattr(name, "protocol", None), {f: getattr(s, f, 0) for f in _FIELDS})
+            for name, s in stats.items()]
     if len(rows) <= MAX_SERVICE_PORT_SERIES:
         return rows
-    rows.sort(key=lambda row: (row[1]["total"] + row[1]["udp_flows_total"]), reverse=True)
+    rows.sort(key=lambda row: (row[2]["total"] + row[2]["udp_flows_total"]), reverse=True)
     kept, rest = rows[:MAX_SERVICE_PORT_SERIES], rows[MAX_SERVICE_PORT_SERIES:]
-    other = {f: sum(row[1][f] for row in rest) for f in _FIELDS}
-    return kept + [("_other", other)]
+    other = {f: sum(row[2][f] for row in rest) for f in _FIELDS}
+    return kept + [("_other", None, other)]

@@ -294,6 +294,24 @@ def test_relay_series_are_capped(monkeypatch):
     }
 
 
+def test_relay_series_follow_the_ports_protocol():
+    from kubeport.endpoints.types import ServiceName, ServicePortName
+
+    class Proxier:
+        stats = {ServicePortName(ServiceName("ns", "web"), "http", "TCP"): FakeStats(1),
+                 ServicePortName(ServiceName("ns", "dns"), "dns", "UDP"): FakeStats(0)}
+
+    registry = CollectorRegistry()
+    registry.register(RelayCollector(Proxier()))
+    names = {key.split("{")[0] + "|" + key.split("service_port=")[1].split(",")[0].rstrip("}")
+             for key in scrape(registry) if key.startswith("kubeport_proxy_")}
+    assert "kubeport_proxy_connections_total|ns/web:http/TCP" in names
+    assert "kubeport_proxy_udp_flows_total|ns/dns:dns/UDP" in names
+    assert "kubeport_proxy_connections_total|ns/dns:dns/UDP" not in names
+    assert "kubeport_proxy_udp_flows_active|ns/web:http/TCP" not in names
+    assert "kubeport_proxy_bytes_total|ns/dns:dns/UDP" in names
+
+
 def test_handover_works_on_uvloop_too():
     import uvloop
 
