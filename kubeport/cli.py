@@ -3,21 +3,40 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
-
 from typing import Any
 
-from . import __version__, printers
+from . import __version__
 from . import config as config_module
 from .config import ConfigError, KubeportConfiguration
+from .get_client import DEFAULT_SERVER, cmd_get
 from .logs import configure_logging
 
 log = logging.getLogger("kubeport")
+
+
+class _Verbosity(argparse.Action):
+    """klog's ``-v``/``--v LEVEL`` (``-v=2``, ``--v=2``, ``-v 2``, ``-v2``) as kube-proxy takes it,
+    and the counting ``-v``, ``-vv``."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", default=None, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 value: Any, option_string: str | None = None) -> None:
+        current = getattr(namespace, self.dest) or 0
+        if value is None:
+            level = current + 1
+        elif value and value.strip("v") == "":  # -vv: argparse hands over the "v"
+            level = current + 1 + len(value)
+        elif value.isascii() and value.isdigit():
+            level = int(value)
+        else:
+            parser.error(f"argument {option_string}: expected a level (-v=2, --v=2, -v 2) or -v/-vv, "
+                         f"got {value!r}")
+        setattr(namespace, self.dest, level)
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -40,15 +59,60 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
-    run.add_argument("--healthz-bind-address", metavar="IP:PORT")
-    run.add_argument("--metrics-bind-address", metavar="IP:PORT")
+    run.add_argument("--healthz-bind-address", metavar="IP[:PORT]",
+                     help="/healthz, /livez, /readyz (default 0.0.0.0:10256). Set empty to disable.")
+    run.add_argument("--metrics-bind-address", metavar="IP[:PORT]",
+                     help="/metrics and the status API `kubeport get` reads (default 127.0.0.1:10249). "
+                          "Set empty to disable: `kubeport get` then has nothing to talk to.")
     run.add_argument("--vip-interface", metavar="LINK", help="link that carries service addresses (default lo)")
-    run.add_argument("--udp-idle-timeout", metavar="DURATION", help="UDP flow idle timeout (e.g. 30s)")
+    run.add_argument("--conntrack-udp-timeout", metavar="DURATION",
+                     help="idle timeout of a UDP flow (default 30s)")
+    run.add_argument("--udp-idle-timeout", metavar="DURATION", help="alias of --conntrack-udp-timeout")
+    run.add_argument("--conntrack-udp-timeout-stream", metavar="DURATION",
+                     help="idle timeout of a UDP flow the endpoint answered, in use past 2 s (default 2m)")
     run.add_argument("--shutdown-grace-period", metavar="DURATION", help="connection drain time on SIGTERM")
     run.add_argument("--workers", type=int, metavar="N", help="relay processes sharing the listeners (default 1)")
     run.add_argument("--log-format", choices=["text", "json"])
     run.add_argument("--write-config-to", metavar="FILE", help="write the effective configuration and exit")
-    run.add_argument("-v", "--verbose", action="count", default=0)
+    run.add_argument("-v", "--v", "--verbose", dest="v", action=_Verbosity, metavar="LEVEL",
+                     help="log verbosity: -v=N / --v=N as kube-proxy (1+: debug), or -v, -vv")
+
+
+#: Configuration field (file path, camelCase) -> the flags of `kubeport run` that set it,
+#: kube-proxy's name first: it wins when both are given.
+FIELD_FLAGS: dict[str, tuple[str, ...]] = {
+    "manifests": ("--manifests",),
+    "clientConnection.kubeconfig": ("--kubeconfig",),
+    "inCluster": ("--in-cluster",),
+    "hostnameOverride": ("--hostname-override",),
+    "stateDir": ("--state-dir",),
+    "healthzBindAddress": ("--healthz-bind-address",),
+    "metricsBindAddress": ("--metrics-bind-address",),
+    "vipInterface": ("--vip-interface",),
+    "conntrack.udpTimeout": ("--conntrack-udp-timeout", "--udp-idle-timeout"),
+    "conntrack.udpStreamTimeout": ("--conntrack-udp-timeout-stream",),
+    "serviceClusterIPRange": ("--service-cluster-ip-range",),
+    "serviceNodePortRange": ("--service-node-port-range",),
+    "nodePortAddresses": ("--nodeport-addresses",),
+    "clusterCIDR": ("--cluster-cidr",),
+    "shutdownGracePeriod": ("--shutdown-grace-period",),
+    "logFormat": ("--log-format",),
+    "workers": ("--workers",),
+    "verbosity": ("--v",),
+    "dns.clusterDomain": ("--cluster-domain",),
+    "dns.addresses": ("--dns-address",),
+    "dns.port": ("--dns-port",),
+    "dns.ttl": ("--dns-ttl",),
+    "dns.pods": ("--pods",),
+    "dns.upstreams": ("--upstream",),
+    "dns.lameDuck": ("--dns-lame-duck",),
+}
+
+#: Flag values that are not the field's value as given.
+_CONVERT = {
+    "--in-cluster": lambda given: True if given else None,
+    "--nodeport-addresses": lambda text: _csv(text),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("-n", "--namespace", default="default")
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     get.add_argument("-o", "--output", choices=["wide", "json", "yaml"])
-    get.add_argument("--server", default="http://127.0.0.1:10249", help="the daemon's metrics/status address")
+    get.add_argument("--server", default=DEFAULT_SERVER,
+                     help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
     check = sub.add_parser("check", help="validate a directory of manifests")
     check.add_argument("directory")
     check.add_argument("--service-cluster-ip-range", default="10.96.0.0/12")
@@ -71,60 +136,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _given(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """{field path: (flag, value)} of the flags that were given."""
+    given: dict[str, tuple[str, Any]] = {}
+    for path, flags in FIELD_FLAGS.items():
+        for flag in flags:
+            value = getattr(args, flag.lstrip("-").replace("-", "_"))
+            value = _CONVERT[flag](value) if flag in _CONVERT else value
+            if value is not None:
+                given[path] = (flag, value)
+                break
+    return given
+
+
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The flags that were given, as configuration-file fields (camelCase, nested)."""
     values: dict[str, Any] = {}
-
-    def put(path: str, value: Any) -> None:
-        if value is None:
-            return
+    for path, (_, value) in _given(args).items():
         *parents, leaf = path.split(".")
         node = values
         for parent in parents:
             node = node.setdefault(parent, {})
         node[leaf] = value
-
-    put("manifests", args.manifests)
-    put("clientConnection.kubeconfig", args.kubeconfig)
-    put("inCluster", True if args.in_cluster else None)
-    put("hostnameOverride", args.hostname_override)
-    put("stateDir", args.state_dir)
-    put("healthzBindAddress", args.healthz_bind_address)
-    put("metricsBindAddress", args.metrics_bind_address)
-    put("vipInterface", args.vip_interface)
-    put("conntrack.udpTimeout", args.udp_idle_timeout)
-    put("serviceClusterIPRange", args.service_cluster_ip_range)
-    put("serviceNodePortRange", args.service_node_port_range)
-    put("nodePortAddresses", _csv(args.nodeport_addresses))
-    put("clusterCIDR", args.cluster_cidr)
-    put("shutdownGracePeriod", args.shutdown_grace_period)
-    put("logFormat", args.log_format)
-    put("workers", args.workers)
-    put("verbosity", args.verbose or None)
-    put("dns.clusterDomain", args.cluster_domain)
-    put("dns.addresses", args.dns_address)
-    put("dns.port", args.dns_port)
-    put("dns.ttl", args.dns_ttl)
-    put("dns.pods", args.pods)
-    put("dns.upstreams", args.upstream)
-    put("dns.lameDuck", args.dns_lame_duck)
     return values
+
+
+def flag_names(args: argparse.Namespace) -> dict[str, str]:
+    """{field path: the flag that set it}: errors in those fields name the flag."""
+    return {path: flag for path, (flag, _) in _given(args).items()}
 
 
 def _csv(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _configure_logging(verbosity: int) -> None:
-    level = logging.WARNING if verbosity < 0 else logging.INFO if verbosity == 0 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = build_configuration(args)
     except ConfigError as exc:
-        print(f"kubeport: invalid configuration:\n{exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"kubeport: invalid configuration: {line}", file=sys.stderr)
         return 2
     if args.write_config_to:
         Path(args.write_config_to).write_text(config.to_yaml())
@@ -141,34 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_configuration(args: argparse.Namespace) -> KubeportConfiguration:
-    return config_module.build(Path(args.config) if args.config else None, flag_values(args))
-
-
-def cmd_get(args: argparse.Namespace) -> int:
-    kind = {"svc": "services", "endpointslice": "endpointslices", "eps": "endpointslices"}.get(
-        args.resource, args.resource)
-    if kind == "status":
-        path = "/api/v1/status"
-    elif args.all_namespaces:
-        path = f"/api/v1/{kind}"
-    else:
-        path = f"/api/v1/namespaces/{args.namespace}/{kind}"
-    try:
-        with urllib.request.urlopen(args.server.rstrip("/") + path, timeout=10) as response:
-            listing = json.load(response)
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"kubeport: cannot reach the daemon at {args.server}: {exc}", file=sys.stderr)
-        return 1
-    if kind == "status":
-        print(json.dumps(listing, indent=2) if args.output == "json" else printers.render_status(listing))
-        return 0
-    problems = listing.pop("problems", [])
-    print(printers.render(kind, listing, args.output, args.all_namespaces))
-    if problems and args.output not in ("json", "yaml"):
-        print("\nProblems (the last good version of these objects is kept):", file=sys.stderr)
-        for problem in problems:
-            print(f"  {problem}", file=sys.stderr)
-    return 0
+    return config_module.build(Path(args.config) if args.config else None, flag_values(args), flag_names(args))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -179,8 +203,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"kubeport: {directory}: not a directory", file=sys.stderr)
         return 2
     try:
-        config = config_module.build(None, {"serviceClusterIPRange": args.service_cluster_ip_range,
-                                            "serviceNodePortRange": args.service_node_port_range})
+        config = config_module.build(
+            None,
+            {"serviceClusterIPRange": args.service_cluster_ip_range,
+             "serviceNodePortRange": args.service_node_port_range},
+            {"serviceClusterIPRange": "--service-cluster-ip-range",
+             "serviceNodePortRange": "--service-node-port-range"},
+        )
     except ConfigError as exc:
         print(f"kubeport: {exc}", file=sys.stderr)
         return 2

@@ -14,18 +14,15 @@ plugin's options. Flags override the file. Unknown fields are errors naming the 
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 import yaml
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    PlainSerializer,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -33,79 +30,24 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from .config_values import (  # noqa: F401 - parse_*/format_duration/split_host_port are used as config.*
+    CIDRList,
+    Duration,
+    IPNetwork,
+    PortRange,
+    append_port_if_needed,
+    format_duration,
+    parse_cidr,
+    parse_duration,
+    split_host_port,
+)
+
 API_VERSION = "kubeport.io/v1alpha1"
 KIND = "KubeportConfiguration"
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field (and the file)."""
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(value: Any) -> float:
-    """A Go duration ("30s", "1m30s", "500ms") or a number of seconds -> seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{value!r} is not a duration like 30s or 1m30s")
-    text, total, position = value.strip(), 0.0, 0
-    if text == "0":
-        return 0.0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != position:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        position = match.end()
-    if position != len(text):
-        raise ValueError(f"{value!r} is not a duration like 30s or 1m30s")
-    return total
-
-
-def format_duration(seconds: float) -> str:
-    if seconds and seconds == int(seconds):
-        whole = int(seconds)
-        hours, rest = divmod(whole, 3600)
-        minutes, secs = divmod(rest, 60)
-        return "".join(f"{n}{u}" for n, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if n) or "0s"
-    return f"{seconds * 1000:g}ms"
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), PlainSerializer(format_duration, return_type=str)]
-
-
-def _cidr_list(value: Any) -> Any:
-    # kube-proxy's clusterCIDR is a comma-separated string; a YAML list is accepted too.
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
-
-
-CIDRList = Annotated[
-    list[IPNetwork],
-    BeforeValidator(_cidr_list),
-    PlainSerializer(lambda nets: ",".join(str(n) for n in nets), return_type=str),
-]
-
-
-def _port_range(value: Any) -> Any:
-    if isinstance(value, str):
-        low, sep, high = value.partition("-")
-        if not sep or not low.strip().isdigit() or not high.strip().isdigit():
-            raise ValueError(f"{value!r} is not LOW-HIGH")
-        return (int(low), int(high))
-    return value
-
-
-PortRange = Annotated[
-    tuple[int, int],
-    BeforeValidator(_port_range),
-    PlainSerializer(lambda r: f"{r[0]}-{r[1]}", return_type=str),
-]
 
 
 class _Section(BaseModel):
@@ -199,8 +141,11 @@ class KubeportConfiguration(_Section):
         description="Pod CIDRs: sources treated as in-cluster for externalTrafficPolicy Local.",
     )
     state_dir: Path = Field(Path("/var/lib/kubeport"), description="Where allocations persist.")
-    healthz_bind_address: str = Field("0.0.0.0:10256", description="/healthz, /livez, /readyz.")
-    metrics_bind_address: str = Field("127.0.0.1:10249", description="/metrics and the `kubeport get` status API.")
+    healthz_bind_address: str = Field(
+        "0.0.0.0:10256", description="/healthz, /livez, /readyz; empty (flag only): no such server.")
+    metrics_bind_address: str = Field(
+        "127.0.0.1:10249",
+        description="/metrics and the `kubeport get` status API; empty (flag only): no such server.")
     config_sync_period: Duration = Field(900.0, gt=0, description="Full resync period of the API source.")
     vip_interface: str = Field("lo", description="Link that carries ClusterIP/externalIP/LB addresses.")
     conntrack: Conntrack = Field(default_factory=Conntrack)
@@ -243,6 +188,8 @@ class KubeportConfiguration(_Section):
     @field_validator("healthz_bind_address", "metrics_bind_address")
     @classmethod
     def _host_port(cls, value: str, info: ValidationInfo) -> str:
+        if value == "":
+            return value  # the server is disabled (kube-proxy's "Set empty to disable")
         value = append_port_if_needed(value, _DEFAULT_PORTS[info.field_name])
         split_host_port(value)
         return value
@@ -314,37 +261,37 @@ def _node_name(value: str) -> str:
     return name.lower()
 
 
-def append_port_if_needed(value: str, port: int) -> str:
-    """kube-proxy's AppendPortIfNeeded: a bare IP gets the default port ('::' -> '[::]:port')."""
-    try:
-        ip = ipaddress.ip_address(value)
-    except ValueError:
-        return value  # HOST:PORT already, or invalid: split_host_port says which
-    return f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}"
+#: pydantic error types whose message already names the bad value (our validators' own).
+_MESSAGE_NAMES_VALUE = frozenset({"value_error", "assertion_error", "extra_forbidden"})
 
 
-def split_host_port(value: str) -> tuple[str, int]:
-    """'0.0.0.0:10256' / '[::]:10256' -> (host, port); ValueError naming the value."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{value!r} is not HOST:PORT")
-    host = host.strip("[]")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(f"{value!r}: {host!r} is not an IP address") from None
-    return host, int(port)
-
-
-def format_errors(exc: ValidationError, origin: str) -> str:
+def format_errors(exc: ValidationError, origin: str, flag_names: Mapping[str, str] | None = None) -> str:
+    """One line per error: ``origin: field.path: message``, or ``--flag: message`` when
+    ``flag_names`` ({field path: flag given}) says a flag set the field."""
     lines = []
     for error in exc.errors():
         field = ".".join(str(p) for p in error["loc"]) or "(document)"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown field"
-        lines.append(f"{origin}: {field}: {message}")
+        elif error["type"] not in _MESSAGE_NAMES_VALUE and not isinstance(error.get("input"), (dict, list)):
+            message = f"{message} (got {_short_repr(error.get('input'))})"
+        flag = _flag_for(field, flag_names or {})
+        lines.append(f"{flag}: {message}" if flag else f"{origin}: {field}: {message}")
     return "\n".join(lines)
+
+
+def _flag_for(field: str, flag_names: Mapping[str, str]) -> str | None:
+    """The flag that set ``field`` or its parent (``dns.addresses.1`` -> ``--dns-address``)."""
+    for path, flag in flag_names.items():
+        if field == path or field.startswith(path + "."):
+            return flag
+    return None
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_file(path: Path) -> dict[str, Any]:
@@ -377,11 +324,27 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def build(file: Path | None, flags: dict[str, Any]) -> KubeportConfiguration:
-    """File (if any) overridden by flags (camelCase keys, nested like the file)."""
+def _file_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """An empty bind address in the file means the default, as SetDefaults_KubeProxyConfiguration
+    fills it in when decoding; only the flag's empty value disables a server."""
+    return {key: value for key, value in data.items()
+            if not (key in _BIND_ADDRESS_FIELDS and value in ("", None))}
+
+
+_BIND_ADDRESS_FIELDS = ("healthzBindAddress", "metricsBindAddress")
+
+
+def build(
+    file: Path | None, flags: dict[str, Any], flag_names: Mapping[str, str] | None = None
+) -> KubeportConfiguration:
+    """File (if any) overridden by flags (camelCase keys, nested like the file).
+
+    :param flag_names: {field path: flag given} (``{"dns.port": "--dns-port"}``): errors in
+        those fields name the flag instead of the field.
+    """
     data: dict[str, Any] = {}
     if file is not None:
-        data = load_file(file)
+        data = _file_defaults(load_file(file))
         try:
             KubeportConfiguration.model_validate(data)
         except ValidationError as exc:
@@ -389,4 +352,23 @@ def build(file: Path | None, flags: dict[str, Any]) -> KubeportConfiguration:
     try:
         return KubeportConfiguration.model_validate(_merge(data, flags))
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc, "flags")) from None
+        raise ConfigError(format_errors(exc, "flags", flag_names)) from None
+
+
+def changed_fields(old: BaseModel, new: BaseModel, names: Iterable[str] | None = None) -> list[str]:
+    """The file's names (camelCase, dotted into sections) of the fields that differ.
+
+    :param names: the Python names of the top-level fields to compare (default: all).
+    """
+    fields = type(old).model_fields
+    paths: list[str] = []
+    for name in fields if names is None else names:
+        before, after = getattr(old, name), getattr(new, name)
+        if before == after:
+            continue
+        alias = fields[name].alias or name
+        if isinstance(before, BaseModel) and isinstance(after, BaseModel):
+            paths += [f"{alias}.{path}" for path in changed_fields(before, after)]
+        else:
+            paths.append(alias)
+    return paths

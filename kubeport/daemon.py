@@ -22,14 +22,20 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import uvloop
-from prometheus_client import CollectorRegistry
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
 from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 from kubeport.endpoints.types import Snapshot
 from kubeport.proxy.health import IPV4, IPV6, HealthResponse
 
 from . import components, handover
-from .config import KubeportConfiguration
+from .config import KubeportConfiguration, changed_fields
 from .heap import keep_heap_trimmed, release_freed_memory
 from .metrics import ProxyMetrics
 from .reload import Reloader
@@ -55,7 +61,7 @@ class Daemon:
     ) -> None:
         self.config = config
         self.manifest_mode = config.source_kind == "manifests"
-        self.registry = CollectorRegistry()
+        self.registry = process_registry()
         self.state = self._build_state()
         self.metrics = ProxyMetrics(self.registry, config.hostname_override)
         self._reloader = Reloader(config_file, flags or {})
@@ -96,6 +102,8 @@ class Daemon:
         found = list(self._source.problems) if self._source is not None else []
         if self._proxier is not None:
             found += [f"proxy: {problem}" for problem in self._proxier.problems]
+        if self._healthchecks is not None:
+            found += [f"proxy: {problem}" for _, problem in sorted(self._healthchecks.failures.items())]
         return found
 
     def status(self) -> dict[str, Any]:
@@ -197,6 +205,7 @@ class Daemon:
                 tasks.create_task(self._follow("dns", self._apply_dns), name="dns")
                 tasks.create_task(self._follow("proxy", self._apply_proxy), name="proxy")
                 tasks.create_task(self._proxier.wait_failed(), name="proxy-failure")
+                tasks.create_task(self._healthchecks.keep_retrying(), name="healthcheck-retry")
                 tasks.create_task(self._reloader.run(self._reload), name="reload")
                 tasks.create_task(keep_heap_trimmed(self._heap_changed, self._heap_trimmed), name="heap")
                 tasks.create_task(self._stop_when_asked(), name="stop")
@@ -323,9 +332,10 @@ class Daemon:
 
     async def _reload(self, new: KubeportConfiguration) -> None:
         applied, kept = await components.apply_live(self.config, new, self._dns)
+        # The file's names (serviceNodePortRange, conntrack.udpTimeout), not Python's.
+        for path in changed_fields(self.config, new, kept):
+            log.warning("configuration: %s changed; it takes effect at the next restart", path)
         self.config = self.config.model_copy(update=applied)
-        for field in kept:
-            log.warning("configuration: %s changed; it takes effect at the next restart", field)
 
 
 def proxier_families(config: KubeportConfiguration) -> tuple[str, ...]:
@@ -337,7 +347,19 @@ def proxier_families(config: KubeportConfiguration) -> tuple[str, ...]:
     return tuple(IPV6 if network.version == 6 else IPV4 for network in config.service_cluster_ip_range)
 
 
+def process_registry() -> CollectorRegistry:
+    """A registry with the process, platform and GC collectors (process_cpu_seconds_total,
+    process_resident_memory_bytes, process_open_fds ..., as kube-proxy and CoreDNS export)."""
+    registry = CollectorRegistry()
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):
+        collector(registry=registry)
+    return registry
+
+
 def run(config: KubeportConfiguration, config_file: Path | None = None, flags: dict | None = None) -> int:
+    # kube-proxy's and CoreDNS's counters have no *_created series: none here either. Process-wide,
+    # so once at start, before any metric exists.
+    disable_created_metrics()
     try:
         uvloop.run(Daemon(config, config_file, flags).serve())
     except ExceptionGroup as group:

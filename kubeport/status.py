@@ -4,6 +4,8 @@
 - metrics server (``--metrics-bind-address``, kube-proxy's 10249): /metrics, /healthz,
   /proxyMode, and the status API that `kubeport get` reads (/api/v1/...).
 
+An empty bind address disables that server, as kube-proxy's flags do.
+
 /readyz is polled (kubelet probes, a start-up wait loop) while the daemon loads a large
 cluster, so its per-request work is O(1): the problem list it carries (which costs work
 proportional to the cluster) is computed at most once per ``problems_ttl`` seconds, and at
@@ -94,7 +96,10 @@ class StatusServer:
         metrics.router.add_get("/api/v1/status", self._status)
         metrics.router.add_get("/api/v1/{kind}", self._list)
         metrics.router.add_get("/api/v1/namespaces/{namespace}/{kind}", self._list)
-        for app, bind in ((healthz, self._healthz_bind), (metrics, self._metrics_bind)):
+        for name, app, bind in (("healthz", healthz, self._healthz_bind), ("metrics", metrics, self._metrics_bind)):
+            if not bind:
+                log.info("%s server disabled (empty bind address)", name)
+                continue
             host, port = split_host_port(bind)
             # Go's listener on a wildcard ("0.0.0.0:10256", kube-proxy's default) takes both
             # families: an IPv6 load-balancer probe of the node must reach /healthz too.

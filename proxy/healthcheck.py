@@ -8,6 +8,8 @@ i.e. nodes with a local ready endpoint (so the client IP can be kept).
   ``{port: (service, localEndpoints)}``; :func:`service_health_response` is the answer.
 * Shell: :class:`HealthCheckServers` reconciles one HTTP server per port against that
   map (opens new ports, closes gone ones, leaves the rest alone; counts change in place).
+  A port that fails to open (busy) is retried with backoff until it opens, as kube-proxy
+  retries it on every sync rather than only when the Services change.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from aiohttp import web
 
@@ -31,6 +33,11 @@ DesiredHealthChecks = Mapping[int, tuple[ServiceName, int]]
 
 #: How long closing a port waits for in-flight probes.
 SHUTDOWN_TIMEOUT = 1.0
+
+#: A port that failed to open (busy) is retried after 1 s, doubling up to kube-proxy's
+#: syncPeriod (30 s): kube-proxy retries it on every sync, and syncs at least that often.
+RETRY_FIRST = 1.0
+RETRY_MAX = 30.0
 
 
 # --- pure ---------------------------------------------------------------------------------
@@ -98,6 +105,11 @@ def _add(desired: dict[int, tuple[ServiceName, int]], state: ServiceState, node_
         desired.setdefault(info.health_check_node_port, (info.name, local_ready_endpoints(state, node_name)))
 
 
+def next_retry_delay(previous: float | None) -> float:
+    """Seconds before the next retry of failed ports: RETRY_FIRST, doubling to RETRY_MAX."""
+    return RETRY_FIRST if previous is None else min(previous * 2, RETRY_MAX)
+
+
 def service_health_response(service: ServiceName, local_endpoints: int, proxy_healthy: bool) -> HealthResponse:
     """200 iff there is a local endpoint and the proxy is healthy; kube-proxy's body, byte for byte."""
     body = (
@@ -137,8 +149,9 @@ class HealthCheckServers:
         self._listeners: dict[int, _Listener] = {}
         self._addresses: tuple[str, ...] = ()
         self._lock = asyncio.Lock()
-        #: ports that failed to open at the last sync -> error text (retried next sync).
+        #: ports that failed to open -> error text (retried by :meth:`keep_retrying` and every sync).
         self.failures: dict[int, str] = {}
+        self._failing = asyncio.Event()
 
     @property
     def ports(self) -> frozenset[int]:
@@ -149,7 +162,8 @@ class HealthCheckServers:
         """Serve exactly the ports of ``desired`` on ``addresses`` (empty: all addresses).
 
         Counts and names of open ports change in place; new addresses reopen every port.
-        A port that cannot be opened is reported (``{port: error}``) and retried next sync.
+        A port that cannot be opened is reported (``{port: error}``, also in :attr:`failures`)
+        and retried: by :meth:`keep_retrying`, and at the next sync.
         """
         async with self._lock:
             addresses = tuple(addresses)
@@ -158,19 +172,47 @@ class HealthCheckServers:
                 self._addresses = addresses
             self._records = dict(desired)
             await self._close([port for port in self._listeners if port not in desired])
-            failures: dict[int, str] = {}
-            for port in sorted(desired):
-                if port not in self._listeners:
-                    error = await self._open(port)
-                    if error is not None:
-                        failures[port] = error
-            self.failures = failures
-            return failures
+            return await self._open_missing(sorted(desired))
+
+    async def retry_failed(self) -> dict[int, str]:
+        """Try again to open the ports that failed (the desired set unchanged); what still fails."""
+        async with self._lock:
+            return await self._open_missing(sorted(self.failures))
+
+    async def keep_retrying(self, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+        """Forever: while ports have failed to open, retry them with :func:`next_retry_delay`
+        backoff (a sync in between retries them too). Cancel to stop."""
+        delay: float | None = None
+        while True:
+            await self._failing.wait()
+            delay = next_retry_delay(delay)
+            await sleep(delay)
+            if not await self.retry_failed():
+                delay = None
+
+    async def _open_missing(self, ports: Iterable[int]) -> dict[int, str]:
+        """Open those of ``ports`` that are desired and not listening; record what fails."""
+        failures: dict[int, str] = {}
+        for port in ports:
+            if port in self._records and port not in self._listeners:
+                error = await self._open(port)
+                if error is not None:
+                    failures[port] = error
+                elif port in self.failures:
+                    log.info("health check port %d for %s opened on retry", port, self._records[port][0])
+        self.failures = failures
+        if failures:
+            self._failing.set()
+        else:
+            self._failing.clear()
+        return failures
 
     async def close(self) -> None:
         async with self._lock:
             await self._close(list(self._listeners))
             self._records = {}
+            self.failures = {}
+            self._failing.clear()
 
     def response(self, port: int) -> HealthResponse:
         """What a probe of ``port`` gets right now."""

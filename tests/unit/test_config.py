@@ -136,3 +136,82 @@ def test_written_defaults_load_back_identically(tmp_path):
 )
 def test_source_kind_from_flags(argv, source):
     assert cfg.build(None, flag_values(build_parser().parse_args(argv))).source_kind == source
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        pytest.param("10.96.0.0/33", "'10.96.0.0/33' is not a CIDR: the prefix length must be 0-32 for IPv4",
+                     id="prefix_too_long_v4"),
+        pytest.param("fd00::/129", "'fd00::/129' is not a CIDR: the prefix length must be 0-128 for IPv6",
+                     id="prefix_too_long_v6"),
+        pytest.param("10.96.0.1/12", "'10.96.0.1/12' has host bits set: the network is 10.96.0.0/12",
+                     id="host_bits_set__rejected_naming_the_network"),
+        pytest.param("x", "'x' is not a CIDR: no /PREFIX-LENGTH", id="not_a_cidr"),
+        pytest.param("10.96.0.0", "no /PREFIX-LENGTH", id="bare_ip__go_parse_cidr_needs_a_prefix"),
+        pytest.param("10.96.0.300/12", "'10.96.0.300' is not an IP address", id="bad_address"),
+        pytest.param("10.96.0.0/255.240.0.0", "the prefix length must be", id="netmask_form__not_go_parse_cidr"),
+    ],
+)
+@pytest.mark.parametrize("field", ["serviceClusterIPRange", "clusterCIDR"])
+def test_bad_cidrs_get_one_line_naming_field_and_value(tmp_path, field, value, message):
+    path = write(tmp_path, f"{field}: {value}\n")
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.build(path, {})
+    assert str(info.value).startswith(f"{path}: {field}: ")
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert "lax-or-strict" not in str(info.value) and "validator" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        pytest.param("10.96.0.0/12", ["10.96.0.0/12"], id="one"),
+        pytest.param("10.96.0.0/12, fd00:10:96::/112", ["10.96.0.0/12", "fd00:10:96::/112"], id="dual_stack_csv"),
+        pytest.param(["10.96.0.0/12"], ["10.96.0.0/12"], id="yaml_list"),
+    ],
+)
+def test_good_cidrs(value, expected):
+    config = cfg.build(None, {"serviceClusterIPRange": value})
+    assert [str(n) for n in config.service_cluster_ip_range] == expected
+
+
+@pytest.mark.parametrize(
+    "body, flags, expected",
+    [
+        pytest.param("", {"healthzBindAddress": "", "metricsBindAddress": ""}, ("", ""),
+                     id="empty_flag_disables__kube_proxy_set_empty_to_disable"),
+        pytest.param("healthzBindAddress: ''\nmetricsBindAddress: ''\n", {}, ("0.0.0.0:10256", "127.0.0.1:10249"),
+                     id="empty_in_file_is_the_default__set_defaults_kube_proxy_configuration"),
+        pytest.param("healthzBindAddress:\n", {}, ("0.0.0.0:10256", "127.0.0.1:10249"), id="null_in_file_is_the_default"),
+        pytest.param("healthzBindAddress: 10.0.0.1:1\n", {"healthzBindAddress": ""}, ("", "127.0.0.1:10249"),
+                     id="empty_flag_overrides_the_file"),
+        pytest.param("bindAddress: '::'\n", {"metricsBindAddress": ""}, ("[::]:10256", ""),
+                     id="empty_flag_wins_over_ipv6_default"),
+    ],
+)
+def test_empty_bind_address_as_kube_proxy(tmp_path, body, flags, expected):
+    config = cfg.build(write(tmp_path, body), flags)
+    assert (config.healthz_bind_address, config.metrics_bind_address) == expected
+
+
+def test_builtin_errors_show_the_bad_value(tmp_path):
+    path = write(tmp_path, "dns:\n  port: 99999\n")
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.build(path, {})
+    assert str(info.value) == f"{path}: dns.port: Input should be less than or equal to 65535 (got 99999)"
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        pytest.param({"serviceNodePortRange": "30000-30100"}, ["serviceNodePortRange"], id="camel_case_not_python"),
+        pytest.param({"serviceClusterIPRange": "10.0.0.0/16"}, ["serviceClusterIPRange"], id="explicit_alias"),
+        pytest.param({"conntrack": {"udpTimeout": "5s"}}, ["conntrack.udpTimeout"], id="section_leaf"),
+        pytest.param({"clientConnection": {"kubeconfig": "/k"}}, ["clientConnection.kubeconfig"], id="nested"),
+        pytest.param({}, [], id="nothing"),
+    ],
+)
+def test_changed_fields_use_the_files_names(change, expected):
+    assert cfg.changed_fields(cfg.build(None, {}), cfg.build(None, change)) == expected

@@ -1,0 +1,90 @@
+"""The operator's surface of a real daemon: kube-proxy's flag forms, a disabled metrics server,
+process metrics without *_created series, and a busy health-check node port retried until it opens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness_daemon import kubeport_bin
+from netns import (
+    CommandFailed,
+    KubeportDaemon,
+    curl_in,
+    run_in,
+    spawn_in,
+    stop_process,
+    wait_until,
+)
+from test_proxy_support import DAEMON_ARGS, endpoint_slice, node, service, write
+
+pytestmark = pytest.mark.integration
+
+METRICS = "127.0.0.1:10249"
+ETP_IP = "10.96.0.60"
+HEALTH_PORT = 30190
+
+
+@pytest.fixture
+def manifests(topology, tmp_path) -> Path:
+    directory = tmp_path / "manifests"
+    directory.mkdir()
+    write(directory, "node", node(topology, "a"))
+    write(directory, "etp",
+          service("etp", [ETP_IP], [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30191}],
+                  type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=HEALTH_PORT),
+          endpoint_slice("etp-1", "etp", [{"name": "http", "port": 8080}], [topology.pod_info("a", 1)]))
+    return directory
+
+
+def daemon(topology, manifests: Path, tmp_path: Path, *extra: str) -> KubeportDaemon:
+    started = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS, *extra)
+    started.wait_ready(timeout=30)
+    return started
+
+
+def test_kube_proxy_flag_forms_and_disabled_metrics_server(topology, manifests, tmp_path):
+    ns = topology.node("a")
+    kp = daemon(topology, manifests, tmp_path, "--v=2", "--conntrack-udp-timeout", "5s",
+                "--conntrack-udp-timeout-stream", "1m", "--metrics-bind-address", "")
+    with pytest.raises(CommandFailed) as refused:
+        curl_in(ns, f"http://{METRICS}/metrics", timeout=2)
+    assert refused.value.returncode == 7  # nothing listens there
+    got = run_in(ns, kubeport_bin(), "get", "svc", "-A", "--server", METRICS, check=False)
+    assert got.returncode == 1
+    assert f"cannot reach the daemon at http://{METRICS}" in got.stderr
+    assert "metrics server disabled" in kp.log_text()
+    assert kp.stop() == 0
+
+
+def test_metrics_have_process_series_and_no_created_series(topology, manifests, tmp_path):
+    daemon(topology, manifests, tmp_path)
+    text = curl_in(topology.node("a"), f"http://{METRICS}/metrics")
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+                 "python_gc_collections_total", "kubeproxy_sync_proxy_rules_duration_seconds_count"):
+        assert f"\n{name}" in text, name
+    assert "_created" not in text
+
+
+def problems(ns: str) -> str:
+    return curl_in(ns, f"http://{METRICS}/api/v1/problems")
+
+
+def test_busy_health_check_node_port_is_retried_until_it_opens(topology, manifests, tmp_path):
+    ns, node_ip = topology.node("a"), topology.node_spec("a").lan_ips[0]
+    blocker = spawn_in(ns, sys.executable, "-I", "-c",
+                       "import socket, sys, time; s = socket.socket(); "
+                       f"s.bind(('0.0.0.0', {HEALTH_PORT})); s.listen(); print('bound', flush=True); time.sleep(120)",
+                       stdout=subprocess.PIPE, text=True)
+    assert blocker.stdout.readline().strip() == "bound"
+    daemon(topology, manifests, tmp_path)
+    failure = f"failed to start healthcheck 'demo/etp' on port {HEALTH_PORT}"
+    wait_until(lambda: failure in problems(ns), 10, message="the busy port among the problems")
+    stop_process(blocker)
+    # Nothing else changes: no new snapshot arrives, only the retry (1 s doubling to 30 s) opens it.
+    wait_until(lambda: curl_in(ns, f"http://{node_ip}:{HEALTH_PORT}/healthz", timeout=2), 40,
+               ignore=(CommandFailed,), message="health-check node port open after the retry")
+    assert '"localEndpoints": 1' in curl_in(ns, f"http://{node_ip}:{HEALTH_PORT}/healthz")
+    assert failure not in problems(ns)

@@ -1,0 +1,70 @@
+"""What an operator sees of the daemon: SIGHUP warnings in the file's names, health-check port
+failures among the problems, process metrics without kube-proxy-foreign *_created series."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import prometheus_client
+import pytest
+from prometheus_client import Counter, generate_latest
+
+from kubeport import config as cfg
+from kubeport.daemon import Daemon, process_registry
+from kubeport.endpoints.types import ServiceName
+from kubeport.proxy.healthcheck import HealthCheckServers
+
+BASE = {"hostnameOverride": "node-a"}
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        pytest.param({"serviceNodePortRange": "30000-30100"}, "serviceNodePortRange", id="camel_case_field"),
+        pytest.param({"conntrack": {"udpTimeout": "5s"}}, "conntrack.udpTimeout", id="section_leaf"),
+        pytest.param({"clusterCIDR": "10.244.0.0/16"}, "clusterCIDR", id="alias_with_acronym"),
+    ],
+)
+async def test_sighup_restart_warning_uses_the_files_field_names(caplog, change, field):
+    daemon = Daemon(cfg.build(None, BASE))
+    with caplog.at_level(logging.WARNING, logger="kubeport.daemon"):
+        await daemon._reload(cfg.build(None, {**BASE, **change}))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"configuration: {field} changed; it takes effect at the next restart"]
+
+
+async def test_health_check_port_failures_are_problems():
+    daemon = Daemon(cfg.build(None, BASE))
+    daemon._healthchecks = HealthCheckServers(lambda: True)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    try:
+        await daemon._healthchecks.sync({port: (ServiceName("default", "web"), 1)}, ["127.0.0.1"])
+    finally:
+        blocker.close()
+    [problem] = daemon.problems()
+    assert problem.startswith(f"proxy: failed to start healthcheck 'default/web' on port {port}: ")
+    assert await daemon._healthchecks.retry_failed() == {}
+    assert daemon.problems() == []
+    await daemon._healthchecks.close()
+
+
+@pytest.fixture
+def no_created_series():
+    prometheus_client.disable_created_metrics()
+    yield
+    prometheus_client.enable_created_metrics()
+
+
+def test_process_metrics_as_kube_proxy_exports_and_no_created_series(no_created_series):
+    registry = process_registry()
+    Counter("kubeproxy_sync_proxy_rules_endpoint_changes", "test", registry=registry).inc()
+    text = generate_latest(registry).decode()
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+                 "process_start_time_seconds", "python_gc_collections_total", "python_info"):
+        assert f"\n{name}" in text, name
+    assert "kubeproxy_sync_proxy_rules_endpoint_changes_total 1.0" in text
+    assert "_created" not in text
