@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 #: -v levels: 0 = INFO (start, sync, changes, errors), 1+ = DEBUG.
 _LEVELS = {0: logging.INFO}
+LIBRARY_DEBUG = 6
 
 
 class JsonFormatter(logging.Formatter):
@@ -35,6 +36,7 @@ def configure_logging(log_format: str = "text", verbosity: int = 0) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS.get(verbosity, logging.DEBUG))
-    # Third-party libraries are quiet unless -v asks for debug.
+    # Third-party libraries are quiet below klog's request-level verbosity (6): kube-proxy
+    # manifests commonly run --v=2 or --v=4, which must not turn on asyncio's or aiohttp's debug.
     for noisy in ("aiohttp.access", "asyncio", "pyroute2"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if verbosity < 2 else logging.DEBUG)
+        logging.getLogger(noisy).setLevel(logging.WARNING if verbosity < LIBRARY_DEBUG else logging.DEBUG)

@@ -374,3 +374,24 @@ def test_trigger_time_annotation_is_read(annotation, expected):
         metadata["annotations"] = {TRIGGER_TIME_ANNOTATION: annotation}
     eps = model.EndpointSlice.model_validate({"metadata": metadata, "addressType": "IPv4", "endpoints": []})
     assert slice_info(eps).trigger_time == expected
+
+
+@pytest.mark.parametrize(
+    ("verbosity", "library_level"),
+    [pytest.param(0, "WARNING", id="default"),
+     pytest.param(4, "WARNING", id="kube_proxy_manifests_v4__libraries_stay_quiet"),
+     pytest.param(6, "DEBUG", id="klog_request_level__libraries_debug")],
+)
+def test_library_debug_only_from_klog_level_6(verbosity, library_level):
+    import logging
+
+    from kubeport.logs import configure_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, logging.getLogger("asyncio").level
+    try:
+        configure_logging("text", verbosity)
+        assert logging.getLevelName(logging.getLogger("asyncio").level) == library_level
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        logging.getLogger("asyncio").setLevel(saved[2])
