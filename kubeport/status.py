@@ -84,8 +84,9 @@ class StatusServer:
 
     async def start(self) -> None:
         healthz = web.Application()
-        healthz.router.add_get("/healthz", self._healthz)
-        healthz.router.add_get("/livez", self._livez)
+        # kube-proxy's handlers answer any method (a load balancer may probe with POST or OPTIONS).
+        healthz.router.add_route("*", "/healthz", self._healthz)
+        healthz.router.add_route("*", "/livez", self._livez)
         healthz.router.add_get("/readyz", self._readyz)
         metrics = web.Application()
         metrics.router.add_get("/metrics", self._metrics)

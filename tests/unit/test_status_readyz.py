@@ -114,3 +114,22 @@ async def test_wildcard_healthz_address_serves_both_families__go_listen_on_0_0_0
                     assert response.status == 200, host
     finally:
         await server.stop()
+
+
+async def test_healthz_and_livez_answer_any_method__as_kube_proxy():
+    class View(FakeView):
+        def proxy_health(self, path):
+            return HealthResponse(200, b"{}")
+
+    port = free_port()
+    server = StatusServer(View(), healthz_bind=f"127.0.0.1:{port}", metrics_bind=f"127.0.0.1:{free_port()}",
+                          registry=CollectorRegistry())
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            for method in ("GET", "HEAD", "POST", "OPTIONS"):
+                for path in ("/healthz", "/livez"):
+                    async with session.request(method, f"http://127.0.0.1:{port}{path}") as response:
+                        assert response.status == 200, (method, path)
+    finally:
+        await server.stop()
