@@ -1,7 +1,9 @@
 """The sans-IO answerer: query bytes -> reply bytes, or a Forward for the shell to resolve.
 
 Cluster answers are encoded once (:mod:`.encode`) and kept per question in an
-:class:`AnswerCache`; a repeated question costs a slice, a dict lookup and the ID patch.
+:class:`~.answer_cache.AnswerCache`; a repeated question costs a slice, a dict lookup and the
+ID patch. Answers with several A/AAAA records turn them per reply (CoreDNS ``loadbalance``,
+:mod:`.rotate`): a splice of the kept bytes.
 Entries remember which services they depend on: an update drops the answers of the
 services that changed plus every "volatile" one (negative answers carry the SOA serial,
 PTR/NS/pod answers span services), so no answer outlives the generation it was built
@@ -14,19 +16,20 @@ import bisect
 import struct
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from functools import partial
+from typing import Callable
 
 from dnslib import RR, DNSRecord
 from dnslib.label import DNSBuffer
 
-from kubeport.endpoints.types import ServiceName
-
+from .answer_cache import AnswerCache, Entry, TurningEntry
 from .config import DnsConfig
 from .encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer, Record
-from .forwarded import ForwardedAnswers, ForwardedReply
-from .lookup import Lookup, Resolution, not_synced, qtype_name, reverse_records, soa_record
+from .forwarded import ForwardedAnswers, ForwardedReply, TurningReply
+from .lookup import Lookup, Resolution, qtype_name, reverse_records, soa_record
 from .names import Zone, classify, reverse_address
 from .records import IndexChange, RecordIndex
+from .rotate import Rotation, address_run, record_ends, relayed_run, rotation
 from .stats import DnsStats
 from .upstream import StoredMessage
 from .wire import (
@@ -50,52 +53,6 @@ from .wire import (
 
 T_AXFR, T_IXFR = 252, 251
 MAX_TCP_MESSAGE = 65535
-
-#: (UDP reply, TCP reply) without the ID, then the stats cells to count a hit in:
-#: requests (udp, qtype), requests (tcp, qtype), responses (rcode)
-Entry = tuple[bytes, bytes, list[int], list[int], list[int]]
-
-
-class AnswerCache:
-    """Encoded answers by cache key, with the services each depends on."""
-
-    __slots__ = ("entries", "capacity", "_volatile", "_by_service")
-
-    def __init__(self, capacity: int):
-        self.entries: dict[bytes, Entry] = {}
-        self.capacity = capacity
-        self._volatile: set[bytes] = set()
-        self._by_service: dict[ServiceName, set[bytes]] = {}
-
-    def put(self, key: bytes, entry: Entry, deps: Iterable[ServiceName] | None) -> None:
-        if len(self.entries) >= self.capacity:
-            self.clear()
-        self.entries[key] = entry
-        if deps is None:
-            self._volatile.add(key)
-        else:
-            for name in deps:
-                self._by_service.setdefault(name, set()).add(key)
-
-    def invalidate(self, services: Iterable[ServiceName]) -> None:
-        """Drop the answers of these services and every volatile answer. Keys may sit in
-        stale sets after a re-put; dropping too much only costs a re-encode."""
-        entries = self.entries
-        for name in services:
-            for key in self._by_service.pop(name, ()):
-                entries.pop(key, None)
-        for key in self._volatile:
-            entries.pop(key, None)
-        self._volatile.clear()
-
-    def clear(self) -> None:
-        self.entries.clear()  # the same dict object: the hot path holds a reference
-        self._volatile.clear()
-        self._by_service.clear()
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
 
 @dataclass(frozen=True, slots=True)
 class Forward:
@@ -129,11 +86,15 @@ class Answerer:
         self.cache = AnswerCache(config.answer_cache_size)
         self.forwarded = ForwardedAnswers(config.cache_size)
         self._entries = self.cache.entries
+        self._turning = self.cache.turning
         self._forwarded = self.forwarded.entries
         self._hits = self.stats.answer_cache_hits_cell
         self._timer = timer
         self._clock = clock
         self._started = 0.0
+        #: the turn of address records in replies built for one query only (CoreDNS
+        #: loadbalance): ExternalName chains completed from upstream, uncached relays
+        self._turns = 0
 
     def answer(self, packet: bytes, tcp: bool = False) -> bytes | Forward | None:
         """The reply to one query (bytes in, bytes out), a Forward, or None (no header:
@@ -159,6 +120,12 @@ class Answerer:
                 reply = self.forwarded.get(key, tcp, self._clock())
                 if reply is not None:
                     return packet[:2] + reply
+            turning = self._turning.get(key)  # after the forwarded: their hits pay nothing for it
+            if turning is not None:
+                self._hits[0] += 1
+                turning[1 + tcp][0] += 1
+                turning[3][0] += 1
+                return packet[:2] + turning[0].reply(tcp)
         if self._timer is not None:
             self._started = self._timer()  # read back by _reply: only built answers are timed
         return self._answer(packet, tcp)
@@ -214,12 +181,9 @@ class Answerer:
             if not records:
                 return Forward(query, tcp, query.labels, qtype)
             return self._reply(query, tcp, Resolution(answer=records, deps=None))
-        if not self.index.synced:
-            result = not_synced()
-        else:
-            lookup = Lookup(self.index, ttl=self.config.ttl, pods=self.config.pods,
-                            local_addresses=self.config.addresses, labels=query.labels, lower=lower)
-            result = lookup.resolve(qtype)
+        lookup = Lookup(self.index, ttl=self.config.ttl, pods=self.config.pods,
+                        local_addresses=self.config.addresses, labels=query.labels, lower=lower)
+        result = lookup.resolve(qtype)
         if result.forward is not None:
             target = tuple(label.encode() for label in result.forward.split(".") if label)
             return Forward(query, tcp, target, qtype, chain=tuple(result.answer))
@@ -227,26 +191,38 @@ class Answerer:
 
     def _reply(self, query: Query, tcp: bool, result: Resolution) -> bytes:
         self.stats.answer_cache_misses += 1
-        udp, full = self._encode(query, result)
+        udp, full, turning = self._encode(query, result)
         rcode = RCODE_NAMES.get(result.rcode, str(result.rcode))
         qtype = qtype_name(query.qtype)
         stats = self.stats
-        entry: Entry = (udp, full, stats.request_cell("udp", qtype), stats.request_cell("tcp", qtype),
-                        stats.response_cell(rcode))
+        cells = (stats.request_cell("udp", qtype), stats.request_cell("tcp", qtype), stats.response_cell(rcode))
+        if turning is None:
+            entry: Entry | TurningEntry = (udp, full, *cells)
+            reply = full if tcp else udp
+        else:
+            entry = (turning, *cells)
+            reply = turning.reply(tcp) if query.cache_key is not None else self._once(turning, tcp)
         if query.cache_key is not None:
             self.cache.put(query.cache_key, entry, result.deps)
         stats.count("tcp" if tcp else "udp", qtype, rcode)
         if self._timer is not None:
             stats.observe(qtype, self._timer() - self._started)
-        return query.id.to_bytes(2, "big") + entry[tcp]
+        return query.id.to_bytes(2, "big") + reply
+
+    def _once(self, turning: Rotation, tcp: bool) -> bytes:
+        """A reply built for one query, turned by the answerer's own count."""
+        turning.turn = self._turns % turning.count
+        self._turns += 1
+        return turning.reply(tcp)
 
     def reply_raw(self, query: Query, tcp: bool, reply: bytes, rcode: int) -> bytes:
         """Count and return a reply built elsewhere (relayed upstream answers, REFUSED...)."""
         self.stats.count("tcp" if tcp else "udp", qtype_name(query.qtype), RCODE_NAMES.get(rcode, str(rcode)))
         return reply
 
-    def _encode(self, query: Query, result: Resolution) -> tuple[bytes, bytes]:
-        """(UDP reply, TCP reply), both without the 2-byte ID."""
+    def _encode(self, query: Query, result: Resolution) -> tuple[bytes, bytes, Rotation | None]:
+        """(UDP reply, TCP reply), both without the 2-byte ID, and their rotation when the
+        answer holds several address records of a type (CoreDNS loadbalance)."""
         flags = reply_flags(query.flags, result.rcode, authoritative=True)
         authority: list[Record] = []
         if result.negative:
@@ -254,27 +230,32 @@ class Answerer:
             authority.append(soa_record(self.index, zone, self.config.ttl))
         sections = (result.answer, authority, result.additional)
         packed, ends = _pack(flags, query, sections)
-        full = self._fit(query, flags, sections, packed, ends, MAX_TCP_MESSAGE)
+        full, full_kept = self._fit(query, flags, sections, packed, ends, MAX_TCP_MESSAGE)
         limit = query.udp_limit()
-        udp = full if len(full) <= limit else self._fit(query, flags, sections, packed, ends, limit)
-        return udp[2:], full[2:]
+        udp, udp_kept = (full, full_kept) if len(full) <= limit else \
+            self._fit(query, flags, sections, packed, ends, limit)
+        run = address_run(packed, ends) if len(result.answer) > 1 else None
+        turning = rotation(run, udp[2:], full[2:], (udp_kept, full_kept), skip=2, message=packed)
+        return udp[2:], full[2:], turning
 
     def _fit(self, query: Query, flags: int, sections: tuple[list[Record], ...], packed: bytes,
-             ends: list[int], limit: int) -> bytes:
+             ends: list[int], limit: int) -> tuple[bytes, int]:
         """The packed message, or if too big the longest prefix of records (answer,
-        authority, additional) that fits, with TC (CoreDNS/miekg Msg.Truncate). Compression
-        pointers only point backwards, so a prefix of a packed message is a valid message."""
+        authority, additional) that fits, with TC (CoreDNS/miekg Msg.Truncate); and how many
+        records it holds. Compression pointers only point backwards, so a prefix of a packed
+        message is a valid message."""
         opt = opt_record(self.config.edns_udp_size, query.edns.do) if query.edns else b""
         budget = limit - len(opt)
+        kept = len(ends) - 1  # ends[0] is the end of the question
         if len(packed) > budget:
-            kept = bisect.bisect_right(ends, budget) - 1  # ends[0] is the end of the question
+            kept = bisect.bisect_right(ends, budget) - 1
             counts = [0, 0, 0]
             remaining = kept
             for position, records in enumerate(sections):
                 counts[position] = min(remaining, len(records))
                 remaining -= counts[position]
             packed = HEADER.pack(0, flags | TC, 1, *counts) + packed[12 : ends[kept]]
-        return with_opt(packed, query, self.config.edns_udp_size) if opt else packed
+        return (with_opt(packed, query, self.config.edns_udp_size) if opt else packed), kept
 
     # --- completing forwards -------------------------------------------------------------
 
@@ -286,7 +267,11 @@ class Answerer:
         if message is None:
             return self.reply_raw(query, forward.tcp, question_reply(
                 query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL)
-        reply, _ = self._relayed(query, message, MAX_TCP_MESSAGE if forward.tcp else query.udp_limit())
+        reply, kept = self._relayed(query, message, MAX_TCP_MESSAGE if forward.tcp else query.udp_limit())
+        # CoreDNS loadbalance sits before forward too: the whole run turns, then the cut
+        turning = rotation(relayed_run(message), reply, reply, (kept, kept), message=message)
+        if turning is not None:
+            reply = self._once(turning, True)
         return self.reply_raw(query, forward.tcp, reply, reply[3] & 0xF)
 
     def relay_stored(self, forward: Forward, stored: StoredMessage, now: float) -> bytes:
@@ -302,9 +287,12 @@ class Answerer:
         qtype, rcode = qtype_name(query.qtype), RCODE_NAMES.get(tcp[3] & 0xF, str(tcp[3] & 0xF))
         stats = self.stats
         body = tcp[2:]
+        udp_body = body if udp == tcp else udp[2:]
+        turning = rotation(relayed_run(stored.message, ttl_offsets), udp_body, body, (udp_records, tcp_records),
+                           skip=2)
         # A trimmed reply holds the first records only: the TTLs past its cut are not in it.
-        entry = ForwardedReply(
-            body if udp == tcp else udp[2:], body, [offset - 2 for offset in ttl_offsets[:tcp_records]],
+        entry = (ForwardedReply if turning is None else partial(TurningReply, turning=turning))(
+            udp_body, body, [offset - 2 for offset in ttl_offsets[:tcp_records]],
             [ttl for _, ttl in stored.ttls[:tcp_records]], udp_records=udp_records, stored=stored.stored,
             expires=stored.expires,
             cells=(stats.request_cell("udp", qtype), stats.request_cell("tcp", qtype), stats.response_cell(rcode),
@@ -329,7 +317,7 @@ class Answerer:
             return with_opt(head + message[4:], query, self.config.edns_udp_size), ancount + nscount + arcount
         if ttl_offsets is None:  # only a reply that needs cutting pays for the walk
             ttl_offsets = [span.ttl_offset for span in walk_message(message)[1]]
-        ends = _record_ends(message, ttl_offsets)
+        ends = record_ends(message, ttl_offsets)
         kept = bisect.bisect_right(ends, limit - opt_size)
         if kept == 0:
             return question_reply(query, flags & 0xF, self.config.edns_udp_size, authoritative=False,
@@ -358,16 +346,11 @@ class Answerer:
                 answer = list(forward.chain or ()) + [_from_dnslib(rr) for rr in upstream.rr]
                 truncated = bool(upstream.header.tc)
         result = Resolution(rcode=NOERROR, answer=answer, negative=not answer, deps=None)
-        udp, full = self._encode(query, result)
-        reply = udp if not forward.tcp else full
+        udp, full, turning = self._encode(query, result)
+        reply = (full if forward.tcp else udp) if turning is None else self._once(turning, forward.tcp)
         if truncated:
             reply = (((reply[0] << 8) | reply[1]) | TC).to_bytes(2, "big") + reply[2:]
         return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR)
-
-
-def _record_ends(message: bytes, ttl_offsets: list[int]) -> list[int]:
-    """Where each record ends, from where its TTL is: TTL (4), RDLENGTH (2), RDATA."""
-    return [offset + 6 + ((message[offset + 4] << 8) | message[offset + 5]) for offset in ttl_offsets]
 
 
 def _pack(flags: int, query: Query, sections: tuple[list[Record], ...]) -> tuple[bytes, list[int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal
 
@@ -31,8 +32,9 @@ class DnsConfig:
     pods: PodsMode = "disabled"
     #: CoreDNS ``endpoint_pod_names``: name endpoints without hostname after their pod.
     endpoint_pod_names: bool = False
-    #: (ip, port) of the upstream resolvers for names outside the cluster zone, tried in
-    #: order (failover). None: the host's /etc/resolv.conf, see :func:`default_upstreams`.
+    #: (ip, port) of the upstream resolvers for names outside the cluster zone, asked in a
+    #: random order per query (CoreDNS forward ``policy random``), those down skipped.
+    #: None: the host's /etc/resolv.conf, see :func:`default_upstreams`.
     upstreams: tuple[Upstream, ...] | None = None
     #: Addresses to listen on, UDP and TCP (already local addresses of the node).
     addresses: tuple[str, ...] = ("10.96.0.10",)
@@ -42,7 +44,8 @@ class DnsConfig:
     tcp_idle_timeout: float = 10.0
     #: Concurrent TCP connections; new ones beyond this are closed at once.
     max_tcp_connections: int = 1000
-    #: Seconds to wait for one upstream before failing over to the next (CoreDNS read_timeout).
+    #: Seconds to wait for one try before asking the next upstream (CoreDNS read_timeout); a
+    #: query is tried again, over every upstream in turn, until 5 s have passed.
     upstream_timeout: float = 2.0
     #: Forwarded queries in flight; beyond this, REFUSED (CoreDNS forward ``max_concurrent``).
     max_concurrent_forwards: int = 1000
@@ -133,13 +136,21 @@ def _port(text: str, whole: str) -> int:
     return int(text)
 
 
-def default_upstreams(resolv_conf_path: str = "/etc/resolv.conf") -> tuple[Upstream, ...]:
-    """The nameservers of a resolv.conf, port 53, skipping loopback stubs.
+#: systemd-resolved's list of the real upstream nameservers, beside its stub's resolv.conf
+#: (what kubeadm gives kubelet as --resolv-conf on such hosts)
+SYSTEMD_RESOLV_CONF = "/run/systemd/resolve/resolv.conf"
+
+
+def default_upstreams(resolv_conf_path: str = "/etc/resolv.conf", *,
+                      stub_fallback: str | None = SYSTEMD_RESOLV_CONF) -> tuple[Upstream, ...]:
+    """The nameservers of a resolv.conf, port 53, skipping loopback stubs (with a warning).
 
     A loopback nameserver (systemd-resolved's 127.0.0.53, a local dnsmasq) would send
     pod queries back to the node's stub, which may forward to us: CoreDNS's famous
-    ``loop`` crash. A missing or unreadable file gives no upstreams (forwarding then
-    answers SERVFAIL), logged once here.
+    ``loop`` crash. When the file names only such stubs, the nameservers of
+    ``stub_fallback`` are used if that file exists (systemd-resolved's upstreams). A
+    missing or unreadable file gives no upstreams (forwarding then answers SERVFAIL),
+    logged here.
     """
     try:
         with open(resolv_conf_path, encoding="utf-8", errors="replace") as handle:
@@ -147,10 +158,22 @@ def default_upstreams(resolv_conf_path: str = "/etc/resolv.conf") -> tuple[Upstr
     except OSError as error:
         log.warning("dns: cannot read %s for upstream nameservers: %s", resolv_conf_path, error)
         return ()
-    return tuple(_nameservers(lines))
+    upstreams, stubs = nameservers(lines)
+    if stubs:
+        log.warning("dns: %s: skipping loopback nameservers %s: pods' queries would loop back to the "
+                    "node's own stub resolver", resolv_conf_path, ", ".join(stubs))
+    if not upstreams and stubs and stub_fallback and stub_fallback != resolv_conf_path:
+        if os.path.exists(stub_fallback):
+            log.warning("dns: %s names only a local stub; using the nameservers of %s", resolv_conf_path,
+                        stub_fallback)
+            return default_upstreams(stub_fallback, stub_fallback=None)
+    return upstreams
 
 
-def _nameservers(lines: Iterable[str]) -> Iterable[Upstream]:
+def nameservers(lines: Iterable[str]) -> tuple[tuple[Upstream, ...], list[str]]:
+    """(usable nameservers, port 53; the loopback/unspecified ones skipped), each once."""
+    found: list[Upstream] = []
+    stubs: list[str] = []
     seen: set[str] = set()
     for line in lines:
         fields = line.split("#", 1)[0].split(";", 1)[0].split()
@@ -161,8 +184,12 @@ def _nameservers(lines: Iterable[str]) -> Iterable[Upstream]:
             ip = ipaddress.ip_address(text)
         except ValueError:
             continue
-        if ip.is_loopback or ip.is_unspecified or str(ip) in seen:
+        if str(ip) in seen:
             continue
         seen.add(str(ip))
-        yield (str(ip), 53)
+        if ip.is_loopback or ip.is_unspecified:
+            stubs.append(str(ip))
+        else:
+            found.append((str(ip), 53))
+    return tuple(found), stubs
 

@@ -8,13 +8,16 @@ repeated forwarded question costs what a cluster answer costs: a dict lookup and
 patch. TTLs are aged like the upstream cache ages them (whole seconds elapsed since the
 answer was stored, RFC 1035 7.3), patched at offsets found once; the aged reply is kept
 until the age changes, so most hits patch nothing. An entry ends when its upstream answer
-does (its lowest TTL).
+does (its lowest TTL). A reply with several A/AAAA records turns them per hit (CoreDNS
+``loadbalance`` sits before ``forward``; :mod:`.rotate`), over the aged bytes.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from typing import Any, Sequence
+
+from .rotate import Rotation
 
 _TTL = struct.Struct("!I")
 
@@ -50,11 +53,32 @@ class ForwardedReply:
         """The reply without ID, TTLs aged to ``now`` (whole seconds since it was stored)."""
         age = int(now - self.stored)
         if age != self.age:
-            self.age = age
-            tcp_aged = _aged(self.tcp, self.offsets, self.ttls, age)
-            self.aged = (tcp_aged if self.udp is self.tcp else _aged(self.udp, self.udp_offsets, self.udp_ttls, age),
-                         tcp_aged)
+            self._age_to(age)
         return self.aged[tcp]
+
+    def _age_to(self, age: int) -> None:
+        self.age = age
+        tcp_aged = _aged(self.tcp, self.offsets, self.ttls, age)
+        self.aged = (tcp_aged if self.udp is self.tcp else _aged(self.udp, self.udp_offsets, self.udp_ttls, age),
+                     tcp_aged)
+
+
+class TurningReply(ForwardedReply):
+    """A reply whose A/AAAA records turn per hit, over the aged bytes (a subclass: the
+    replies that do not turn pay nothing for it)."""
+
+    __slots__ = ("turning",)
+
+    def __init__(self, *args: Any, turning: Rotation, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.turning = turning
+
+    def reply(self, tcp: bool, now: float) -> bytes:
+        age = int(now - self.stored)
+        if age != self.age:
+            self._age_to(age)
+            self.turning = self.turning.over(*self.aged)
+        return self.turning.reply(tcp)
 
 
 def _aged(message: bytes, offsets: tuple[int, ...], ttls: tuple[int, ...], age: int) -> bytes:

@@ -114,7 +114,10 @@ class Lookup:
             else:
                 self._services(base, T_A)  # CoreDNS's fake A lookup: NODATA or NXDOMAIN
         except NoSuchName:
-            result.rcode = NXDOMAIN
+            # Before the first sync a missing name may only be missing from what is known so
+            # far: SERVFAIL (with SOA), while what is known answers (CoreDNS handler.go:
+            # IsNameError && !HasSynced, B.5).
+            result.rcode = NXDOMAIN if self.index.synced else SERVFAIL
             result.answer, result.additional, result.forward = [], [], None
         if not result.answer and result.forward is None:
             result.negative = True
@@ -323,12 +326,6 @@ class Lookup:
         if not records:  # no routable address of ours: still name the zone's server
             records.append(Record(self.qname, T_NS, self.ttl, ((b"ns", b"dns") + self.zone,)))
         return records, extra
-
-
-def not_synced() -> Resolution:
-    """Before the first synced snapshot nothing in the zone is known: SERVFAIL + SOA
-    (never an empty answer from an empty index)."""
-    return Resolution(rcode=SERVFAIL, negative=True, deps=None)
 
 
 def reverse_records(index: RecordIndex, qname: tuple[bytes, ...], address: str, ttl: int) -> list[Record]:

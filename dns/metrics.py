@@ -60,6 +60,10 @@ METRICS: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
     "coredns_forward_max_concurrent_rejects": (
         CounterMetricFamily, "Counter of the number of queries rejected because the concurrent queries were at "
         "maximum.", ()),
+    "coredns_forward_healthcheck_failures": (CounterMetricFamily, "Counter of the number of failed healthchecks.",
+                                             ("to",)),
+    "coredns_forward_healthcheck_broken": (
+        CounterMetricFamily, "Counter of the number of complete failures of the healthchecks.", ()),
     "kubeport_dns_forward_timeouts": (
         CounterMetricFamily, "Queries to an upstream that got no answer in time (the next upstream is tried).",
         ("to",)),
@@ -176,4 +180,7 @@ def _add_forward(families: dict[str, Any], stats: DnsStats) -> None:
         families["coredns_forward_responses"].add_metric([to, rcode], count)
     for to, count in sorted(stats.forward_timeouts.items()):
         families["kubeport_dns_forward_timeouts"].add_metric([to], count)
+    for to, count in sorted(stats.forward_healthcheck_failures.items()):
+        families["coredns_forward_healthcheck_failures"].add_metric([to], count)
+    families["coredns_forward_healthcheck_broken"].add_metric([], stats.forward_healthcheck_broken)
     families["coredns_forward_max_concurrent_rejects"].add_metric([], stats.forward_refused)

@@ -60,10 +60,14 @@ class DnsServer:
         looping = [u for u in upstreams if u in own]
         if looping:
             log.warning("dns: ignoring upstreams %s: they are this server (a forwarding loop)", looping)
+        remaining = tuple(u for u in upstreams if u not in own)
+        if not remaining:
+            log.warning("dns: no upstream resolver: every name outside %s (and unknown reverse names) "
+                        "will be answered SERVFAIL; set dns.upstreams (--upstream)", config.zone)
         cache = UpstreamCache(config.cache_size, config.cache_max_ttl, config.cache_max_negative_ttl)
-        return Forwarder(tuple(u for u in upstreams if u not in own), timeout=config.upstream_timeout,
-                         cache=cache, stats=self.stats, max_concurrent=config.max_concurrent_forwards,
-                         udp_size=config.edns_udp_size)
+        return Forwarder(remaining, timeout=config.upstream_timeout, cache=cache, stats=self.stats,
+                         max_concurrent=config.max_concurrent_forwards, udp_size=config.edns_udp_size,
+                         clock=self._monotonic)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -81,6 +85,8 @@ class DnsServer:
             except BaseException:
                 await self.stop()
                 raise
+        if self.forwarder.closed:  # stopped before (a rebind, a failed bind)
+            self.forwarder = self._make_forwarder(self.config)
         log.info("dns: listening on %s port %d (udp, tcp)", ", ".join(self.config.addresses), self.port)
 
     async def _bind_all(self) -> None:
@@ -117,6 +123,7 @@ class DnsServer:
         self._tcp.clear()
         self._udp.clear()
         self.forwarder.close()
+        await self.forwarder.wait_closed()
 
     # --- data -----------------------------------------------------------------------
 
@@ -142,6 +149,7 @@ class DnsServer:
             await self.stop()
         if _forwarding(config) != _forwarding(self.config):
             self.forwarder.close()
+            await self.forwarder.wait_closed()
             self.forwarder = self._make_forwarder(config)
         self._reconfigure_data(config)
         if rebind:
@@ -182,7 +190,7 @@ class DnsServer:
     async def _resolve(self, forward: Forward, send: Send, key: bytes, *, do: bool, cd: bool,
                        started: float) -> None:
         try:
-            message = await self.forwarder.resolve(forward.question, do=do, cd=cd, now=started)
+            message = await self.forwarder.resolve(forward.question, do=do, cd=cd, tcp=forward.tcp)
         except Exception:  # a bug must cost one SERVFAIL, not the client's silence
             log.exception("dns: forwarding %s failed", forward.labels)
             message = None

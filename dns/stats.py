@@ -51,6 +51,11 @@ class DnsStats:
     forward_responses: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: upstream queries without an answer in time (per attempt)
     forward_timeouts: Counter[str] = field(default_factory=Counter)
+    #: failed health checks per upstream: coredns_forward_healthcheck_failures_total{to}
+    forward_healthcheck_failures: Counter[str] = field(default_factory=Counter)
+    #: queries sent to an upstream while every one was down:
+    #: coredns_forward_healthcheck_broken_total
+    forward_healthcheck_broken: int = 0
     #: forwarded queries refused over max_concurrent_forwards:
     #: coredns_forward_max_concurrent_rejects_total
     forward_refused: int = 0

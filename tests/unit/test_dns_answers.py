@@ -401,10 +401,32 @@ def test_axfr_is_refused__b4(answerer: Answerer) -> None:
     assert reply.rcode == "REFUSED"
 
 
-@pytest.mark.parametrize("name", [f"svc1.{S}", f"nope.{S}", "dns-version.cluster.local.", "cluster.local."])
-def test_servfail_with_soa_until_first_sync__b5(name: str) -> None:
-    reply = read_reply(make_answerer(synced=False).answer(question(name, "A")))
-    assert (reply.rcode, reply.answer, reply.authority) == ("SERVFAIL", (), (SOA,))
+@pytest.mark.parametrize("name, qtype, rcode, answer", [
+    pytest.param(f"svc1.{S}", "A", "NOERROR", (f"svc1.{S} 5 IN A 10.96.0.11",), id="known_service_answers__b5"),
+    pytest.param(f"pet-0.hdls1.{S}", "A", "NOERROR", (f"pet-0.hdls1.{S} 5 IN A 172.0.0.2",),
+                 id="known_endpoint_answers__b5"),
+    pytest.param("dns-version.cluster.local.", "TXT", "NOERROR", ('dns-version.cluster.local. 28800 IN TXT "1.1.0"',),
+                 id="dns_version_answers__b5"),
+    pytest.param(f"nope.{S}", "A", "SERVFAIL", (), id="would_be_nxdomain_is_servfail__b5"),
+    pytest.param("web.nons.svc.cluster.local.", "A", "SERVFAIL", (), id="unknown_namespace_is_servfail__b5"),
+    pytest.param(f"hdlsempty.{S}", "A", "SERVFAIL", (), id="headless_without_endpoints_is_servfail__b5"),
+    pytest.param("dns-version.cluster.local.", "A", "SERVFAIL", (), id="bad_name_is_servfail__b5"),
+    pytest.param("cluster.local.", "A", "NOERROR", (), id="nodata_stays_nodata__b5"),
+    pytest.param(f"svc1.{S}", "AAAA", "NOERROR", (), id="other_family_stays_nodata__b5"),
+])
+def test_before_first_sync_only_would_be_nxdomain_is_servfail__b5(name: str, qtype: str, rcode: str,
+                                                                   answer: tuple[str, ...]) -> None:
+    """CoreDNS handler.go answers what its informers hold before they sync and turns only
+    a name error into SERVFAIL (with the SOA)."""
+    reply = read_reply(make_answerer(synced=False).answer(question(name, qtype)))
+    assert (reply.rcode, reply.answer, reply.authority) == (rcode, answer, () if answer else (SOA,))
+
+
+def test_first_sync_drops_the_answers_given_before_it__b5() -> None:
+    answerer = make_answerer(synced=False)
+    assert read_reply(answerer.answer(question(f"nope.{S}"))).rcode == "SERVFAIL"
+    answerer.invalidate(answerer.index.apply(snapshot_of(CLUSTER), None, now=SERIAL + 1))
+    assert read_reply(answerer.answer(question(f"nope.{S}"))).rcode == "NXDOMAIN"
 
 
 def test_names_outside_the_zone_are_forwarded(answerer: Answerer) -> None:

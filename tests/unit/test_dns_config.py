@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from kubeport.dns.config import DnsConfig, DnsConfigError, default_upstreams, parse_upstream
@@ -67,3 +69,34 @@ def test_default_upstreams_skip_loopback_stubs(tmp_path) -> None:
 
 def test_default_upstreams_without_resolv_conf(tmp_path) -> None:
     assert default_upstreams(str(tmp_path / "missing")) == ()
+
+
+def test_skipped_loopback_nameservers_are_named_in_a_warning(tmp_path, caplog) -> None:
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.53\nnameserver 10.0.0.2\n")
+    with caplog.at_level(logging.WARNING, logger="kubeport.dns.config"):
+        assert default_upstreams(str(resolv), stub_fallback=None) == (("10.0.0.2", 53),)
+    assert "127.0.0.53" in caplog.text and str(resolv) in caplog.text
+
+
+STUB_ONLY = "nameserver 127.0.0.53\noptions edns0 trust-ad\nsearch .\n"
+
+
+@pytest.mark.parametrize("resolv, systemd, upstreams", [
+    # systemd-resolved: /etc/resolv.conf names only its stub; the real servers are in
+    # /run/systemd/resolve/resolv.conf (kubeadm points kubelet's --resolv-conf there)
+    pytest.param(STUB_ONLY, "nameserver 192.168.1.1\nnameserver 192.168.1.2\n",
+                 (("192.168.1.1", 53), ("192.168.1.2", 53)), id="stub_only_falls_back_to_systemd_list__coredns2087"),
+    pytest.param(STUB_ONLY, None, (), id="no_fallback_when_the_systemd_list_is_missing"),
+    pytest.param("nameserver 127.0.0.53\nnameserver 10.0.0.2\n", "nameserver 192.168.1.1\n", (("10.0.0.2", 53),),
+                 id="no_fallback_when_a_real_nameserver_remains"),
+    pytest.param(STUB_ONLY, "nameserver 127.0.0.53\n", (), id="fallback_skips_loopback_too"),
+])
+def test_stub_only_resolv_conf_falls_back_to_the_systemd_resolved_list(tmp_path, resolv: str, systemd: str | None,
+                                                                       upstreams: tuple) -> None:
+    etc = tmp_path / "etc-resolv.conf"
+    etc.write_text(resolv)
+    fallback = tmp_path / "run-systemd-resolve-resolv.conf"
+    if systemd is not None:
+        fallback.write_text(systemd)
+    assert default_upstreams(str(etc), stub_fallback=str(fallback)) == upstreams

@@ -1,0 +1,71 @@
+"""Encoded cluster answers by query key, with the services each depends on. Pure.
+
+Two dicts under one capacity: ``entries`` holds replies served as they are (the ID patched
+in), ``turning`` those whose address records turn per reply (:mod:`.rotate`). The hot path
+looks in ``entries`` first, so a one-address answer costs exactly what it did before
+rotation existed; only a multi-address answer pays a second lookup and a splice.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Union
+
+from kubeport.endpoints.types import ServiceName
+
+from .rotate import Rotation
+
+#: (UDP reply, TCP reply) without the ID, then the stats cells to count a hit in:
+#: requests (udp, qtype), requests (tcp, qtype), responses (rcode)
+Entry = tuple[bytes, bytes, list[int], list[int], list[int]]
+#: the reply's two variants turning, then the same cells
+TurningEntry = tuple[Rotation, list[int], list[int], list[int]]
+
+
+class AnswerCache:
+    """Encoded answers by cache key, with the services each depends on."""
+
+    __slots__ = ("entries", "turning", "capacity", "_volatile", "_by_service")
+
+    def __init__(self, capacity: int):
+        self.entries: dict[bytes, Entry] = {}
+        self.turning: dict[bytes, TurningEntry] = {}
+        self.capacity = capacity
+        self._volatile: set[bytes] = set()
+        self._by_service: dict[ServiceName, set[bytes]] = {}
+
+    def put(self, key: bytes, entry: Union[Entry, TurningEntry], deps: Iterable[ServiceName] | None) -> None:
+        if len(self) >= self.capacity:
+            self.clear()
+        if entry[0].__class__ is Rotation:
+            self.entries.pop(key, None)
+            self.turning[key] = entry  # type: ignore[assignment]
+        else:
+            self.turning.pop(key, None)
+            self.entries[key] = entry  # type: ignore[assignment]
+        if deps is None:
+            self._volatile.add(key)
+        else:
+            for name in deps:
+                self._by_service.setdefault(name, set()).add(key)
+
+    def invalidate(self, services: Iterable[ServiceName]) -> None:
+        """Drop the answers of these services and every volatile answer. Keys may sit in
+        stale sets after a re-put; dropping too much only costs a re-encode."""
+        entries, turning = self.entries, self.turning
+        for name in services:
+            for key in self._by_service.pop(name, ()):
+                entries.pop(key, None)
+                turning.pop(key, None)
+        for key in self._volatile:
+            entries.pop(key, None)
+            turning.pop(key, None)
+        self._volatile.clear()
+
+    def clear(self) -> None:
+        self.entries.clear()  # the same dict objects: the hot path holds references
+        self.turning.clear()
+        self._volatile.clear()
+        self._by_service.clear()
+
+    def __len__(self) -> int:
+        return len(self.entries) + len(self.turning)
