@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import importlib
 import importlib.util
 import logging
@@ -126,6 +127,11 @@ class Credentials:
         self._loader = kubeconfig_loader
         self._incluster = incluster_loader
         self._loaded_at = time.monotonic()
+        self._tls_files = self._read_tls_files()
+        #: Bumped when a client certificate, key or CA file changed (rotated in place, as the
+        #: kubelet's certificate manager does, or rewritten by an exec plugin): the TLS
+        #: context must be built again. client-go: transport/cert_rotation.go.
+        self.tls_generation = 0
 
     @classmethod
     async def from_kubeconfig(cls, path: Path, context: str | None = None) -> "Credentials":
@@ -191,6 +197,25 @@ class Credentials:
             await self._loader.load_and_set(self.configuration)
         except Exception as exc:
             log.warning("%s: reloading credentials failed: %s", self.source, exc)
+        tls_files = self._read_tls_files()
+        if tls_files != self._tls_files:
+            self._tls_files = tls_files
+            self.tls_generation += 1
+            log.info("%s: the client certificate or CA changed; reconnecting with it", self.source)
+
+    def _read_tls_files(self) -> tuple[tuple[str, str], ...]:
+        """(path, digest of the contents) of the certificate, key and CA files: a file
+        rewritten in place keeps its path (and may keep its mtime), so the contents decide."""
+        configuration = self.configuration
+        files = []
+        for path in (configuration.cert_file, configuration.key_file, configuration.ssl_ca_cert):
+            if path:
+                try:
+                    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                except OSError as exc:
+                    digest = f"unreadable: {exc.strerror}"
+                files.append((str(path), digest))
+        return tuple(files)
 
 
 class ApiConnection:
@@ -202,13 +227,20 @@ class ApiConnection:
         self._connect_timeout = connect_timeout
         self._list_timeout = list_timeout
         self._rest: "RESTClientObject | None" = None
+        self._tls_generation = -1
 
     async def open(self) -> None:
+        """Build the session (the TLS context from the certificate files) if there is none,
+        or again when the credentials' files changed since it was built."""
+        if self._rest is not None and self._tls_generation != self.credentials.tls_generation:
+            await self.close()  # open streams end and resume from their resourceVersion
         if self._rest is None:
+            generation = self.credentials.tls_generation
             try:
                 self._rest = auth_modules().RESTClientObject(self.credentials.configuration)
-            except (OSError, ValueError) as exc:  # unreadable CA or client certificate
+            except (OSError, ValueError) as exc:  # unreadable CA, or a key not matching the certificate
                 raise ApiServerConfigError(f"{self.credentials.source}: TLS set-up: {exc}") from exc
+            self._tls_generation = generation
 
     async def close(self) -> None:
         if self._rest is not None:
@@ -223,7 +255,8 @@ class ApiConnection:
 
     def stream(self, path: str, params: Mapping[str, str], *, verb: str
                ) -> "contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]":
-        """A watch response whose body is read as it arrives (the caller detects stalls)."""
+        """A watch response whose body is read as it arrives. No overall timeout: the
+        caller bounds the wait for the response and for each read (its stall timeout)."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout)
         return self._request(path, params, verb=verb, timeout=timeout)
 
@@ -253,13 +286,9 @@ class ApiConnection:
         body = await response.read()
         status = parse_status(body) if body else None
         if response.status == 401:
-            configuration = self.credentials.configuration
-            client_certificate = (configuration.cert_file, configuration.key_file)
+            # Whatever was cached is stale; a rotated client certificate gets a new session
+            # at the next request (open()).
             await self.credentials.reload()
-            if (configuration.cert_file, configuration.key_file) != client_certificate:
-                # A rotated client certificate (exec plugin) needs a new TLS context; open
-                # streams end and resume from their resourceVersion.
-                await self.close()
         return ApiStatusError(response.status, status, retry_after=_retry_after(response, status),
                               verb=verb, path=path)
 

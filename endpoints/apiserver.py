@@ -30,7 +30,8 @@ from prometheus_client.registry import Collector
 
 from .apiclient import DEFAULT_SERVICE_ACCOUNT_DIR, ApiConnection, ApiServerConfigError, Credentials
 from .backoff import BackoffPolicy
-from .informer import Informer, Sink
+from .informer import Informer
+from .reflector import Sink
 from .resources import Resource, ResourceStats, watched_resources
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,10 @@ class ApiServerSource:
         :param in_cluster: use the pod's service account (``service_account_dir`` and the
             KUBERNETES_SERVICE_HOST/PORT variables of ``environ``) instead.
         :param node_name: this node: the only Node watched.
-        :param stall_timeout: seconds without a byte on a watch before it is reopened; the
-            API server's watch cache sends a bookmark about every minute on a quiet watch
-            (with ``--watch-cache=false`` quiet watches are simply reopened, from their RV).
+        :param stall_timeout: seconds without a response, then without a byte, on a watch
+            before it is reopened; the API server's watch cache sends a bookmark about every
+            minute on a quiet watch (with ``--watch-cache=false`` quiet watches are simply
+            reopened, from their RV).
         :param page_size: objects per list page (``limit``); 0 lists in one response.
         :param watch_list: try the streaming list (sendInitialEvents) first.
         :param backoff: retry delays; ``sleep``, ``rand`` and ``clock`` are injectable for tests.

@@ -167,6 +167,26 @@ def parse_status(body: bytes) -> Status | None:
     return status
 
 
+#: metav1.CauseTypeResourceVersionTooLarge, and the message older servers send instead.
+CAUSE_RESOURCE_VERSION_TOO_LARGE = "ResourceVersionTooLarge"
+TOO_LARGE_RESOURCE_VERSION = "Too large resource version"
+
+
+def is_too_large_resource_version(code: int, status: Status | None) -> bool:
+    """The held resourceVersion is newer than anything the server has (etcd restored from a
+    backup, a lagging watch cache): client-go's ``isTooLargeResourceVersionError``. The cause
+    is checked whatever the code; the messages only on a 504 Timeout, as client-go does."""
+    if status is None:
+        return False
+    causes = status.details.causes if status.details is not None else []
+    if any(cause.reason == CAUSE_RESOURCE_VERSION_TOO_LARGE for cause in causes):
+        return True
+    if code != 504 and status.reason != "Timeout":
+        return False
+    return (any(cause.message == TOO_LARGE_RESOURCE_VERSION for cause in causes)
+            or TOO_LARGE_RESOURCE_VERSION in status.message)
+
+
 class WireParser:
     """Parses one kind's list responses and watch events."""
 

@@ -3,8 +3,8 @@
 client-go's Reflector (``tools/cache/reflector.go``), for asyncio:
 
 - The first list and every relist are a *replace*: every listed object is upserted as it
-  arrives (page by page: memory stays flat) and, at the end, every held object no longer
-  listed is deleted. ClusterState compares slim forms, so a relist after ``410 Gone``
+  arrives (page by page when paged) and, at the end, every held object no longer listed
+  is deleted. ClusterState compares slim forms, so a relist after ``410 Gone``
   changes nothing that did not change.
 - Streaming list (KEP-3157 watch-list: ``sendInitialEvents=true``,
   ``resourceVersionMatch=NotOlderThan``, ``allowWatchBookmarks``) when the server has it:
@@ -13,27 +13,42 @@ client-go's Reflector (``tools/cache/reflector.go``), for asyncio:
   without the WatchList feature) gets a paged list (``limit``/``continue``) plus a watch.
 - A watch resumes from the last resourceVersion seen (events and bookmarks) after a
   clean end, a cut or a stall, so nothing is lost and nothing applied twice. ``410``
-  (an ERROR event or the HTTP status) means that version is gone: relist.
-- Errors back off (capped exponential with jitter); ``429`` waits for Retry-After.
-  A stream silent for ``stall_timeout`` (a healthy watch gets a bookmark about once a
-  minute) is closed and reopened.
+  (an ERROR event or the HTTP status) means that version is gone, a "Too large resource
+  version" that it is not there yet: relist. Which version a list asks for, and what an
+  error status means, are client-go's rules, in :mod:`.reflector`.
+- Every retry backs off (capped exponential with jitter), relists after 410 too;
+  Retry-After is a floor on the delay. A watch whose response or next byte does not come
+  within ``stall_timeout`` (a healthy watch gets a bookmark about once a minute) is given
+  up and reopened.
 - Changes are committed once per batch: after all the events that arrived together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Awaitable, Callable
 
 import aiohttp
 
-from .apiclient import ApiConnection, ApiStatusError
+from .apiclient import ApiConnection, ApiServerConfigError, ApiStatusError
 from .apiwire import Applied, Bookmarked, Deleted, ObjectKey, Rejected, WatchFailed, WireError, WireParser
 from .backoff import BackoffPolicy
+from .reflector import (
+    Listing,
+    Relist,
+    Restart,
+    Sink,
+    list_params,
+    list_resource_version,
+    page_limit,
+    react,
+    version_unavailable,
+    watch_list_resource_version,
+)
 from .model import KubeObject
 from .resources import Resource, ResourceStats
 
@@ -46,37 +61,6 @@ WATCH_TIMEOUT_RANGE = (300, 600)
 SHORT_WATCH_SECONDS = 1.0
 #: Failures of one request that a retry may cure.
 TRANSIENT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError, WireError)
-
-
-class Sink(Protocol):
-    """What the informer writes to (ClusterState)."""
-
-    def upsert(self, obj: KubeObject) -> None: ...
-    def delete(self, kind: str, namespace: str, name: str) -> None: ...
-    def keys(self, kind: str) -> set[tuple[str, str]]: ...
-    def mark_synced(self, kind: str) -> None: ...
-    def commit(self) -> Any: ...
-
-
-@dataclass
-class _Listing:
-    """What a list or a watch-list's initial events delivered so far. Objects are applied as
-    they arrive (newer states, never older); what vanished is deleted at the end."""
-
-    seen: set[ObjectKey] = field(default_factory=set)
-    problems: dict[ObjectKey, str] = field(default_factory=dict)
-
-
-class _Relist(Exception):
-    """The held resourceVersion is gone (410): list again."""
-
-
-class _Restart(Exception):
-    """The watch stream ended abnormally; ``reason`` names how (cut, stall)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 class Informer:
@@ -110,8 +94,11 @@ class Informer:
         self._rand = rand
         self._clock = clock
         self._parser = WireParser(resource.kind, resource.model)
-        self._rv: str | None = None  # None: a (re)list is due
-        self._initial: _Listing | None = None  # a watch-list's initial events so far
+        self._rv = ""  # the last resourceVersion seen: of a list, an event or a bookmark
+        self._list_due = True
+        #: client-go's isLastSyncResourceVersionUnavailable: list from etcd (RV "") next.
+        self._rv_unavailable = False
+        self._initial: Listing | None = None  # a watch-list's initial events so far
         self._failures = 0
 
     async def run(self) -> None:
@@ -119,18 +106,23 @@ class Informer:
         while True:
             delay = 0.0
             try:
-                if self._rv is None:
+                if self._list_due:
                     await self._list_and_watch()
                 else:
                     await self._stream(initial=False)
                 self._failures = 0  # a clean end: the server's timeoutSeconds
-            except _Relist:
-                self._rv = None
-            except _Restart as exc:
+            except Relist as exc:
+                self._relist(unavailable=exc.unavailable)
+                delay = self._next_delay(None)
+            except Restart as exc:
                 log.info("%s watch %s; resuming from resourceVersion %s", self.resource.plural, exc, self._rv)
                 delay = self._next_delay(None)
             except ApiStatusError as exc:
                 delay = self._failed(exc)
+            except ApiServerConfigError as exc:  # no new session (a certificate rotated half-way)
+                self.stats.failures["config"] += 1
+                self._on_problem(self.resource.kind, f"{self.resource.kind}: {exc}")
+                delay = self._next_delay(None)
             except TRANSIENT_ERRORS as exc:
                 log.warning("%s: %s: %s", self.resource.plural, type(exc).__name__, exc)
                 self.stats.failures[type(exc).__name__] += 1
@@ -139,7 +131,7 @@ class Informer:
                 # A bug must not end the node's data plane: keep serving, relist later.
                 log.exception("%s: unexpected error; relisting after a pause", self.resource.plural)
                 self.stats.failures["internal"] += 1
-                self._rv = None
+                self._list_due = True
                 delay = self._next_delay(None)
             if delay > 0:
                 await self._sleep(delay)
@@ -152,31 +144,40 @@ class Informer:
                 await self._stream(initial=True)
                 return
             except ApiStatusError as exc:
-                if exc.code not in (400, 422):
+                if exc.code in (400, 422):
+                    log.info("%s: the server rejects streaming lists (%s); using list + watch",
+                             self.resource.plural, exc.message or exc.code)
+                    self.stats.watch_list = False
+                elif version_unavailable(exc.code, exc.status):
+                    # client-go: mark the version unavailable, a plain list this round.
+                    self.stats.failures[str(exc.code)] += 1
+                    self._rv_unavailable = True
+                else:
                     raise
-                log.info("%s: the server rejects streaming lists (%s); using list + watch",
-                         self.resource.plural, exc.message or exc.code)
-                self.stats.watch_list = False
         await self._paged_list()
         await self._stream(initial=False)
 
     async def _paged_list(self) -> None:
-        listing = _Listing()
+        listing = Listing()
         token: str | None = None
-        limit = self._page_size
+        rv = list_resource_version(self._rv, self._rv_unavailable)
+        limit = page_limit(rv, self._page_size)
         while True:
-            params = self._selector()
-            if limit:
-                params["limit"] = str(limit)
-            if token:
-                params["continue"] = token
+            params = list_params(self._selector(), resource_version=rv, limit=limit, continue_token=token)
             try:
                 body = await self._conn.get_bytes(self.resource.path, params, verb="list")
             except ApiStatusError as exc:
-                if exc.code != 410 or not token:
+                if token and exc.code == 410:
+                    # The continue token expired mid-list: client-go's FullListIfExpired.
+                    listing, token, limit = Listing(), None, 0
+                elif rv and version_unavailable(exc.code, exc.status):
+                    # client-go lists again at once, from etcd: resourceVersion "".
+                    log.info("%s: list at resourceVersion %s: %s; listing the latest", self.resource.plural, rv, exc)
+                    self.stats.failures[str(exc.code)] += 1
+                    self._rv_unavailable = True
+                    listing, token, rv, limit = Listing(), None, "", self._page_size
+                else:
                     raise
-                # The continue token expired mid-list: client-go's FullListIfExpired.
-                listing, token, limit = _Listing(), None, 0
                 continue
             page = self._parser.list_page(body)
             for obj in page.items:
@@ -187,7 +188,7 @@ class Informer:
                 self._finish_list(listing, page.resource_version)
                 return
 
-    def _apply(self, listing: _Listing, obj: KubeObject, key: ObjectKey) -> None:
+    def _apply(self, listing: Listing, obj: KubeObject, key: ObjectKey) -> None:
         problem = self._upsert(obj, key)
         if problem is None:
             listing.seen.add(key)
@@ -205,7 +206,7 @@ class Informer:
             return problem
         return None
 
-    def _finish_list(self, listing: _Listing, resource_version: str) -> None:
+    def _finish_list(self, listing: Listing, resource_version: str) -> None:
         kind = self.resource.kind
         present = listing.seen | set(listing.problems)  # invalid but present: keep the last good version
         for namespace, name in self._sink.keys(kind) - present:
@@ -215,6 +216,7 @@ class Informer:
             log.warning("%s (keeping the last good version)", problem)
         self._sink.mark_synced(kind)
         self._sink.commit()
+        self._list_due = self._rv_unavailable = False
         stats = self.stats
         stats.relists += stats.lists > 0
         stats.lists += 1
@@ -231,22 +233,21 @@ class Informer:
         params.update(watch="true", allowWatchBookmarks="true", timeoutSeconds=str(int(low + self._rand() * (high - low))))
         if initial:
             params.update(sendInitialEvents="true", resourceVersionMatch="NotOlderThan")
-        elif self._rv:
-            params["resourceVersion"] = self._rv
-        async with self._conn.stream(self.resource.path, params, verb="watch") as response:
+        rv = watch_list_resource_version(self._rv, self._rv_unavailable) if initial else self._rv
+        if rv:
+            params["resourceVersion"] = rv
+        async with contextlib.AsyncExitStack() as stack:
+            response = await self._open_watch(stack, params)
             self.stats.watches += 1
             if initial:
                 self.stats.watch_list = True
             self._on_problem(self.resource.kind, None)
-            self._initial = _Listing() if initial else None
+            self._initial = Listing() if initial else None
             opened = time.monotonic()
             reason: str | None = "timeout"
             try:
                 await self._consume(response)
-            except _Relist:
-                reason = "expired"
-                raise
-            except _Restart as exc:
+            except (Relist, Restart) as exc:
                 reason = exc.reason
                 raise
             except asyncio.CancelledError:
@@ -258,10 +259,27 @@ class Informer:
             finally:
                 self._initial = None
                 if reason is not None:
-                    self.stats.watch_restarts += 1
-                    self.stats.restart_reasons[reason] += 1
+                    self._count_restart(reason)
                 if time.monotonic() - opened >= self._backoff.reset_after:
                     self._failures = 0  # a long healthy stream: back off afresh next time
+
+    async def _open_watch(self, stack: contextlib.AsyncExitStack, params: dict[str, str]) -> aiohttp.ClientResponse:
+        """The watch response. Its headers are waited for no longer than any later read: a
+        load balancer that took the connection for a hung server would hold it forever."""
+        timer = asyncio.timeout(self._stall_timeout)
+        try:
+            async with timer:
+                return await stack.enter_async_context(
+                    self._conn.stream(self.resource.path, params, verb="watch"))
+        except TimeoutError:
+            if not timer.expired():
+                raise  # the connect timeout: a connection failure, not a stall
+            self._count_restart("stall")
+            raise Restart("stall", f"no response for {self._stall_timeout:g}s") from None
+
+    def _count_restart(self, reason: str) -> None:
+        self.stats.watch_restarts += 1
+        self.stats.restart_reasons[reason] += 1
 
     async def _consume(self, response: aiohttp.ClientResponse) -> None:
         pending = b""
@@ -275,16 +293,16 @@ class Informer:
             except TimeoutError:
                 if self._initial is not None:
                     self.stats.watch_list = False  # no end bookmark is coming: fall back
-                raise _Restart("stall", f"no data for {self._stall_timeout:g}s") from None
+                raise Restart("stall", f"no data for {self._stall_timeout:g}s") from None
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
-                raise _Restart("cut", str(exc) or type(exc).__name__) from None
+                raise Restart("cut", str(exc) or type(exc).__name__) from None
             if not chunk:
                 if pending.strip():
-                    raise _Restart("cut", "the stream ended mid-event")
+                    raise Restart("cut", "the stream ended mid-event")
                 if self._initial is not None:
-                    raise _Restart("cut", "the stream ended before the initial events did")
+                    raise Restart("cut", "the stream ended before the initial events did")
                 if not received and time.monotonic() - opened < SHORT_WATCH_SECONDS:
-                    raise _Restart("short", "a very short watch, ended with no event")
+                    raise Restart("short", "a very short watch, ended with no event")
                 return
             if b"\n" not in chunk:
                 pending += chunk
@@ -315,10 +333,13 @@ class Informer:
             return False
         if isinstance(event, WatchFailed):
             stats.events["ERROR"] += 1
-            if event.status.code == 410:
+            code = event.status.code
+            if version_unavailable(code, event.status):
                 log.info("%s watch: %s; relisting", self.resource.plural, event.status.message)
-                raise _Relist()
-            raise ApiStatusError(event.status.code, event.status, verb="watch", path=self.resource.path)
+                # A version gone while the initial events were still coming: not "at" it either.
+                raise Relist("expired" if code == 410 else "too_large",
+                             unavailable=code != 410 or self._initial is not None)
+            raise ApiStatusError(code, event.status, verb="watch", path=self.resource.path)
         stats.events["DELETED" if isinstance(event, Deleted) else event.type] += 1
         stats.last_event = self._clock()
         if isinstance(event, Rejected):
@@ -348,18 +369,19 @@ class Informer:
     def _failed(self, exc: ApiStatusError) -> float:
         """React to an error status; the delay before the next attempt."""
         self.stats.failures[str(exc.code)] += 1
-        if exc.code == 410:
-            self._rv = None  # that resourceVersion is gone: relist at once
-            return 0.0
-        if exc.code in (401, 403, 404):
+        reaction = react(exc.code, exc.status, verb=exc.verb, retry_after=exc.retry_after)
+        if reaction.problem:
             self._on_problem(self.resource.kind, self.resource.forbidden_problem(exc))
         elif exc.code != 429:
-            log.warning("%s: %s", self.resource.plural, exc)
-        if exc.code in (429, 503):
-            return self._next_delay(exc.retry_after)
-        if exc.verb == "watch" and exc.code < 500 and exc.code not in (401, 403, 404):
-            self._rv = None  # client-go relists after a watch ends with an error status
-        return self._next_delay(None)
+            log.log(logging.INFO if exc.code == 410 else logging.WARNING, "%s: %s%s", self.resource.plural, exc,
+                    "; relisting" if reaction.relist else "")
+        if reaction.relist:
+            self._relist(unavailable=reaction.unavailable)
+        return self._next_delay(reaction.retry_after)  # backs off relists after 410 too
+
+    def _relist(self, *, unavailable: bool) -> None:
+        self._list_due = True
+        self._rv_unavailable |= unavailable
 
     def _next_delay(self, retry_after: float | None) -> float:
         self._failures += 1
@@ -374,3 +396,4 @@ class Informer:
         if self.resource.field_selector:
             return {"fieldSelector": self.resource.field_selector}
         return {}
+

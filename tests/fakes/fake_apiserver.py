@@ -11,7 +11,9 @@ Faithful to what clients see from a real server:
 - watch-list (``sendInitialEvents=true``), or its rejection (422 Invalid, the real message)
   when the feature is off.
 - bearer-token and client-certificate authentication (401), RBAC denial (403 with the
-  real message), 429 with Retry-After, 500, a connection cut mid-line, a silent stream.
+  real message), 429 with Retry-After, 500, a connection cut mid-line, a silent stream,
+  a request held before its response headers, "Too large resource version" (504), an
+  ERROR event on open watches, a client certificate no longer accepted.
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ from fake_api_shapes import (
 )
 
 DEFAULT_USER = "system:serviceaccount:kube-system:kubeport"
+
+
+def too_large_status(requested: int, current: int) -> dict[str, Any]:
+    """What the API server answers for a resourceVersion newer than it has (after waiting
+    ~3 s for its watch cache): apiserver's storage.NewTooLargeResourceVersionError."""
+    return status(504, "Timeout", f"Too large resource version: {requested}, current: {current}",
+                  {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                   "retryAfterSeconds": 1})
 
 
 @dataclass(frozen=True)
@@ -83,13 +93,15 @@ class FakeApiServer:
         self.watch_timeout = watch_timeout
         self.expire_continue = 0
         self.user = user
+        #: users (token or certificate CN) answered 401 although their credentials are valid
+        self.refused_users: set[str] = set()
         self.requests: list[Request] = []
         self.rv = 1000
         self._tls = tls
         self._objects: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
         self._history: list[tuple[int, str, str, dict]] = []
         self._compacted = 0
-        self._snapshots: dict[int, list[dict]] = {}
+        self._snapshots: dict[tuple[str, tuple[str, str] | None, int], list[dict]] = {}
         self._watches: set[_Watch] = set()
         self._faults: dict[tuple[str, str], deque[_Fault]] = defaultdict(deque)
         self._forbidden: set[tuple[str, str]] = set()
@@ -169,6 +181,19 @@ class FakeApiServer:
         for _ in range(times):
             self._faults[(plural, verb)].append(_Fault(code, body, headers))
 
+    def fail_too_large(self, plural: str, verb: str, *, times: int = 1) -> None:
+        """The next ``times`` requests get 504 "Too large resource version" (etcd restored
+        from a backup older than what the client holds)."""
+        body = too_large_status(self.rv + 1000, self.rv)
+        for _ in range(times):
+            self._faults[(plural, verb)].append(_Fault(504, body, {"Retry-After": "1"}))
+
+    def error_watches(self, plural: str, body: dict[str, Any]) -> None:
+        """Open watches get an ERROR event with this Status, then end."""
+        for watch in self._open(plural):
+            watch.queue.put_nowait(("event", event_line("ERROR", body)))
+            watch.queue.put_nowait(("end",))
+
     def forbid(self, plural: str, verb: str) -> None:
         self._forbidden.add((plural, verb))
 
@@ -214,7 +239,7 @@ class FakeApiServer:
         verb = "watch" if params.get("watch") in ("true", "1") else "list"
         self.requests.append(Request(verb, plural, params))
         user = self._authenticate(request)
-        if user is None:
+        if user is None or user in self.refused_users:
             return self._error(401, status(401, "Unauthorized", "Unauthorized"))
         hold = self._holds.pop((plural, verb), None)
         if hold is not None:
@@ -253,7 +278,7 @@ class FakeApiServer:
         token = params.get("continue")
         if token:
             rv, start = decode_continue(token)
-            items = self._snapshots.get(rv)
+            items = self._snapshots.get((plural, selector, rv))
             if self.expire_continue > 0:
                 self.expire_continue -= 1
                 items = None
@@ -264,7 +289,8 @@ class FakeApiServer:
             items = sorted((obj for obj in self._objects[plural].values() if self._selected(obj, selector)),
                            key=self._etcd_key)
             if limit and len(items) > limit:
-                self._snapshots[rv] = items  # later pages are served from this consistent snapshot
+                # later pages are served from this consistent snapshot (one per kind and selector)
+                self._snapshots[(plural, selector, rv)] = items
         remaining = [obj for obj in items if self._etcd_key(obj) >= start]
         page = remaining[:limit] if limit else remaining
         metadata: dict[str, Any] = {"resourceVersion": str(rv)}

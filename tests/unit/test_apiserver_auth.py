@@ -5,11 +5,14 @@ authentication failures reported in words an operator can act on."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+from kubeport.endpoints.apiclient import Credentials
 from kubeport.endpoints.apiserver import ApiServerConfigError, ApiServerSource
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
@@ -27,7 +30,7 @@ from apiserver_harness import (  # noqa: E402,F401  (running, tls: fixtures)
     tls,
 )
 from fake_apiserver import FakeApiServer  # noqa: E402
-from fake_tls import write_kubeconfig, write_service_account  # noqa: E402
+from fake_tls import TlsFiles, _sign, make_tls, write_kubeconfig, write_service_account  # noqa: E402
 
 
 # --- permissions and credentials -----------------------------------------------------------------
@@ -136,3 +139,76 @@ async def test_unusable_kubeconfig_is_a_clear_configuration_error(tmp_path, prob
                              context="nope" if problem == "context" else None)
     with pytest.raises(ApiServerConfigError, match=expected):
         await source.run()
+
+
+# --- client certificates rotated on disk -----------------------------------------------------------------
+
+CLIENT_EXTENSIONS = ("basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                     "authorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\nextendedKeyUsage=clientAuth\n")
+
+
+def rotating_pki(directory: Path) -> tuple[TlsFiles, Path, Path, Path, Path]:
+    """A CA with two client certificates (CN old-cert, new-cert) and the "current" pair
+    a kubeconfig names by path, holding the old one (the kubelet's kubelet-client-current.pem)."""
+    pki = make_tls(directory / "pki", client_user="old-cert")
+    _sign(directory / "pki", "client-new", "/O=system:nodes/CN=new-cert", CLIENT_EXTENSIONS)
+    current_cert, current_key = directory / "client-current.crt", directory / "client-current.key"
+    shutil.copy(pki.client_cert, current_cert)
+    shutil.copy(pki.client_key, current_key)
+    return pki, current_cert, current_key, directory / "pki" / "client-new.crt", directory / "pki" / "client-new.key"
+
+
+def file_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path) -> Path:
+    """A kubeconfig naming certificate files (not inline data), as the kubelet's does."""
+    user = {"client-certificate": str(cert), "client-key": str(key)}
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "node",
+        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "node", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+async def test_credentials_notice_certificate_files_rewritten_in_place(tmp_path):
+    pki, cert, key, new_cert, new_key = rotating_pki(tmp_path)
+    credentials = await Credentials.from_kubeconfig(
+        file_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:6443", pki.ca_cert, cert, key))
+    await credentials.reload(rejected=False)
+    assert credentials.tls_generation == 0                  # nothing changed: the session stays
+    cert.touch()
+    await credentials.reload(rejected=False)
+    assert credentials.tls_generation == 0                  # same contents, newer mtime: still nothing
+    shutil.copy(new_cert, cert)
+    shutil.copy(new_key, key)
+    await credentials.reload(rejected=False)                # the periodic reload (as after a 401)
+    assert credentials.tls_generation == 1
+
+
+async def test_a_client_certificate_rotated_in_place_is_used__client_go_cert_rotation(tmp_path):
+    """The kubelet's certificate manager rewrites the files the kubeconfig names; the old
+    certificate stops being accepted. Half-way (new certificate, old key) is retried too."""
+    pki, cert, key, new_cert, new_key = rotating_pki(tmp_path)
+    server = await FakeApiServer(token=None, tls=pki.server_context()).start()
+    state = RecordingState()
+    source = ApiServerSource(state, node_name="node-a", backoff=FAST,
+                             kubeconfig=file_kubeconfig(tmp_path / "kubeconfig", server.url, pki.ca_cert, cert, key))
+    task = asyncio.create_task(source.run())
+    try:
+        seed(server)
+        await synced(state, source)
+        server.refused_users.add("old-cert")
+        shutil.copy(new_cert, cert)                          # the certificate first...
+        server.cut_watches("services")
+        server.bookmark("services")
+        await eventually(lambda: source.stats["Service"].failures["config"] >= 1, "the half-rotated pair")
+        assert any("TLS set-up" in problem for problem in source.problems)
+        shutil.copy(new_key, key)                            # ...then its key
+        server.apply(k8s.service("after-rotation", cluster_ip="10.96.0.70"))
+        await snapshot_where(state, lambda s: ServiceName("default", "after-rotation") in s.services,
+                             "the service seen with the new certificate")
+        assert source.stats["Service"].failures["401"] >= 1
+        await eventually(lambda: not source.problems, "the problems to clear")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await server.stop()

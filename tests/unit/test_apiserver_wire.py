@@ -21,7 +21,6 @@ from kubeport.endpoints.apiwire import (
     WireParser,
     parse_status,
 )
-from kubeport.endpoints.backoff import BackoffPolicy
 from kubeport.endpoints.resources import watched_resources
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
@@ -122,26 +121,6 @@ def test_status_body_parses_and_html_does_not():
     status = parse_status(body)
     assert status is not None and status.details.retry_after_seconds == 1
     assert parse_status(b"<html>bad gateway</html>") is None
-
-
-# --- backoff ----------------------------------------------------------------------------------
-
-DEFAULT = BackoffPolicy()
-
-
-@pytest.mark.parametrize("failures, rand, retry_after, expected", [
-    (0, 0.0, None, 0.0),
-    (1, 0.0, None, 0.8),
-    (2, 0.0, None, 1.6),
-    (3, 0.5, None, 4.8),          # 3.2 plus half of it as jitter
-    (10, 0.0, None, 30.0),        # capped
-    (10, 0.99, None, 30.0),       # jitter never exceeds the cap
-    (1, 0.7, 5.0, 5.0),           # Retry-After wins over the backoff
-    (1, 0.0, 86400.0, 300.0),     # ...up to a sane maximum
-], ids=["no_failure_no_wait", "first__client_go_800ms", "doubles", "jitter_adds_up_to_factor",
-        "cap__client_go_30s", "jitter_capped", "retry_after_honoured__429", "retry_after_bounded"])
-def test_backoff_policy(failures, rand, retry_after, expected):
-    assert DEFAULT.delay(failures, rand, retry_after) == pytest.approx(expected)
 
 
 # --- what an operator reads --------------------------------------------------------------------
