@@ -21,11 +21,11 @@ class SyntaxProblem(Exception):
     pass
 
 
-def objects(path: str, text: str) -> Iterator[tuple[Candidate | BadList, str]]:
-    """Every object candidate of a file. A JSON file is decoded whole before the first
-    candidate (a syntax error anywhere raises first, so no check_syntax pass is needed);
-    YAML documents are composed lazily."""
-    if path.endswith(".json"):
+def objects(path: str, text: str, *, as_json: bool = False) -> Iterator[tuple[Candidate | BadList, str]]:
+    """Every object candidate of a file. A JSON file (or ``as_json``) is decoded whole before
+    the first candidate (a syntax error anywhere raises first, so no check_syntax pass is
+    needed); YAML documents are composed lazily."""
+    if as_json or path.endswith(".json"):
         documents = list(_json_values(text))
         for number, document in enumerate(documents, start=1):
             documents[number - 1] = None  # each document is dropped once its objects are out

@@ -9,21 +9,26 @@ and dropped before the next: no more than a chunk of API objects is alive. Small
 read on the event loop: a thread hop would cost more than the read.
 
 Last good state wins:
-- a file that fails to parse (syntax error, unreadable) keeps every object it held; across a
-  restart too: the last version of each file that parsed is saved in ``--state-dir``
-  (:mod:`~kubeport.endpoints.manifest_lastgood`), and a file broken at start-up is served
-  from it until it is fixed;
-- an object that fails validation or admission keeps its previous version, if any;
+- a file that fails to parse (syntax error, unreadable) keeps every object it held;
+- an object that fails validation or admission keeps its previous version, if any, as does
+  an object the file no longer declares while a broken or unread document of the file may
+  stand for it (:mod:`~kubeport.endpoints.manifest_objects`);
 - an object that disappears from a parsable file, or whose file is deleted, is deleted
   (``ClusterState.delete`` and ``Registry.release``) at the end of the batch.
+Across a restart too: each file's objects as served are saved in ``--state-dir``
+(:mod:`~kubeport.endpoints.manifest_lastgood`), and at start-up a file whose saved copy is
+not its current version is applied on top of that copy, as an edit of it, by the same rules:
+a restart serves what the daemon served before it.
 
-Duplicates: an object (kind, namespace, name) belongs to the first file that declared
-it (at startup, in path order; later, the file already holding it). Another file
-declaring it is reported (``declared also in <file>, ignored``). When the holder drops
-the object, the other declaration takes over in the same batch (its file is read again)
-and updates it in place: it keeps its ClusterIP and nodePorts, as does an object moved
-from one file to another. A file whose objects were refused is read again once the batch
-has freed something, so an object refused for a conflict gets in once the conflict is gone.
+Duplicates: an object (kind, namespace, name) belongs to the first file that declared it, in
+time: later, the file already holding it; at start-up, the one that held it before the
+restart (saved with the copies), else one whose copy declares it (the other declared it while
+the daemon was down), else the first in path order. Another file declaring it is
+reported (``declared also in <file>, ignored``). When the holder drops the object, the other
+declaration takes over in the same batch (its file is read again) and updates it in place:
+it keeps its ClusterIP and nodePorts, as does an object moved from one file to another. A
+file whose objects were refused is read again once the batch has freed something, so an
+object refused for a conflict gets in once the conflict is gone.
 
 Memory: per file only the keys it declares and a digest of its bytes are kept, per
 object only the digest of the applied version; no API objects are held.
@@ -36,15 +41,14 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from .allocstore import StoreError
-from .fielderrors import Invalid
 from .manifest_batch import Batch, Inline, collector_paused, drive, run_sync
-from .manifest_files import ObjectKey, ParsedFile, ParsedObject, describe
+from .manifest_files import ObjectKey, ParsedFile
 from .manifest_holders import Holders
 from .manifest_lastgood import LastGoodFiles
+from .manifest_objects import SOURCE_KINDS, FileApply, ManifestObjects, Progress
 from .manifest_reader import FileRead, StatKey, list_manifest_files, read_manifest, stat_manifest_files
 from .manifest_watch import DirectoryWatch
 from .registry import Admitter
@@ -52,9 +56,8 @@ from .state import ClusterState
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("Namespace", "Node", "Service", "EndpointSlice")
-#: Admission order inside a chunk: a Service before the slices that must not use its ClusterIP.
-_KIND_ORDER = {kind: rank for rank, kind in enumerate(SOURCE_KINDS)}
+__all__ = ["SOURCE_KINDS", "ManifestSource"]
+
 #: Files up to this size are read and parsed on the event loop, larger ones in a thread.
 INLINE_BYTES = 64 * 1024
 
@@ -67,18 +70,7 @@ class _FileRecord:
     problems: tuple[str, ...] = ()
     retry: bool = False  # an object was refused at admission
     failed: bool = False  # the last read could not be parsed
-
-
-@dataclass(slots=True)
-class _Progress:
-    """What the current batch did so far."""
-
-    done: set[str] = field(default_factory=set)
-    retried: set[str] = field(default_factory=set)
-    #: objects whose holder stopped declaring them (another file may take them over)
-    dropped: set[ObjectKey] = field(default_factory=set)
-    #: allocations may have been freed (an object deleted, a Service re-admitted)
-    freed: bool = False
+    skipped: tuple[str, ...] = ()  # objects of kinds not read
 
 
 class ManifestSource:
@@ -91,6 +83,7 @@ class ManifestSource:
         debounce_ms: float = 0,
         log_problems: bool = True,
         last_good: LastGoodFiles | None = None,
+        duplicate_note: str = "",
     ) -> None:
         """
         :param directory: the manifest directory, read recursively.
@@ -102,7 +95,9 @@ class ManifestSource:
             10,000 services: a 2 ms quiet time was 2 of the ~5 ms from a rename to new
             connections using it).
         :param log_problems: log each new problem once at WARNING (``kubeport check`` prints them).
-        :param last_good: the last version of each file that parsed, served when it is broken at start-up.
+        :param last_good: the last good version of each file, and who held contested objects:
+            what the daemon served before a restart, served again after it.
+        :param duplicate_note: added to each ``declared also in`` line.
         """
         # Resolved: inotify reports paths under the real directory.
         self._directory = Path(directory).resolve()
@@ -112,9 +107,8 @@ class ManifestSource:
         self._log_problems = log_problems
         self._last_good = last_good
         self._files: dict[str, _FileRecord] = {}
-        self._holders = Holders()
-        #: digest of the version in the state, per object
-        self._applied: dict[ObjectKey, bytes] = {}
+        self._holders = Holders(last_good.holders() if last_good is not None else None)
+        self._objects = ManifestObjects(registry, state, self._holders, duplicate_note=duplicate_note)
         self._reported: set[str] = set()
         #: stored allocations of Services no file declares are released once every file parsed
         self._collect_pending = True
@@ -127,6 +121,11 @@ class ManifestSource:
         return [line for path in sorted(self._files) for line in self._files[path].problems]
 
     @property
+    def skipped(self) -> list[str]:
+        """Every object skipped as of a kind (or API group) not read, ``<path>: <apiVersion> <kind> <name>``."""
+        return [f"{path}: {entry}" for path in sorted(self._files) for entry in self._files[path].skipped]
+
+    @property
     def files_loaded(self) -> int:
         """Manifest files present in the directory (broken ones included)."""
         return len(self._files)
@@ -134,7 +133,7 @@ class ManifestSource:
     @property
     def objects_loaded(self) -> int:
         """Objects from the directory currently in the cluster state."""
-        return len(self._applied)
+        return len(self._objects.applied)
 
     @property
     def batches(self) -> int:
@@ -162,7 +161,7 @@ class ManifestSource:
             with collector_paused():
                 await drive(self._batch(set(), initial=True))
             log.info("manifests: first load of %d files, %d objects in %.2f s", len(self._files),
-                     len(self._applied), time.monotonic() - started)
+                     len(self._objects.applied), time.monotonic() - started)
             if synced is not None:
                 synced.set()
             while True:
@@ -197,7 +196,7 @@ class ManifestSource:
             listing: dict[str, StatKey] | None = yield self._list
         else:
             listing = yield Inline(lambda: self._stat_named(named))
-        progress = _Progress()
+        progress = Progress()
         if listing is None:
             work = []
         elif rescan or initial:
@@ -210,14 +209,23 @@ class ManifestSource:
             while work:
                 for path in work:
                     progress.done.add(path)
-                    yield from self._apply_file(path, progress, force=force, size=_size(listing, path))
+                    yield from self._apply_file(path, progress, force=force, size=_size(listing, path),
+                                                initial=initial and not force)
+                if initial:  # every file was read: what a preferred holder did not take is free
+                    progress.dropped |= self._holders.end_preferences()
                 force = True  # files read again: their bytes may be those read last time
-                work = sorted(self._holders.waiting(progress.dropped) - progress.done)
+                reread = self._holders.waiting(progress.dropped) | self._holders.displaced()
+                work = sorted(reread - progress.reread)
+                progress.reread.update(work)  # once a batch: a file that fails to parse would wait forever
                 if not work:
                     work = self._settle(progress)
+        if initial:
+            self._holders.end_preferences()  # also when there was nothing to read
         if self._last_good is not None and initial and listing is not None:
             for path in self._last_good.paths() - self._files.keys():  # deleted while the daemon was down
                 self._last_good.forget(path)
+        if self._last_good is not None:
+            self._last_good.keep_holders(self._holders.contested())
         if initial:
             for kind in SOURCE_KINDS:
                 self._state.mark_synced(kind)
@@ -237,11 +245,12 @@ class ManifestSource:
     def _stat_named(self, named: set[str]) -> dict[str, StatKey] | None:
         return stat_manifest_files(self._directory, named) if self._directory.is_dir() else self._list()
 
-    def _settle(self, progress: _Progress) -> list[str]:
+    def _settle(self, progress: Progress) -> list[str]:
         """Delete what was dropped and not taken over; the files to retry if that freed anything."""
-        self._release(progress)
+        self._objects.release(progress)
         if self._collect_pending and not any(record.failed for record in self._files.values()):
-            self._release_undeclared(progress)
+            self._collect_pending = False
+            self._objects.release_undeclared(progress)
         if not progress.freed:
             return []
         retry = {path for path, record in self._files.items() if record.retry} - progress.retried
@@ -249,12 +258,14 @@ class ManifestSource:
         progress.freed = False
         return sorted(retry)
 
-    def _apply_file(self, path: str, progress: _Progress, *, force: bool, size: int | None) -> Batch:
+    def _apply_file(self, path: str, progress: Progress, *, force: bool, size: int | None,
+                    initial: bool = False) -> Batch:
         record = self._files.get(path)
+        first_read = record is None
         known = None if force or record is None else record.content
 
         def read_file() -> FileRead:
-            unchanged = lambda key, digest: self._is_applied(path, key, digest)  # noqa: E731
+            unchanged = lambda key, digest: self._objects.is_applied(path, key, digest)  # noqa: E731
             return read_manifest(self._directory, path, known_content=known, unchanged=unchanged)
 
         small = size is not None and size <= INLINE_BYTES
@@ -272,118 +283,53 @@ class ManifestSource:
         if read.same:
             return
         record.content = read.content
-        holding = bool(record.keys)
-        parsed = yield from self._apply_chunks(path, record, read.parsed, read.rest, progress, small=small)
-        if parsed:
-            if self._last_good is not None:
-                self._last_good.keep(path, read.content)
-        elif not holding and self._last_good is not None:
-            yield from self._serve_last_good(path, record, progress)
+        served, known = None, None
+        if first_read and self._last_good is not None and self._last_good.differs(path, read.content):
+            served = yield from self._apply_copy(path, record, progress)
+        if initial and self._last_good is not None and (served is not None or not self._last_good.has(path)):
+            known = record.keys  # what it declared before the restart: the copy's (nothing for a new file)
+        applied = yield from self._apply_chunks(path, record, read.parsed, read.rest, progress, small=small,
+                                                known=known)
+        if applied is not None:
+            self._note_copy(path, read.content, applied)
+        elif served is not None:
+            record.problems += served
+
+    def _apply_copy(self, path: str, record: _FileRecord, progress: Progress) -> Batch:
+        """The first read of a file since start-up, and its saved copy is not this version:
+        apply the copy first, so that this version is applied as an edit of what was served
+        before the restart (what it breaks keeps its last good version). The problem lines
+        to show should the file not parse, or None without a copy."""
+        assert self._last_good is not None
+        if (saved := self._last_good.parsed(path)) is None:
+            return None
+        chunks, size, since = saved
+        yield from self._apply_chunks(path, record, next(chunks, None), chunks, progress, small=size <= INLINE_BYTES)
+        return record.problems + (f"{path}: serving the version that last parsed (saved {since}) until it is fixed",)
+
+    def _note_copy(self, path: str, content: bytes, applied: FileApply) -> None:
+        if self._last_good is not None:
+            self._last_good.keep(path, content, stale=applied.stale, unapplied=applied.unapplied)
 
     def _apply_chunks(self, path: str, record: _FileRecord, chunk: ParsedFile | None, rest: Iterator[ParsedFile],
-                      progress: _Progress, *, small: bool) -> Batch:
-        """Apply a file's chunks of objects; True when it parsed to the end."""
-        keys: set[ObjectKey] = set()
-        problems: list[str] = []
-        retry = False
+                      progress: Progress, *, small: bool, known: frozenset[ObjectKey] | None = None) -> Batch:
+        """Apply a file's chunks of objects; how they fared when it parsed to the end, else None."""
+        read = FileApply(path, known=known)
         while chunk is not None:
             if chunk.failed:
                 # Keep every object: those it held, and those this read already applied.
-                record.keys, record.problems, record.failed = record.keys | keys, chunk.problems, True
-                return False
-            problems.extend(chunk.problems)
-            retry |= self._apply_chunk(path, chunk, keys, problems, progress)
+                record.keys, record.problems, record.failed = record.keys | read.keys, chunk.problems, True
+                return None
+            self._objects.apply_chunk(read, chunk, progress)
             if chunk.skipped:
                 log.debug("%s: skipped (kind not read): %s", path, ", ".join(chunk.skipped))
             next_chunk = lambda: next(rest, None)  # noqa: E731
             chunk = yield Inline(next_chunk) if small else next_chunk
-        progress.dropped |= self._holders.drop(path, record.keys - keys)
-        record.keys, record.problems, record.retry, record.failed = frozenset(keys), tuple(problems), retry, False
-        return True
-
-    def _serve_last_good(self, path: str, record: _FileRecord, progress: _Progress) -> Batch:
-        """A file that holds nothing (the daemon just started) and does not parse: serve the
-        version saved when it last parsed, until it is fixed, so that a restart loses nothing."""
-        assert self._last_good is not None
-        if (saved := self._last_good.parsed(path)) is None:
-            return
-        chunks, size, since = saved
-        broken = record.problems
-        yield from self._apply_chunks(path, record, next(chunks, None), chunks, progress, small=size <= INLINE_BYTES)
-        record.problems = broken + record.problems + (
-            f"{path}: serving the version that last parsed (saved {since}) until it is fixed",)
-        record.failed = True  # still broken: what it declares now is unknown
-
-    def _is_applied(self, path: str, key: ObjectKey, digest: bytes) -> bool:
-        return self._holders.holder(key) == path and self._applied.get(key) == digest
-
-    # --- objects ------------------------------------------------------------------------------
-
-    def _apply_chunk(
-        self, path: str, chunk: ParsedFile, keys: set[ObjectKey], problems: list[str], progress: _Progress
-    ) -> bool:
-        """Hold and admit a chunk's objects; ``keys`` collects the file's keys. True if one was refused."""
-        admissions: list[ParsedObject] = []
-        for obj in chunk.objects:
-            key = obj.key
-            if key in keys:
-                problems.append(f"{path}: {describe(key)}: declared more than once in this file, {obj.where} ignored")
-                continue
-            keys.add(key)
-            if not self._holders.hold(path, key):
-                problems.append(f"{path}: {describe(key)}: declared also in {self._holders.holder(key)}, ignored")
-            elif self._applied.get(key) != obj.digest:
-                admissions.append(obj)
-        for key in chunk.invalid_keys - keys:
-            keys.add(key)
-            self._holders.hold(path, key)  # a broken declaration still holds its object
-        refused = False
-        for obj in sorted(admissions, key=lambda o: _KIND_ORDER[o.key[0]]):
-            error = self._admit(obj, progress)
-            if error:
-                problems.extend(f"{path}: {line}" for line in error)
-                refused = True
-        return refused
-
-    def _admit(self, parsed: ParsedObject, progress: _Progress) -> list[str]:
-        """Admit one object into the state; the problem lines if refused."""
-        assert parsed.obj is not None  # only unchanged objects skip validation
-        try:
-            admitted = self._registry.admit(parsed.obj)
-        except Invalid as exc:
-            return exc.lines()
-        except StoreError as exc:
-            return [f"{describe(parsed.key)}: {exc}"]
-        self._state.upsert(admitted)
-        if parsed.key[0] == "Service" and parsed.key in self._applied:
-            progress.freed = True  # a changed Service may have let go of a ClusterIP or nodePort
-        self._applied[parsed.key] = parsed.digest
-        return []
-
-    def _release(self, progress: _Progress) -> None:
-        """Delete the dropped objects that no file took over."""
-        for key in progress.dropped:
-            if key in self._holders or self._applied.pop(key, None) is None:
-                continue  # taken over (updated in place), or it never got in
-            kind, namespace, name = key
-            self._state.delete(kind, namespace, name)
-            progress.freed = True
-            try:
-                self._registry.release(kind, namespace, name)
-            except StoreError as exc:
-                log.error("%s: allocations not released: %s", describe(key), exc)
-        progress.dropped.clear()
-
-    def _release_undeclared(self, progress: _Progress) -> None:
-        """Free what Services deleted while the daemon was down still hold in the store.
-
-        Waits until every file has parsed once: a file broken at start-up may declare them."""
-        self._collect_pending = False
-        for namespace, name in self._registry.allocated_services():
-            if ("Service", namespace, name) not in self._holders:
-                log.info("releasing the allocations of Service %s/%s: no manifest declares it", namespace, name)
-                self._registry.release("Service", namespace, name)
-                progress.freed = True
+        self._objects.finish(read, record.keys, progress)
+        record.keys, record.problems, record.retry, record.failed = (
+            frozenset(read.keys), tuple(read.problems), read.retry, False)
+        record.skipped = tuple(read.skipped)
+        return read
 
     def _report(self) -> None:
         current = self.problems

@@ -169,3 +169,14 @@ def test_check_names_its_flag_too(capsys, tmp_path):
     assert cli.main(["check", str(tmp_path), "--service-cluster-ip-range", "10.96.0.1/12"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "kubeport: --service-cluster-ip-range: '10.96.0.1/12' has host bits set: the network is 10.96.0.0/12"]
+
+
+def test_check_lists_skipped_objects_without_failing(tmp_path, capsys):
+    (tmp_path / "app.yaml").write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: demo}\n---\n"
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\n"
+        "spec: {clusterIP: 10.96.0.50, ports: [{port: 80}]}\n")
+    assert cli.main(["check", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Deployment" in out and "skipped" in out
+    assert out.rstrip().endswith(": ok")

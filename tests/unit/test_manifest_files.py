@@ -201,7 +201,7 @@ def test_syntax_error_fails_the_whole_file(path, text, problem):
         pytest.param("apiVersion: v1\nkind: List\nitems: {a: 1}\n", "document 1: List: items: must be a list",
                      id="list_items_not_a_list"),
         pytest.param("apiVersion: 1\nkind: Service\nmetadata: {name: web}\n",
-                     "document 1: Service: apiVersion: must be a string", id="api_version_not_a_string"),
+                     'Service "web": apiVersion: must be a string', id="api_version_not_a_string"),
     ],
 )
 def test_object_problem_names_file_object_and_field(text, problem):
