@@ -19,6 +19,8 @@ import socket
 import struct
 from typing import Callable, Protocol
 
+from kubeport.sockbuf import enlarge_receive_buffer
+
 from . import mmsg
 from .answer import Answerer, Forward
 from .stats import DnsStats
@@ -30,7 +32,6 @@ BATCH = 128
 #: a DNS query over UDP is at most this big (EDNS payloads above 64 KiB do not exist)
 MAX_DATAGRAM = 65535
 #: receive buffer asked for: room for bursts (the kernel default drops after ~200 KiB)
-RECEIVE_BUFFER = 4 << 20
 
 Address = tuple  # (host, port) or (host, port, flowinfo, scope_id)
 Send = Callable[[bytes], None]
@@ -180,19 +181,6 @@ def bind_udp(address: str, port: int, family: socket.AddressFamily) -> socket.so
         sock.close()
         raise
     return sock
-
-
-def enlarge_receive_buffer(sock: socket.socket) -> None:
-    """Best effort: SO_RCVBUFFORCE passes net.core.rmem_max with CAP_NET_ADMIN (the
-    daemon has it), else SO_RCVBUF up to that cap."""
-    for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
-        if option is None:
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, option, RECEIVE_BUFFER)
-            return
-        except OSError as error:
-            log.debug("dns: cannot enlarge the UDP receive buffer: %s", error)
 
 
 def udp_listener(sock: socket.socket, answerer: Answerer, forward: ForwardHandler,
