@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 import signal
 import time
 from pathlib import Path
@@ -356,10 +357,29 @@ def process_registry() -> CollectorRegistry:
     return registry
 
 
+def raise_open_file_limit(limits=resource) -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit; the new soft limit.
+
+    Each relayed TCP connection holds two descriptors, and container runtimes now start
+    processes at 1024 soft (containerd 2.x sets no LimitNOFILE): ~500 connections. Go raises
+    its soft limit by itself, so kube-proxy and CoreDNS never hit this; Python does not.
+    """
+    soft, hard = limits.getrlimit(limits.RLIMIT_NOFILE)
+    wanted = hard if hard != limits.RLIM_INFINITY else 1 << 20
+    if soft != limits.RLIM_INFINITY and soft < wanted:
+        try:
+            limits.setrlimit(limits.RLIMIT_NOFILE, (wanted, hard))
+            return wanted
+        except (OSError, ValueError) as error:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, wanted, error)
+    return soft
+
+
 def run(config: KubeportConfiguration, config_file: Path | None = None, flags: dict | None = None) -> int:
     # kube-proxy's and CoreDNS's counters have no *_created series: none here either. Process-wide,
     # so once at start, before any metric exists.
     disable_created_metrics()
+    raise_open_file_limit()
     try:
         uvloop.run(Daemon(config, config_file, flags).serve())
     except ExceptionGroup as group:

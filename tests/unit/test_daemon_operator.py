@@ -68,3 +68,35 @@ def test_process_metrics_as_kube_proxy_exports_and_no_created_series(no_created_
         assert f"\n{name}" in text, name
     assert "kubeproxy_sync_proxy_rules_endpoint_changes_total 1.0" in text
     assert "_created" not in text
+
+
+class _Limits:
+    RLIMIT_NOFILE, RLIM_INFINITY = 7, -1
+
+    def __init__(self, soft, hard, fail=False):
+        self.limits, self.fail = (soft, hard), fail
+
+    def getrlimit(self, which):
+        return self.limits
+
+    def setrlimit(self, which, limits):
+        if self.fail:
+            raise ValueError("not allowed")
+        self.limits = limits
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "fail", "expected"),
+    [
+        pytest.param(1024, 524288, False, 524288, id="container_default__raised_to_hard"),
+        pytest.param(1048576, 1048576, False, 1048576, id="already_at_hard__unchanged"),
+        pytest.param(1024, -1, False, 1 << 20, id="unlimited_hard__a_million"),
+        pytest.param(1024, 4096, True, 1024, id="refused__kept_and_warned"),
+    ],
+)
+def test_open_file_limit_raised_to_the_hard_limit(soft, hard, fail, expected):
+    from kubeport.daemon import raise_open_file_limit
+
+    limits = _Limits(soft, hard, fail)
+    assert raise_open_file_limit(limits) == expected
+    assert limits.limits[0] == expected
