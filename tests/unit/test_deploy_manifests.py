@@ -73,12 +73,44 @@ def test_daemonset_runs_on_every_node_with_host_networking_and_probes():
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert mounts["state"] == "/var/lib/kubeport"
-    assert volumes["state"]["hostPath"]["path"] == "/var/lib/kubeport"
     assert mounts["config"] == "/etc/kubeport"
     configmap = one("configmap.yaml", "ConfigMap")
     assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
     assert configmap["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+
+
+def pod_spec() -> dict:
+    return one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
+
+
+def the_container() -> dict:
+    [container] = pod_spec()["containers"]
+    return container
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    pytest.param(("nodeSelector",), {"kubernetes.io/os": "linux"}, id="linux_nodes_only__kubeadm_kube_proxy"),
+    pytest.param(("containers", 0, "securityContext", "runAsUser"), 0,
+                 id="root__capabilities_are_dropped_for_non_root"),
+    pytest.param(("containers", 0, "securityContext", "capabilities", "drop"), ["ALL"], id="drops_all_else"),
+])
+def test_daemonset_pod_field(path, expected):
+    value = pod_spec()
+    for key in path:
+        value = value[key]
+    assert value == expected
+
+
+def test_daemonset_declares_no_ports_under_host_network__kubeadm_kube_proxy():
+    """With hostNetwork the kubelet turns every containerPort into a hostPort."""
+    assert pod_spec()["hostNetwork"] is True
+    assert "ports" not in the_container()
+
+
+def test_daemonset_keeps_no_node_state__apiserver_allocates_in_a_cluster():
+    """stateDir (allocations, last good manifests) is used in manifest mode only."""
+    assert all("hostPath" not in volume for volume in pod_spec()["volumes"])
+    assert all(m["mountPath"] != "/var/lib/kubeport" for m in the_container()["volumeMounts"])
 
 
 def test_configmap_holds_a_valid_kubeport_configuration():
@@ -86,5 +118,5 @@ def test_configmap_holds_a_valid_kubeport_configuration():
     config = KubeportConfiguration.model_validate(yaml.safe_load(data["config.yaml"]))
     assert config.in_cluster
     assert config.healthz_bind_address == "0.0.0.0:10256"
-    assert config.state_dir == Path("/var/lib/kubeport")
+    assert "stateDir" not in yaml.safe_load(data["config.yaml"])  # manifest mode only
     assert config.dns.cluster_domain == "cluster.local"
