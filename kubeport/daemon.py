@@ -208,6 +208,7 @@ class Daemon:
                 tasks.create_task(self._proxier.wait_failed(), name="proxy-failure")
                 tasks.create_task(self._healthchecks.keep_retrying(), name="healthcheck-retry")
                 tasks.create_task(self._reloader.run(self._reload), name="reload")
+                tasks.create_task(self._reloader.watch(), name="reload-watch")
                 tasks.create_task(keep_heap_trimmed(self._heap_changed, self._heap_trimmed), name="heap")
                 tasks.create_task(self._stop_when_asked(), name="stop")
                 if not primary:

@@ -395,3 +395,33 @@ def test_library_debug_only_from_klog_level_6(verbosity, library_level):
     finally:
         root.handlers[:], root.level = saved[0], saved[1]
         logging.getLogger("asyncio").setLevel(saved[2])
+
+
+async def test_reloader_watch_requests_a_reload_when_the_content_changes(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("apiVersion: kubeport.io/v1alpha1\nkind: KubeportConfiguration\n")
+    reloader = Reloader(path, {})
+    ticks = asyncio.Queue()
+    proceed = asyncio.Event()
+
+    async def sleep(_seconds):
+        await ticks.put(None)
+        await proceed.wait()
+        proceed.clear()
+
+    async def tick():
+        proceed.set()
+        await ticks.get()  # the watch made its comparison and sleeps again
+
+    task = asyncio.create_task(reloader.watch(sleep=sleep))
+    async with asyncio.timeout(2):
+        await ticks.get()
+        await tick()
+        assert not reloader._requested.is_set()  # unchanged content: nothing to do
+        path.unlink()
+        await tick()
+        assert not reloader._requested.is_set()  # gone for a moment: keep the last content
+        path.write_text("apiVersion: kubeport.io/v1alpha1\nkind: KubeportConfiguration\ndns: {ttl: 9}\n")
+        await tick()
+        assert reloader._requested.is_set()  # new content, as a ConfigMap update writes it
+    task.cancel()
