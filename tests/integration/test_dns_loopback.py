@@ -17,7 +17,15 @@ from dnslib import QTYPE, RCODE, RR, SOA, A, DNSRecord
 
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.server import DnsServer
-from kubeport.dns.testing import cluster_state, endpoint_slice, header_only, question, service, to_model
+from kubeport.dns.testing import (
+    LoopbackDnsPort,
+    cluster_state,
+    endpoint_slice,
+    header_only,
+    question,
+    service,
+    to_model,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -43,8 +51,7 @@ class FakeUpstream:
         self.tc_over_udp = tc_over_udp
         self.queries: list[tuple[str, str]] = []
         self.port = 0
-        self._udp: asyncio.DatagramTransport | None = None
-        self._tcp: asyncio.Server | None = None
+        self._serving = LoopbackDnsPort(lambda proto, packet: self.reply(packet, proto))
 
     def reply(self, packet: bytes, proto: str) -> bytes:
         request = DNSRecord.parse(packet)
@@ -65,39 +72,11 @@ class FakeUpstream:
         return bytes(reply.pack())
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        upstream = self
-
-        class Udp(asyncio.DatagramProtocol):
-            def connection_made(self, transport):
-                self.transport = transport
-
-            def datagram_received(self, data, addr):
-                self.transport.sendto(upstream.reply(data, "udp"), addr)
-
-        async def tcp(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                while True:
-                    size = int.from_bytes(await reader.readexactly(2), "big")
-                    answer = upstream.reply(await reader.readexactly(size), "tcp")
-                    writer.write(len(answer).to_bytes(2, "big") + answer)
-            except asyncio.IncompleteReadError:
-                writer.close()
-
-        for _ in range(20):  # a free UDP port may be taken for TCP: try another
-            self._udp, _ = await loop.create_datagram_endpoint(Udp, local_addr=("127.0.0.1", 0))
-            self.port = self._udp.get_extra_info("sockname")[1]
-            try:
-                self._tcp = await asyncio.start_server(tcp, "127.0.0.1", self.port)
-                return
-            except OSError:
-                self._udp.close()
-        raise RuntimeError("no port free for both UDP and TCP")
+        await self._serving.start()
+        self.port = self._serving.port
 
     async def stop(self) -> None:
-        self._udp.close()
-        self._tcp.close()
-        await self._tcp.wait_closed()
+        await self._serving.stop()
 
 
 @dataclass

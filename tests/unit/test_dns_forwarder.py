@@ -18,7 +18,7 @@ from dnslib import QTYPE, RR, A, DNSRecord
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.server import DnsServer
 from kubeport.dns.stats import DnsStats
-from kubeport.dns.testing import question, read_reply
+from kubeport.dns.testing import LoopbackDnsPort, question, read_reply
 from kubeport.dns.upstream import Forwarder, UpstreamCache
 from kubeport.dns.upstream_policy import MAX_FAILS
 
@@ -58,46 +58,17 @@ class FakeUpstream:
         return self.behaviour(proto, request)
 
     async def start(self) -> "FakeUpstream":
-        loop = asyncio.get_running_loop()
-        fake = self
-
-        class Udp(asyncio.DatagramProtocol):
-            def connection_made(self, transport):
-                self.transport = transport
-
-            def datagram_received(self, data, addr):
-                reply = fake._reply("udp", data)
-                if reply is not None:
-                    self.transport.sendto(reply, addr)
-
-        async def tcp(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                while True:
-                    size = int.from_bytes(await reader.readexactly(2), "big")
-                    reply = fake._reply("tcp", await reader.readexactly(size))
-                    if reply is not None:
-                        writer.write(len(reply).to_bytes(2, "big") + reply)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                writer.close()
-
-        for _ in range(20):  # a free UDP port may be taken for TCP: try another
-            self._udp, _ = await loop.create_datagram_endpoint(Udp, local_addr=("127.0.0.1", 0))
-            self.port = self._udp.get_extra_info("sockname")[1]
-            try:
-                self._tcp = await asyncio.start_server(tcp, "127.0.0.1", self.port)
-                return self
-            except OSError:
-                self._udp.close()
-        raise RuntimeError("no port free for both UDP and TCP")
+        self._serving = LoopbackDnsPort(self._reply)
+        await self._serving.start()
+        self.port = self._serving.port
+        return self
 
     @property
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
 
     async def stop(self) -> None:
-        self._udp.close()
-        self._tcp.close()
-        await self._tcp.wait_closed()
+        await self._serving.stop()
 
 
 def closed_port() -> tuple[str, int]:
