@@ -72,6 +72,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                      help="idle timeout of a UDP flow the endpoint answered, in use past 2 s (default 2m)")
     run.add_argument("--shutdown-grace-period", metavar="DURATION", help="connection drain time on SIGTERM")
     run.add_argument("--workers", type=int, metavar="N", help="relay processes sharing the listeners (default 1)")
+    run.add_argument("--after-handover", choices=["exit", "wait"],
+                     help="once a new instance took over: exit (default), or wait for SIGTERM (a DaemonSet pod)")
+    run.add_argument("--ready-file", metavar="FILE",
+                     help="present while this process serves the node and is ready (a pod's exec readiness probe)")
     run.add_argument("--log-format", choices=["text", "json"])
     run.add_argument("--write-config-to", metavar="FILE", help="write the effective configuration and exit")
     run.add_argument("-v", "--v", "--verbose", dest="v", action=_Verbosity, metavar="LEVEL",
@@ -98,6 +102,8 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "shutdownGracePeriod": ("--shutdown-grace-period",),
     "logFormat": ("--log-format",),
     "workers": ("--workers",),
+    "afterHandover": ("--after-handover",),
+    "readyFile": ("--ready-file",),
     "verbosity": ("--v",),
     "dns.clusterDomain": ("--cluster-domain",),
     "dns.addresses": ("--dns-address",),

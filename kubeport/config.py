@@ -155,6 +155,13 @@ class KubeportConfiguration(_Section):
     workers: int = Field(
         1, ge=1, le=64, description="Relay processes sharing the service listeners (SO_REUSEPORT)."
     )
+    after_handover: Literal["exit", "wait"] = Field(
+        "exit",
+        description="What this process does once a new instance has taken the node over: exit, or "
+                    "wait for SIGTERM (a DaemonSet pod, which the kubelet would restart if it exited).")
+    ready_file: Path | None = Field(
+        None, description="A file present while this process serves the node and is ready: a pod's own "
+                          "readiness, where /readyz on the node's shared port may be another pod's.")
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     verbosity: int = Field(0, ge=0, le=10, description="Log verbosity (-v).")
     dns: DnsSettings = Field(default_factory=DnsSettings)

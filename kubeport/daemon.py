@@ -8,7 +8,9 @@ Shutdown (SIGTERM/SIGINT): readiness goes false; DNS and the proxy keep serving 
 lame-duck period; the proxy stops accepting and drains established connections up to
 the shutdown grace period; addresses are removed; exit 0. A second signal ends the
 lame duck and the drain at once. When a new instance takes over (kubeport.handover),
-the old one skips the lame duck and leaves the addresses to its successor.
+the old one skips the lame duck and leaves the addresses to its successor; once drained it
+exits, or with ``--after-handover wait`` (a DaemonSet pod) waits for its SIGTERM and then
+exits without touching what the successor holds.
 """
 
 from __future__ import annotations
@@ -16,20 +18,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import resource
 import signal
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import uvloop
-from prometheus_client import (
-    CollectorRegistry,
-    GCCollector,
-    PlatformCollector,
-    ProcessCollector,
-    disable_created_metrics,
-)
+from prometheus_client import disable_created_metrics
 
 from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 from kubeport.endpoints.types import Snapshot
@@ -39,6 +34,7 @@ from . import components, handover
 from .config import KubeportConfiguration, changed_fields
 from .heap import keep_heap_trimmed, release_freed_memory
 from .metrics import ProxyMetrics
+from .process import process_registry, raise_open_file_limit
 from .reload import Reloader
 from .status import StatusServer
 
@@ -74,7 +70,9 @@ class Daemon:
         self._heap_trimmed_generation: int | None = None
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
+        self._signalled = asyncio.Event()
         self._handing_over = False
+        self._ready_file = handover.ReadyFile(config.ready_file)
         self._source: Any = None
         self._proxier: Any = None
         self._dns: Any = None
@@ -92,6 +90,8 @@ class Daemon:
         if self._stopping.is_set():
             return ["shutting down"]
         pending = []
+        if self._instance.predecessor:
+            pending.append("handover: the previous instance still serves this node")
         if not self.state.snapshot.synced:
             pending.append("source: first list not complete")
         for consumer in ("proxy", "dns"):
@@ -181,6 +181,7 @@ class Daemon:
         if not primary:
             log.info("another kubeport instance runs on node %s in this network namespace: "
                      "starting beside it and taking over once ready", self.config.hostname_override)
+            await self._instance.announce()
         handover.enable_request_migration()
         status = StatusServer(
             self,
@@ -217,8 +218,20 @@ class Daemon:
             pass
         finally:
             await self._shutdown(status)
+        if self._handing_over and self.config.after_handover == "wait" and not self._signalled.is_set():
+            # A pod's container that exits is restarted by the kubelet, and would take the node back.
+            log.info("handed over: waiting for SIGTERM (--after-handover=wait); "
+                     "the addresses and rules stay with the new instance")
+            await self._signalled.wait()
+        if self._handing_over:
+            log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
 
     def _on_signal(self) -> None:
+        first = not self._signalled.is_set()
+        self._signalled.set()
+        if self._handing_over and first:
+            # The pod's SIGTERM once its successor is ready: the drain under way goes on.
+            return
         if self._stopping.is_set():
             log.info("second signal: ending the lame duck and the drain now")
             self._forced.set()
@@ -226,12 +239,14 @@ class Daemon:
 
     async def _on_takeover(self) -> None:
         self._handing_over = True
+        self._ready_file.update(False)
         self._stopping.set()
 
     async def _take_over(self) -> None:
         await self._ready.wait()
         await self._instance.take_over()
         log.info("handover: this instance now serves node %s", self.config.hostname_override)
+        self._ready_file.update(not self.pending())
 
     async def _stop_when_asked(self) -> None:
         await self._stopping.wait()
@@ -240,6 +255,12 @@ class Daemon:
 
     async def _shutdown(self, status: StatusServer) -> None:
         self._stopping.set()
+        self._ready_file.update(False)
+        # Stopped while a new instance starts beside it (a pod deleted during a rollout): the
+        # addresses and rules that instance has adopted must stay for it.
+        keep = self._handing_over or self._instance.successors > 0
+        if keep and not self._handing_over:
+            log.info("a new instance is starting on this node: leaving the service addresses and rules to it")
         self._instance.release()
         config = self.config
         if not self._handing_over and self._applied:
@@ -250,7 +271,7 @@ class Daemon:
             await self._healthchecks.close()
         if self._proxier is not None:
             await self._proxier.stop(
-                grace=config.shutdown_grace_period, abort=self._forced, release=not self._handing_over)
+                grace=config.shutdown_grace_period, abort=self._forced, release=not keep)
         await status.stop()
         log.info("stopped")
 
@@ -326,6 +347,7 @@ class Daemon:
                 if release_freed_memory():
                     self._heap_trimmed()
                 self._ready.set()
+                self._ready_file.update(not self.pending())
 
     def _heap_trimmed(self) -> None:
         self._heap_trimmed_generation = self.state.snapshot.generation
@@ -347,33 +369,6 @@ def proxier_families(config: KubeportConfiguration) -> tuple[str, ...]:
     served: an IPv6-only cluster must not report an IPv4 proxier, a dual-stack one reports both.
     """
     return tuple(IPV6 if network.version == 6 else IPV4 for network in config.service_cluster_ip_range)
-
-
-def process_registry() -> CollectorRegistry:
-    """A registry with the process, platform and GC collectors (process_cpu_seconds_total,
-    process_resident_memory_bytes, process_open_fds ..., as kube-proxy and CoreDNS export)."""
-    registry = CollectorRegistry()
-    for collector in (ProcessCollector, PlatformCollector, GCCollector):
-        collector(registry=registry)
-    return registry
-
-
-def raise_open_file_limit(limits=resource) -> int:
-    """Soft RLIMIT_NOFILE up to the hard limit; the new soft limit.
-
-    Each relayed TCP connection holds two descriptors, and container runtimes now start
-    processes at 1024 soft (containerd 2.x sets no LimitNOFILE): ~500 connections. Go raises
-    its soft limit by itself, so kube-proxy and CoreDNS never hit this; Python does not.
-    """
-    soft, hard = limits.getrlimit(limits.RLIMIT_NOFILE)
-    wanted = hard if hard != limits.RLIM_INFINITY else 1 << 20
-    if soft != limits.RLIM_INFINITY and soft < wanted:
-        try:
-            limits.setrlimit(limits.RLIMIT_NOFILE, (wanted, hard))
-            return wanted
-        except (OSError, ValueError) as error:
-            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, wanted, error)
-    return soft
 
 
 def run(config: KubeportConfiguration, config_file: Path | None = None, flags: dict | None = None) -> int:

@@ -7,7 +7,15 @@ SO_REUSEPORT, so both serve side by side. Once the new instance is ready it asks
 old one to leave; the old one stops accepting (the kernel migrates its queued
 connections to the new listeners when ``net.ipv4.tcp_migrate_req`` is 1), drains, and
 exits without removing the service addresses, which the new instance adopts. The new
-instance then takes the name.
+instance then takes the name. From its start until then, the new instance keeps a
+connection to the old one open (``arrived``): should the old one be stopped before the
+handover, it too leaves the addresses and rules in place, for the instance that is coming.
+
+A pod must not exit after handing over (the kubelet would restart it, and the restarted
+process would take the node back): with ``--after-handover wait`` the old process waits for
+the SIGTERM that deletes its pod. The DaemonSet's ``maxSurge`` starts the new pod beside
+the old one, and deletes the old one once the new one is ready: readiness is then the new
+process's own, a :class:`ReadyFile`, present only once it has taken the node over.
 """
 
 from __future__ import annotations
@@ -15,11 +23,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
+from pathlib import Path
 from typing import Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
+ARRIVED = b"arrived\n"
 TAKEOVER = b"takeover\n"
 ACK = b"leaving\n"
 MIGRATE_SYSCTL = "/proc/sys/net/ipv4/tcp_migrate_req"
@@ -50,6 +61,9 @@ class Instance:
         self._on_takeover = on_takeover
         self._server: asyncio.AbstractServer | None = None
         self.predecessor = False
+        #: successors starting beside this instance (each holds a connection open until it takes over)
+        self.successors = 0
+        self._link: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def claim(self) -> bool:
         """Take the name if it is free. False: another instance holds it (a handover start)."""
@@ -68,20 +82,35 @@ class Instance:
         self._server = await asyncio.start_unix_server(self._serve, sock=listener)
         return True
 
+    async def announce(self, timeout: float = 2.0) -> None:
+        """Tell the predecessor a successor is starting (see the module's docstring)."""
+        try:
+            self._link = await asyncio.wait_for(self._connect(), timeout)
+            self._link[1].write(ARRIVED)
+            await self._link[1].drain()
+        except (OSError, asyncio.TimeoutError) as exc:
+            log.info("handover: cannot reach the running instance (%s); it will be asked to leave later", exc)
+
     async def take_over(self, timeout: float = 10.0) -> None:
         """Ask the predecessor to leave, then hold the name once it has let go."""
+        link, self._link = self._link, None
         try:
-            reader, writer = await asyncio.wait_for(self._connect(), timeout)
+            reader, writer = link or await asyncio.wait_for(self._connect(), timeout)
         except (OSError, asyncio.TimeoutError) as exc:
             log.info("handover: no predecessor answered (%s); taking the name", exc)
         else:
-            writer.write(TAKEOVER)
-            await writer.drain()
             try:
-                await asyncio.wait_for(reader.readline(), timeout)
+                writer.write(TAKEOVER)
+                await writer.drain()
+                answer = await asyncio.wait_for(reader.readline(), timeout)
+            except (OSError, asyncio.TimeoutError):
+                answer = b""
             finally:
                 writer.close()
-            log.info("handover: the previous instance is leaving")
+            if answer == ACK:
+                log.info("handover: the previous instance is leaving")
+            else:
+                log.info("handover: the previous instance is gone; taking the name")
         await self._claim_when_free(timeout)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -106,8 +135,14 @@ class Instance:
         self.predecessor = False
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        announced = False
         try:
             request = await asyncio.wait_for(reader.readline(), 5.0)
+            if request == ARRIVED:
+                announced = True
+                self.successors += 1
+                log.info("handover: a new instance is starting on this node; it will take over once ready")
+                request = await reader.readline()  # its takeover, or EOF should it fail to start
             if request == TAKEOVER:
                 log.info("handover: a new instance is taking over; leaving")
                 self.release()
@@ -118,7 +153,13 @@ class Instance:
                     await result
         except (OSError, asyncio.TimeoutError):
             pass
+        except asyncio.CancelledError:
+            # The process ends while a successor's connection waits. Nothing awaits this task,
+            # and asyncio's stream callback would log the cancellation as an error (3.11).
+            pass
         finally:
+            if announced:
+                self.successors -= 1
             writer.close()
 
     def release(self) -> None:
@@ -137,3 +178,33 @@ def abstract_name_in_use(node_name: str) -> bool:
         return False
     finally:
         probe.close()
+
+
+class ReadyFile:
+    """A pod's own readiness: a file present while this process serves the node and is ready.
+
+    In a DaemonSet with ``maxSurge``, the new pod starts beside the old one on the node's
+    network (``hostNetwork``), and both listen on the same /readyz port: an HTTP probe may be
+    answered by the other pod. The kubelet deletes the old pod once the new one is ready, so
+    the new pod must not look ready before it has taken the node over. A file in the pod's own
+    filesystem, read by an exec probe, belongs to one process only.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._present = False
+
+    def update(self, ready: bool) -> None:
+        if self._path is None or ready == self._present:
+            return
+        try:
+            if ready:
+                scratch = self._path.with_name(f".{self._path.name}.{os.getpid()}")
+                scratch.write_text(f"{os.getpid()}\n")
+                scratch.rename(self._path)  # never a half-written file for the probe
+            else:
+                self._path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.error("readiness file %s: %s", self._path, exc.strerror or exc)
+            return
+        self._present = ready

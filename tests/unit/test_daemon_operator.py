@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import Counter, generate_latest
 
 from kubeport import config as cfg
-from kubeport.daemon import Daemon, process_registry
+from kubeport.daemon import Daemon
+from kubeport.process import process_registry
 from kubeport.endpoints.types import ServiceName
 from kubeport.proxy.healthcheck import HealthCheckServers
 
@@ -95,7 +96,7 @@ class _Limits:
     ],
 )
 def test_open_file_limit_raised_to_the_hard_limit(soft, hard, fail, expected):
-    from kubeport.daemon import raise_open_file_limit
+    from kubeport.process import raise_open_file_limit
 
     limits = _Limits(soft, hard, fail)
     assert raise_open_file_limit(limits) == expected

@@ -64,7 +64,7 @@ def test_daemonset_runs_on_every_node_with_host_networking_and_probes():
     assert {"operator": "Exists"} in pod["tolerations"]  # tolerates every taint
     assert set(container["securityContext"]["capabilities"]["add"]) == {"NET_ADMIN", "NET_BIND_SERVICE"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 10256}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 10256}
+    assert container["readinessProbe"]["exec"] == {"command": ["cat", "/tmp/ready"]}
     command = container["command"]
     assert command[:3] == ["kubeport", "run", "--in-cluster"]
     assert command[command.index("--config") + 1] == "/etc/kubeport/config.yaml"
@@ -99,6 +99,22 @@ def test_daemonset_pod_field(path, expected):
     for key in path:
         value = value[key]
     assert value == expected
+
+
+def test_daemonset_rollout_hands_over_in_place__surge_then_takeover():
+    """The new pod starts beside the old one (maxSurge), is ready only once it holds the node (its
+    own file: the /readyz port is shared under hostNetwork), and the old pod waits for its SIGTERM
+    (exiting would make the kubelet restart it, and it would take the node back)."""
+    strategy = one("daemonset.yaml", "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    container = the_container()
+    command = container["command"]
+    assert command[command.index("--after-handover") + 1] == "wait"
+    ready_file = command[command.index("--ready-file") + 1]
+    assert container["readinessProbe"]["exec"]["command"] == ["cat", ready_file]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    [volume] = [v for v in pod_spec()["volumes"] if v["name"] == mounts[str(Path(ready_file).parent)]]
+    assert "emptyDir" in volume  # the pod's own, never shared with the other pod
 
 
 def test_daemonset_declares_no_ports_under_host_network__kubeadm_kube_proxy():

@@ -36,6 +36,61 @@ async def test_first_instance_claims_the_node_and_a_second_takes_over():
     assert not handover.abstract_name_in_use(node)
 
 
+async def until(condition) -> None:
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_an_announced_successor_is_known_until_it_takes_over():
+    """From its start, the successor holds a connection: a predecessor stopped before the
+    handover then leaves the node's addresses to it (see Daemon._shutdown)."""
+    node = unique_node()
+    left = asyncio.Event()
+    first = handover.Instance(node, left.set)
+    assert await first.claim()
+    second = handover.Instance(node, lambda: None)
+    assert not await second.claim()
+    await second.announce()
+    await until(lambda: first.successors == 1)
+    async with asyncio.timeout(5):
+        await second.take_over()  # over the announced connection
+        await left.wait()
+    await until(lambda: first.successors == 0)
+    assert handover.abstract_name_in_use(node)
+    second.release()
+
+
+async def test_a_successor_that_dies_before_taking_over_is_forgotten():
+    node = unique_node()
+    first = handover.Instance(node, lambda: None)
+    assert await first.claim()
+    second = handover.Instance(node, lambda: None)
+    assert not await second.claim()
+    await second.announce()
+    await until(lambda: first.successors == 1)
+    second._link[1].close()  # what the kernel does when the process dies
+    await until(lambda: first.successors == 0)
+    first.release()
+
+
+async def test_a_predecessor_gone_after_the_announcement_is_not_waited_for():
+    node = unique_node()
+    first = handover.Instance(node, lambda: None)
+    assert await first.claim()
+    second = handover.Instance(node, lambda: None)
+    assert not await second.claim()
+    await second.announce()
+    await until(lambda: first.successors == 1)
+    first.release()
+    for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+        task.cancel()  # the predecessor's process ends: its side of the connection closes
+    async with asyncio.timeout(5):
+        await second.take_over(timeout=2)
+    assert not second.predecessor and handover.abstract_name_in_use(node)
+    second.release()
+
+
 async def test_take_over_without_a_living_predecessor_just_claims():
     node = unique_node()
     instance = handover.Instance(node, lambda: None)
@@ -168,3 +223,26 @@ async def test_reloader_watch_requests_a_reload_when_the_content_changes(tmp_pat
         await tick()
         assert reloader._requested.is_set()  # new content, as a ConfigMap update writes it
     task.cancel()
+
+
+def test_ready_file_is_present_only_while_ready_and_never_half_written(tmp_path: Path):
+    path = tmp_path / "ready"
+    ready = handover.ReadyFile(path)
+    ready.update(True)
+    assert path.read_text() == f"{os.getpid()}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["ready"]  # the scratch file was renamed
+    ready.update(False)
+    assert not path.exists()
+    handover.ReadyFile(None).update(True)  # no file asked for: nothing written anywhere
+
+
+def test_ready_file_that_cannot_be_written_is_retried_at_the_next_update(tmp_path: Path, caplog):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    ready = handover.ReadyFile(blocker / "ready")
+    ready.update(True)
+    assert "readiness file" in caplog.text
+    blocker.unlink()
+    blocker.mkdir()
+    ready.update(True)  # not remembered as written: tried again
+    assert (blocker / "ready").exists()

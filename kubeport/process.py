@@ -1,0 +1,37 @@
+"""Once per process, before the daemon starts: the process metrics and the open-file limit."""
+
+from __future__ import annotations
+
+import logging
+import resource
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+log = logging.getLogger(__name__)
+
+
+def process_registry() -> CollectorRegistry:
+    """A registry with the process, platform and GC collectors (process_cpu_seconds_total,
+    process_resident_memory_bytes, process_open_fds ..., as kube-proxy and CoreDNS export)."""
+    registry = CollectorRegistry()
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):
+        collector(registry=registry)
+    return registry
+
+
+def raise_open_file_limit(limits=resource) -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit; the new soft limit.
+
+    Each relayed TCP connection holds two descriptors, and container runtimes now start
+    processes at 1024 soft (containerd 2.x sets no LimitNOFILE): ~500 connections. Go raises
+    its soft limit by itself, so kube-proxy and CoreDNS never hit this; Python does not.
+    """
+    soft, hard = limits.getrlimit(limits.RLIMIT_NOFILE)
+    wanted = hard if hard != limits.RLIM_INFINITY else 1 << 20
+    if soft != limits.RLIM_INFINITY and soft < wanted:
+        try:
+            limits.setrlimit(limits.RLIMIT_NOFILE, (wanted, hard))
+            return wanted
+        except (OSError, ValueError) as error:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, wanted, error)
+    return soft
