@@ -42,6 +42,10 @@ DEFAULT_SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccoun
 USER_AGENT = "kubeport/0.1.0 (linux) endpoints-informer"
 #: client-go re-reads token files about every minute; exec plugins re-run when expired.
 CREDENTIAL_REFRESH_SECONDS = 60.0
+#: client-go re-reads a CA file named by path every 5 minutes (transport/ca_rotation.go,
+#: CARefreshDuration; feature gate ClientsAllowCARotation, on by default): the in-cluster
+#: ca.crt is rewritten by the kubelet when the cluster's serving CA rotates.
+CA_REFRESH_SECONDS = 300.0
 
 
 class ApiServerConfigError(Exception):
@@ -127,6 +131,7 @@ class Credentials:
         self._loader = kubeconfig_loader
         self._incluster = incluster_loader
         self._loaded_at = time.monotonic()
+        self._tls_checked_at = self._loaded_at
         self._tls_files = self._read_tls_files()
         #: Bumped when a client certificate, key or CA file changed (rotated in place, as the
         #: kubelet's certificate manager does, or rewritten by an exec plugin): the TLS
@@ -174,8 +179,12 @@ class Credentials:
 
     async def authorization(self) -> str | None:
         """The Authorization header value, refreshing file tokens and expired exec credentials."""
-        if self._loader is not None and time.monotonic() - self._loaded_at > CREDENTIAL_REFRESH_SECONDS:
+        now = time.monotonic()
+        if self._loader is not None and now - self._loaded_at > CREDENTIAL_REFRESH_SECONDS:
             await self.reload(rejected=False)
+        elif self._incluster is not None and now - self._tls_checked_at > CA_REFRESH_SECONDS:
+            self._tls_checked_at = now
+            self._check_tls_files()
         # For in-cluster, the library's refresh hook re-reads the rotating token file here.
         settings = await self.configuration.auth_settings()
         bearer = settings.get("BearerToken")
@@ -197,6 +206,9 @@ class Credentials:
             await self._loader.load_and_set(self.configuration)
         except Exception as exc:
             log.warning("%s: reloading credentials failed: %s", self.source, exc)
+        self._check_tls_files()
+
+    def _check_tls_files(self) -> None:
         tls_files = self._read_tls_files()
         if tls_files != self._tls_files:
             self._tls_files = tls_files
@@ -228,19 +240,34 @@ class ApiConnection:
         self._list_timeout = list_timeout
         self._rest: "RESTClientObject | None" = None
         self._tls_generation = -1
+        #: the changed certificate files could not be used: the previous session is kept
+        self.problem: str | None = None
 
     async def open(self) -> None:
         """Build the session (the TLS context from the certificate files) if there is none,
         or again when the credentials' files changed since it was built."""
-        if self._rest is not None and self._tls_generation != self.credentials.tls_generation:
-            await self.close()  # open streams end and resume from their resourceVersion
-        if self._rest is None:
-            generation = self.credentials.tls_generation
-            try:
-                self._rest = auth_modules().RESTClientObject(self.credentials.configuration)
-            except (OSError, ValueError) as exc:  # unreadable CA, or a key not matching the certificate
-                raise ApiServerConfigError(f"{self.credentials.source}: TLS set-up: {exc}") from exc
+        generation = self.credentials.tls_generation
+        if self._rest is not None and self._tls_generation == generation:
+            return
+        try:
+            rest = auth_modules().RESTClientObject(self.credentials.configuration)
+        except (OSError, ValueError) as exc:  # unreadable CA, or a key not matching the certificate
+            problem = f"{self.credentials.source}: TLS set-up: {exc}"
+            if self._rest is None:
+                raise ApiServerConfigError(problem) from exc
+            # Half-way through a rotation (a new certificate, its key not yet written; an
+            # empty CA file): client-go keeps what it loaded before, so does this. The next
+            # change of the files is tried again.
             self._tls_generation = generation
+            self.problem = f"{problem}; the session made with the previous files is kept"
+            log.error("%s", self.problem)
+            return
+        if self.problem is not None:
+            log.info("%s: resolved: the certificate files are usable again", self.credentials.source)
+            self.problem = None
+        previous, self._rest, self._tls_generation = self._rest, rest, generation
+        if previous is not None:
+            await previous.close()  # open streams end and resume from their resourceVersion
 
     async def close(self) -> None:
         if self._rest is not None:

@@ -79,6 +79,7 @@ class ApiServerSource:
         self._service_account_dir = service_account_dir
         self._environ = dict(os.environ if environ is None else environ)
         self._credentials: Credentials | None = None
+        self._connection: ApiConnection | None = None
         self._problems: dict[str, str] = {}
         self._state = state
         self._make_informer = functools.partial(
@@ -106,7 +107,7 @@ class ApiServerSource:
         """List and watch until cancelled. Raises ApiServerConfigError at once if the
         configuration is unusable; every later failure is retried."""
         credentials = await self.load_credentials()
-        connection = ApiConnection(credentials)
+        connection = self._connection = ApiConnection(credentials)
         await connection.open()
         log.info("watching the API server at %s (%s)", credentials.host, credentials.source)
         self._informers = [
@@ -127,6 +128,8 @@ class ApiServerSource:
     def problems(self) -> list[str]:
         """What is wrong right now, one line each (empty when all is well)."""
         found = [self._problems[kind] for kind in sorted(self._problems)]
+        if self._connection is not None and self._connection.problem is not None:
+            found.append(self._connection.problem)
         for informer in self._informers:
             found.extend(informer.object_problems[key] for key in sorted(informer.object_problems))
         return found

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeport.endpoints.apiclient import Credentials
+from kubeport.endpoints import apiclient
+from kubeport.endpoints.apiclient import ApiConnection, Credentials
 from kubeport.endpoints.apiserver import ApiServerConfigError, ApiServerSource
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
@@ -186,7 +187,8 @@ async def test_credentials_notice_certificate_files_rewritten_in_place(tmp_path)
 
 async def test_a_client_certificate_rotated_in_place_is_used__client_go_cert_rotation(tmp_path):
     """The kubelet's certificate manager rewrites the files the kubeconfig names; the old
-    certificate stops being accepted. Half-way (new certificate, old key) is retried too."""
+    certificate stops being accepted. Half-way (new certificate, old key), the session made with
+    the previous files stays, and the next change of the files is tried."""
     pki, cert, key, new_cert, new_key = rotating_pki(tmp_path)
     server = await FakeApiServer(token=None, tls=pki.server_context()).start()
     state = RecordingState()
@@ -200,8 +202,9 @@ async def test_a_client_certificate_rotated_in_place_is_used__client_go_cert_rot
         shutil.copy(new_cert, cert)                          # the certificate first...
         server.cut_watches("services")
         server.bookmark("services")
-        await eventually(lambda: source.stats["Service"].failures["config"] >= 1, "the half-rotated pair")
-        assert any("TLS set-up" in problem for problem in source.problems)
+        # client-go keeps the certificate it has while the new pair does not load; so does kubeport
+        await eventually(lambda: any("TLS set-up" in p and "previous files is kept" in p for p in source.problems),
+                         "the half-rotated pair reported")
         shutil.copy(new_key, key)                            # ...then its key
         server.apply(k8s.service("after-rotation", cluster_ip="10.96.0.70"))
         await snapshot_where(state, lambda s: ServiceName("default", "after-rotation") in s.services,
@@ -212,3 +215,33 @@ async def test_a_client_certificate_rotated_in_place_is_used__client_go_cert_rot
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await server.stop()
+
+
+async def test_in_cluster_ca_rewritten_by_the_kubelet_is_used__client_go_ca_rotation(tmp_path, tls, monkeypatch):
+    """client-go re-reads a CA file every 5 minutes (ClientsAllowCARotation) and keeps the roots
+    it has when the file is empty or unusable; the pod's ca.crt is rewritten when the CA rotates."""
+    account = write_service_account(tmp_path / "serviceaccount", token="t", ca=tls.ca_cert)
+    credentials = Credentials.in_cluster(
+        account, environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"})
+    connection = ApiConnection(credentials)
+    await connection.open()
+    first = connection._rest
+    try:
+        await credentials.authorization()
+        assert credentials.tls_generation == 0               # not yet time to look
+        monkeypatch.setattr(apiclient, "CA_REFRESH_SECONDS", -1.0)
+        await credentials.authorization()
+        await connection.open()
+        assert credentials.tls_generation == 0 and connection._rest is first  # same contents
+        (account / "ca.crt").write_text("")                  # caught mid-write
+        await credentials.authorization()
+        await connection.open()
+        assert credentials.tls_generation == 1 and connection._rest is first
+        assert "TLS set-up" in connection.problem
+        shutil.copy(make_tls(tmp_path / "rotated").ca_cert, account / "ca.crt")
+        await credentials.authorization()
+        await connection.open()
+        assert credentials.tls_generation == 2 and connection._rest is not first
+        assert connection.problem is None
+    finally:
+        await connection.close()
