@@ -6,7 +6,8 @@ maximum load than one random choice, no global state to keep consistent).
 Endpoints whose connects fail ``eject_after`` times in a row are ejected for an
 exponentially growing time, but never all at once (if every candidate is
 ejected, all are used: a guess beats a certain failure). ClientIP affinity
-(kube-proxy C) is consulted first, among the currently usable candidates only.
+(kube-proxy C) is consulted first, among the route's own candidates only: a pin to
+an endpoint the route does not offer is skipped, not lost (affinity.py).
 
 Sans-IO: ``now`` is passed in; the random generator is injected (seedable).
 """
@@ -23,7 +24,7 @@ from .stats import ServicePortStats
 
 class Affinity(Protocol):
     def lookup(self, client_ip: str, eligible_keys: Collection[str], now: float) -> str | None: ...
-    def record(self, client_ip: str, key: str, now: float) -> None: ...
+    def record(self, client_ip: str, key: str, now: float, *, replaces: str | None = None) -> None: ...
     def forget(self, keys: Iterable[str]) -> None: ...
 
 
@@ -121,11 +122,14 @@ class Balancer:
             key = affinity.lookup(client_ip, keys, now)
             if key is not None:
                 for endpoint in candidates:
-                    if endpoint.key == key and endpoint not in exclude and endpoint.ejected_until <= now:
-                        return endpoint
+                    if endpoint.key == key:
+                        if endpoint not in exclude and endpoint.ejected_until <= now:
+                            return endpoint
+                        break
             chosen = self._choose(candidates, now, exclude)
             if chosen is not None:
-                affinity.record(client_ip, chosen.key, now)
+                # A pin that failed this connection or is ejected moves to the new pick.
+                affinity.record(client_ip, chosen.key, now, replaces=key)
             return chosen
         return self._choose(candidates, now, exclude)
 

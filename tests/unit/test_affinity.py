@@ -43,21 +43,104 @@ def test_default_timeout_is_three_hours() -> None:
     assert table.lookup("192.0.2.1", ALL, now=10799.0 + 10800.0) is None
 
 
-def test_only_currently_usable_endpoints_are_eligible__reference_c() -> None:
-    table = AffinityTable(10)
-    table.record("192.0.2.1", A, now=0.0)
-    assert table.lookup("192.0.2.1", frozenset({B, C}), now=1.0) is None
-    # The stale pin is gone: A coming back does not resurrect it.
-    assert table.lookup("192.0.2.1", ALL, now=2.0) is None
-
-
 def test_pick_chooses_only_on_a_miss_and_records_the_choice() -> None:
     table = AffinityTable(10)
     choices = iter([C, A])
     assert table.pick("192.0.2.1", ALL, 0.0, lambda: next(choices)) == C
     assert table.pick("192.0.2.1", ALL, 1.0, lambda: next(choices)) == C
     assert table.pick("192.0.2.1", frozenset({A, B}), 2.0, lambda: next(choices)) == A
-    assert table.lookup("192.0.2.1", ALL, now=3.0) == A
+    assert table.pins("192.0.2.1") == (C, A)
+
+
+CLIENT = "192.0.2.1"
+LOCAL = frozenset({B})  # the Local chain of an eTP/iTP=Local frontend: this node's endpoints only
+
+
+def _never() -> str:
+    raise AssertionError("a pinned client must not be re-picked")
+
+
+# Steps, run in order against one AffinityTable(10) for CLIENT:
+#   ("pick", now, eligible, choice, expected)  choice None: the pin must answer
+#   ("forget", keys, removed)                  endpoints removed from the port
+#   ("expire", now, removed)                   the sweeper
+#   ("pins", expected)                         the client's pins, first pinned first
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param(
+            [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("pick", 2.0, ALL, None, A)],
+            id="ineligible_pin_skipped_not_dropped__cluster_pin_survives_local_frontend__reference_c",
+        ),
+        pytest.param(
+            [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("pick", 2.0, LOCAL, None, B),
+             ("pins", (A, B))],
+            id="restricted_frontend_records_its_own_pin__per_endpoint_recent_list__reference_c",
+        ),
+        pytest.param(
+            [("pick", 0.0, LOCAL, B, B), ("pick", 1.0, ALL, None, B)],
+            id="local_pin_is_honoured_by_the_cluster_chain_too__reference_c",
+        ),
+        pytest.param(
+            [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("pick", 2.0, ALL, None, A),
+             ("pick", 3.0, frozenset({A, B}), None, A)],
+            id="first_pin_wins_where_several_are_offered__fixed_order_like_the_chain",
+        ),
+        pytest.param(
+            [("pick", 0.0, ALL, A, A), ("pick", 5.0, LOCAL, B, B), ("pick", 12.0, ALL, None, B),
+             ("pins", (B,))],
+            id="pins_time_out_one_by_one__timed_out_pin_dropped_on_the_way__reference_c",
+        ),
+        pytest.param(
+            [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("pick", 9.0, LOCAL, None, B),
+             ("expire", 10.5, 1), ("pins", (B,)), ("pick", 11.0, ALL, None, B)],
+            id="skipped_pin_still_expires__sweeper",
+        ),
+        pytest.param(
+            [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("forget", [A], 1), ("pins", (B,)),
+             ("pick", 2.0, ALL, None, B)],
+            id="removed_endpoint_drops_its_pins__reference_c",
+        ),
+        pytest.param(
+            [("pick", 0.0, ALL, A, A), ("forget", [A], 1), ("pick", 1.0, frozenset({B, C}), C, C),
+             ("pick", 2.0, ALL, None, C)],
+            id="removed_endpoint_back__client_stays_on_its_new_pick__reference_c",
+        ),
+    ],
+)
+def test_pins_per_endpoint__skipped_where_not_offered(steps) -> None:
+    table = AffinityTable(10)
+    for step in steps:
+        match step:
+            case ("pick", now, eligible, choice, expected):
+                assert table.pick(CLIENT, eligible, now, (lambda c=choice: c) if choice else _never) == expected
+            case ("forget", keys, removed):
+                assert table.forget(keys) == removed
+            case ("expire", now, removed):
+                assert table.expire(now) == removed
+            case ("pins", expected):
+                assert table.pins(CLIENT) == expected
+
+
+@pytest.mark.parametrize(
+    ("pins", "moved_off", "new", "expected"),
+    [
+        pytest.param((A,), A, B, (B,), id="only_pin__repointed"),
+        pytest.param((A, B), A, C, (C, B), id="new_pin_takes_the_failed_pins_place"),
+        pytest.param((A, B), A, B, (B,), id="moved_onto_another_pin__failed_one_dropped"),
+        pytest.param((A,), None, B, (A, B), id="no_pin_moved_off__appended"),
+        pytest.param((A,), C, B, (A, B), id="moved_off_pin_not_held__appended"),
+    ],
+)
+def test_record_replaces_a_pin_the_client_was_moved_off(pins, moved_off, new, expected) -> None:
+    table = AffinityTable(10)
+    for now, key in enumerate(pins):
+        table.record(CLIENT, key, float(now))
+    table.record(CLIENT, new, 5.0, replaces=moved_off)
+    assert table.pins(CLIENT) == expected
+    assert len(table) == len(expected)
+    assert table.forget([A, B, C]) == len(expected)
+    assert table.pins(CLIENT) == () and len(table) == 0
 
 
 def test_forget_drops_clients_of_removed_endpoints_only() -> None:
@@ -73,7 +156,7 @@ def test_forget_drops_clients_of_removed_endpoints_only() -> None:
 def test_record_repoints_a_client_and_forget_follows_the_new_key() -> None:
     table = AffinityTable(10)
     table.record("192.0.2.1", A, now=0.0)
-    table.record("192.0.2.1", B, now=1.0)
+    table.record("192.0.2.1", B, now=1.0, replaces=A)
     assert table.forget([A]) == 0
     assert table.lookup("192.0.2.1", ALL, now=2.0) == B
     assert table.forget([B]) == 1
@@ -119,3 +202,12 @@ def test_tables_are_per_service_port__reference_c() -> None:
 def test_timeout_must_be_positive(timeout) -> None:
     with pytest.raises(ValueError, match="timeout"):
         AffinityTable(timeout)
+
+
+def test_size_cap_counts_pins_and_evicts_the_least_recently_used_one() -> None:
+    table = AffinityTable(10, max_entries=2)
+    table.record(CLIENT, A, now=0.0)
+    table.record(CLIENT, B, now=1.0)
+    table.record("192.0.2.2", C, now=2.0)
+    assert table.pins(CLIENT) == (B,) and len(table) == 2
+    assert table.forget([A]) == 0

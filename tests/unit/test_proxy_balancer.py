@@ -107,9 +107,72 @@ def test_client_ip_affinity__sticks_until_the_endpoint_leaves__c():
     first.active = 100  # load does not break affinity
     assert {balancer.pick(candidates, keys(candidates), "10.0.0.1", t).key for t in range(1, 50)} == {first.key}
     rest = [c for c in candidates if c is not first]
+    balancer.affinity.forget([first.key])  # what ServicePortPool.sync does for a removed endpoint
     moved = balancer.pick(rest, keys(rest), "10.0.0.1", 60.0)
     assert moved is not first
     assert balancer.pick(candidates, keys(candidates), "10.0.0.1", 61.0) is moved
+
+
+# One port's endpoints: "remote" on another node, "a" and "b" on this one. The cluster chain
+# offers every endpoint; the Local chain of an eTP=Local NodePort (or iTP=Local) this node's only.
+FRONTENDS = {"cluster": ("remote", "a", "b"), "local": ("a", "b")}
+
+
+class _Port:
+    def __init__(self) -> None:
+        remote, a, b = states(0, 0, 0)
+        self.endpoints = {"remote": remote, "a": a, "b": b}
+        self.balancer = Balancer(random.Random(7), affinity=AffinityTable(10800))
+
+    def pick(self, frontend: str, now: float, busy: tuple[str, ...] = ()) -> str:
+        """The pick for a new connection; ``busy`` endpoints lose any fresh pick (P2C on load)."""
+        for name, state in self.endpoints.items():
+            state.active = 100 if name in busy else 0
+        candidates = [self.endpoints[name] for name in FRONTENDS[frontend]]
+        chosen = self.balancer.pick(candidates, keys(candidates), "10.0.0.1", now)
+        return next(name for name, state in self.endpoints.items() if state is chosen)
+
+    def pins(self) -> list[str]:
+        by_key = {state.key: name for name, state in self.endpoints.items()}
+        return [by_key[key] for key in self.balancer.affinity.pins("10.0.0.1")]
+
+
+@pytest.mark.parametrize(
+    ("steps", "pins"),
+    [
+        # (now, frontend, endpoints busy for a fresh pick, expected endpoint)
+        pytest.param(
+            [(0.0, "cluster", ("a", "b"), "remote"), (1.0, "local", ("b",), "a"),
+             (2.0, "cluster", ("remote",), "remote")],
+            ["remote", "a"],
+            id="cluster_pin_skipped_by_local_frontend__kept_for_the_clusterip__reference_c",
+        ),
+        pytest.param(
+            [(0.0, "cluster", ("a", "b"), "remote"), (1.0, "local", ("b",), "a"), (2.0, "local", ("a",), "a")],
+            ["remote", "a"],
+            id="local_frontend_sticks_to_its_own_pick__reference_c",
+        ),
+        pytest.param(
+            [(0.0, "local", ("b",), "a"), (1.0, "cluster", ("a",), "a")],
+            ["a"],
+            id="local_pin_honoured_by_the_cluster_chain__reference_c",
+        ),
+    ],
+)
+def test_affinity_per_endpoint_across_frontends_of_one_port(steps, pins):
+    port = _Port()
+    for now, frontend, busy, expected in steps:
+        assert port.pick(frontend, now, busy) == expected
+    assert port.pins() == pins
+
+
+def test_affinity_pin_on_an_ejected_endpoint_moves_in_place():
+    port = _Port()
+    assert port.pick("cluster", 0.0, busy=("a", "b")) == "remote"
+    assert port.pick("local", 1.0, busy=("b",)) == "a"
+    port.endpoints["remote"].ejected_until = 100.0
+    assert port.pick("cluster", 2.0, busy=("a",)) == "b"
+    assert port.pins() == ["b", "a"]
 
 
 def test_affinity_expires_after_the_timeout__c():
