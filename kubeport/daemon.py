@@ -295,13 +295,10 @@ class Daemon:
             self._health_desired, snapshot.services, snapshot.changed_since(self._last_proxy_snapshot),
             self.config.hostname_override)
         self._last_proxy_snapshot = snapshot
-        await self._healthchecks.sync(self._health_desired, self._nodeport_addresses())
+        await self._healthchecks.sync(self._health_desired, self._proxier.health_check_addresses)
         self.metrics.synced(snapshot, time.monotonic() - started)
 
     _last_proxy_snapshot: Snapshot | None = None
-
-    def _nodeport_addresses(self) -> tuple[str, ...]:
-        return self._proxier.nodeport_addresses
 
     async def _apply_dns(self, snapshot: Snapshot) -> None:
         self._dns.apply(snapshot)

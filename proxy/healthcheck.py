@@ -9,7 +9,9 @@ i.e. nodes with a local ready endpoint (so the client IP can be kept).
 * Shell: :class:`HealthCheckServers` reconciles one HTTP server per port against that
   map (opens new ports, closes gone ones, leaves the rest alone; counts change in place).
   A port that fails to open (busy) is retried with backoff until it opens, as kube-proxy
-  retries it on every sync rather than only when the Services change.
+  retries it on every sync rather than only when the Services change. Ports listen where
+  --nodeport-addresses says (``NodePortSelection.health_check_addresses``): nowhere when
+  it matches no local address.
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ class HealthCheckServers:
         self._proxy_healthy = proxy_healthy
         self._records: dict[int, tuple[ServiceName, int]] = {}
         self._listeners: dict[int, _Listener] = {}
-        self._addresses: tuple[str, ...] = ()
+        #: where ports listen: None every address (the wildcard), () nowhere.
+        self._addresses: tuple[str, ...] | None = None
         self._lock = asyncio.Lock()
         #: ports that failed to open -> error text (retried by :meth:`keep_retrying` and every sync).
         self.failures: dict[int, str] = {}
@@ -158,15 +161,20 @@ class HealthCheckServers:
         """Ports currently listening."""
         return frozenset(self._listeners)
 
-    async def sync(self, desired: DesiredHealthChecks, addresses: Sequence[str] = ()) -> dict[int, str]:
-        """Serve exactly the ports of ``desired`` on ``addresses`` (empty: all addresses).
+    async def sync(
+        self, desired: DesiredHealthChecks, addresses: Sequence[str] | None = None
+    ) -> dict[int, str]:
+        """Serve exactly the ports of ``desired`` on ``addresses``.
 
+        ``addresses``: where to listen (``"0.0.0.0"``/``"::"`` for a family's wildcard, see
+        ``NodePortSelection.health_check_addresses``); None: every address; empty: nowhere,
+        so no port opens (--nodeport-addresses matched no local address, reference F.1).
         Counts and names of open ports change in place; new addresses reopen every port.
         A port that cannot be opened is reported (``{port: error}``, also in :attr:`failures`)
         and retried: by :meth:`keep_retrying`, and at the next sync.
         """
         async with self._lock:
-            addresses = tuple(addresses)
+            addresses = tuple(addresses) if addresses is not None else None
             if addresses != self._addresses:
                 await self._close(list(self._listeners))
                 self._addresses = addresses
@@ -193,6 +201,8 @@ class HealthCheckServers:
     async def _open_missing(self, ports: Iterable[int]) -> dict[int, str]:
         """Open those of ``ports`` that are desired and not listening; record what fails."""
         failures: dict[int, str] = {}
+        if self._addresses == ():  # no node address to listen on: nothing opens, nothing fails
+            ports = ()
         for port in ports:
             if port in self._records and port not in self._listeners:
                 error = await self._open(port)
@@ -231,7 +241,8 @@ class HealthCheckServers:
         try:
             server = await asyncio.get_running_loop().create_server(
                 # SO_REUSEPORT: a successor (seamless restart) binds the same ports before we leave.
-                handler, host=list(self._addresses) or None, port=port, reuse_address=True, reuse_port=True,
+                handler, host=list(self._addresses) if self._addresses is not None else None, port=port,
+                reuse_address=True, reuse_port=True,
             )
         except OSError as err:
             service = self._records[port][0]

@@ -8,6 +8,10 @@ Loopback addresses carry NodePorts only when the list names them (``localhost``,
 CIDR such as ``127.0.0.0/8``): kube-proxy's nftables mode never serves them, and
 KEP-6032's localhost proxy starts only for an explicit loopback entry (``all`` and the
 match-all a family falls back to do not count).
+
+A family whose entries match no local address gets nothing: no NodePorts and no
+health-check node ports (reference E.1, F.1); :class:`NodePortSelection` keeps that
+apart from a family matching all, whose health-check ports take the wildcard.
 """
 
 from __future__ import annotations
@@ -80,13 +84,67 @@ def nodeport_networks(spec: NodePortSpec, primary_ips: Iterable[str]) -> tuple[N
     return tuple(networks)
 
 
+#: What a health-check node port binds for a match-all family (reference F.1: ``0.0.0.0:<port>``).
+WILDCARDS = {4: "0.0.0.0", 6: "::"}
+
+
+@dataclass(frozen=True, slots=True)
+class NodePortSelection:
+    """What --nodeport-addresses selects on this node, per family.
+
+    A family can match *all* its addresses (a zero CIDR, or the fallback of a family the
+    list does not name) or only named CIDRs; when those match no local address, the
+    family gets no NodePorts and no health-check node ports (reference E.1, F.1): an
+    empty ``addresses`` is never "everything".
+    """
+
+    #: local addresses NodePorts bind to, sorted (IPv4 first).
+    addresses: tuple[str, ...]
+    #: families (4, 6) matching every address: kube-proxy's MatchAll.
+    match_all: frozenset[int] = frozenset()
+    #: (family, its CIDRs) for each family that is not match-all and matched no local address.
+    unmatched: tuple[tuple[int, tuple[Network, ...]], ...] = ()
+
+    @property
+    def health_check_addresses(self) -> tuple[str, ...]:
+        """Where health-check node ports listen (reference F.1): the family's wildcard when it
+        matches all (and has an address here), else its matched addresses; none for no match."""
+        hosts = []
+        for family in (4, 6):
+            matched = [a for a in self.addresses if (":" in a) == (family == 6)]
+            if matched and family in self.match_all:
+                hosts.append(WILDCARDS[family])
+            else:
+                hosts.extend(matched)
+        return tuple(hosts)
+
+    def problems(self, tokens: str | Sequence[str]) -> list[str]:
+        """One line per family whose CIDRs match no local address (kube-proxy logs an error)."""
+        flag = tokens if isinstance(tokens, str) else ",".join(tokens)
+        return [
+            f"nodePortAddresses {flag!r}: no local IPv{family} address in {', '.join(map(str, cidrs))}: "
+            f"no NodePorts and no health-check node ports on IPv{family}"
+            for family, cidrs in self.unmatched
+        ]
+
+
 def select_nodeport_addresses(
     spec: NodePortSpec | str | Sequence[str],
     primary_ips: Iterable[str],
     interface_addresses: Iterable[str],
     exclude: Iterable[str] = (),
 ) -> tuple[str, ...]:
-    """The local addresses NodePorts bind to, sorted (IPv4 first).
+    """The local addresses NodePorts bind to, sorted (IPv4 first): :func:`nodeport_selection`'s."""
+    return nodeport_selection(spec, primary_ips, interface_addresses, exclude).addresses
+
+
+def nodeport_selection(
+    spec: NodePortSpec | str | Sequence[str],
+    primary_ips: Iterable[str],
+    interface_addresses: Iterable[str],
+    exclude: Iterable[str] = (),
+) -> NodePortSelection:
+    """The local addresses NodePorts bind to, and which families match all or nothing.
 
     ``interface_addresses`` are the node's addresses as listed from its links (an
     address must exist locally to be bound, like kube-proxy's interface scan);
@@ -105,4 +163,13 @@ def select_nodeport_addresses(
         if any(ip.version == n.version and ip in n and not (ip.is_loopback and _is_match_all(n))
                for n in networks):
             chosen.add(ip)
-    return tuple(str(ip) for ip in sorted(chosen, key=lambda ip: (ip.version, ip)))
+    match_all = frozenset(n.version for n in networks if _is_match_all(n))
+    matched = {ip.version for ip in chosen}
+    unmatched = tuple(
+        (family, tuple(n for n in networks if n.version == family))
+        for family in (4, 6)
+        if family not in match_all and family not in matched and any(n.version == family for n in networks)
+    )
+    return NodePortSelection(
+        tuple(str(ip) for ip in sorted(chosen, key=lambda ip: (ip.version, ip))), match_all, unmatched
+    )

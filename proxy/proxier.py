@@ -13,7 +13,6 @@ import asyncio
 import logging
 import operator
 import random
-import socket
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
@@ -26,8 +25,9 @@ from .context import RelayContext
 from .firewall import Firewall, NftFirewall
 from .host import HostState
 from .housekeeping import AffinitySweeper
+from .kernel import requests_migrate, sctp_supported
 from .listeners import Listeners
-from .nodeports import select_nodeport_addresses
+from .nodeports import nodeport_selection
 from .stats import ServicePortStats
 from .table import (
     ForwardingTable,
@@ -44,14 +44,6 @@ log = logging.getLogger(__name__)
 _SERVICES_PER_TURN = 500
 _LISTENERS_PER_TURN = 500
 _by_name = operator.attrgetter("namespace", "name")
-
-
-def sctp_supported() -> bool:
-    try:
-        socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP).close()
-    except OSError:
-        return False
-    return True
 
 
 class Proxier:
@@ -80,6 +72,8 @@ class Proxier:
         self._ctx: RelayContext | None = None
         self._listeners: Listeners | None = None
         self._table_ctx: TableContext | None = None
+        self._health_check_addresses: tuple[str, ...] = ()
+        self._nodeport_problems: list[str] = []
         self._snapshot: Snapshot | None = None
         self._extra_addresses: frozenset[str] = frozenset()
         self._reserved: frozenset[Frontend] = frozenset()
@@ -151,7 +145,7 @@ class Proxier:
         self._stopping = True
         # Connections the kernel queued already: served here while draining, unless a successor
         # gets them anyway (tcp_migrate_req) or no drain would let them finish.
-        take_queued = grace > 0 and (release or not _requests_migrate())
+        take_queued = grace > 0 and (release or not requests_migrate())
         self._listeners.stop_accepting(hand_over=not release, accept_queued=take_queued)
         if grace > 0 and (ctx.conns or ctx.draining):
             await _wait_until(ctx.wait_idle(), grace, abort, self._forced)
@@ -215,12 +209,18 @@ class Proxier:
 
     @property
     def nodeport_addresses(self) -> tuple[str, ...]:
-        """Where NodePorts (and health-check node ports) listen, per --nodeport-addresses."""
+        """Where NodePorts listen, per --nodeport-addresses (empty: none matched, or not applied yet)."""
         return self._table_ctx.nodeport_addresses if self._table_ctx is not None else ()
+
+    @property
+    def health_check_addresses(self) -> tuple[str, ...]:
+        """Where health-check node ports listen (reference F.1, NodePortSelection); empty: nowhere."""
+        return self._health_check_addresses
 
     @property
     def problems(self) -> list[str]:
         found = [str(c) for c in self._table.conflicts()] + list(self._host.problems.values())
+        found += self._nodeport_problems
         if self._listeners is not None:
             found += self._listeners.problems()
         return found
@@ -271,11 +271,15 @@ class Proxier:
             local = _interface_addresses_fallback(primary)
         self.node_addresses = tuple(local)
         self._ctx.local_clients.set_node_addresses(local)
-        nodeport_ips = select_nodeport_addresses(self.config.nodeport_addresses, primary, local)
+        selection = nodeport_selection(self.config.nodeport_addresses, primary, local)
+        problems = selection.problems(self.config.nodeport_addresses)
+        for problem in set(problems) - set(self._nodeport_problems):  # said once, as kube-proxy logs it
+            log.error("%s", problem)
+        self._nodeport_problems, self._health_check_addresses = problems, selection.health_check_addresses
         return TableContext(
             node_name=self.node_name,
             zone=node.zone if node is not None else None,
-            nodeport_addresses=nodeport_ips,
+            nodeport_addresses=selection.addresses,
             reserved=self._reserved,
             node_ips=tuple(primary),
         )
@@ -373,15 +377,6 @@ class Proxier:
 
     def _route_for(self, rule: FrontendRule) -> Route:
         return Route(self._pools[rule.port_name], rule.endpoints, rule.local_client_endpoints)  # bound: _bind
-
-
-def _requests_migrate(path: str = "/proc/sys/net/ipv4/tcp_migrate_req") -> bool:
-    """Does a closing listener hand its queued connections to its SO_REUSEPORT siblings?"""
-    try:
-        with open(path) as sysctl:
-            return sysctl.read().strip() == "1"
-    except OSError:
-        return False
 
 
 async def _wait_until(work, timeout: float, *aborts: asyncio.Event | None) -> None:

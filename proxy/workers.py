@@ -298,6 +298,10 @@ class ProxyWorkers:
         return self._local.nodeport_addresses
 
     @property
+    def health_check_addresses(self) -> tuple[str, ...]:
+        return self._local.health_check_addresses
+
+    @property
     def problems(self) -> list[str]:
         found = self._local.problems
         for child in self._children:

@@ -88,3 +88,17 @@ def test_busy_health_check_node_port_is_retried_until_it_opens(topology, manifes
                ignore=(CommandFailed,), message="health-check node port open after the retry")
     assert '"localEndpoints": 1' in curl_in(ns, f"http://{node_ip}:{HEALTH_PORT}/healthz")
     assert failure not in problems(ns)
+
+
+def test_nodeport_addresses_matching_nothing_open_no_health_check_port__e1_f1(topology, manifests, tmp_path):
+    ns, node_ip = topology.node("a"), topology.node_spec("a").lan_ips[0]
+    kp = daemon(topology, manifests, tmp_path, "--nodeport-addresses", "10.9.0.0/16,fd09::/64")
+    said = "nodePortAddresses '10.9.0.0/16,fd09::/64': no local IPv4 address in 10.9.0.0/16"
+    wait_until(lambda: said in problems(ns), 10, message="the unmatched nodePortAddresses among the problems")
+    for host in (node_ip, "127.0.0.1"):  # not the wildcard: nowhere at all
+        with pytest.raises(CommandFailed) as refused:
+            curl_in(ns, f"http://{host}:{HEALTH_PORT}/healthz", timeout=2)
+        assert refused.value.returncode == 7
+    assert f"failed to start healthcheck 'demo/etp' on port {HEALTH_PORT}" not in problems(ns)
+    assert kp.log_text().count(said) == 1
+    assert kp.stop() == 0

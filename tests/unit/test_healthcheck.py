@@ -254,6 +254,36 @@ async def test_listens_only_on_given_addresses_and_reopens_when_they_change(serv
     assert (await probe("127.0.0.1", port))[0] == 200
 
 
+@pytest.mark.parametrize(
+    ("addresses", "answering", "refusing"),
+    [
+        pytest.param(["127.0.0.2"], ["127.0.0.2"], ["127.0.0.1"], id="each_matched_node_ip__f1"),
+        pytest.param(["0.0.0.0"], ["127.0.0.1", "127.0.0.2"], [], id="match_all_family__wildcard__f1"),
+        pytest.param(None, ["127.0.0.1", "127.0.0.2"], [], id="none__every_address"),
+        pytest.param([], [], ["127.0.0.1", "127.0.0.2"], id="nodeport_addresses_match_nothing__no_port__e1_f1"),
+    ],
+)
+async def test_listens_where_nodeport_addresses_say(servers, addresses, answering, refusing) -> None:
+    port = free_port()
+    assert await servers.sync({port: (WEB, 1)}, addresses) == {}
+    assert servers.ports == (frozenset({port}) if answering else frozenset())
+    assert servers.failures == {}
+    for host in answering:
+        assert (await probe(host, port))[0] == 200
+    for host in refusing:
+        assert await refused(host, port)
+
+
+async def test_no_matched_address_closes_open_ports_and_a_match_reopens_them(servers) -> None:
+    port = free_port()
+    await servers.sync({port: (WEB, 1)}, ["127.0.0.1"])
+    assert await servers.sync({port: (WEB, 1)}, []) == {}
+    assert servers.ports == frozenset() and await refused("127.0.0.1", port)
+    assert await servers.retry_failed() == {}  # nothing to retry: not a failure
+    await servers.sync({port: (WEB, 1)}, ["127.0.0.1"])
+    assert (await probe("127.0.0.1", port))[0] == 200
+
+
 async def test_port_in_use_is_reported_and_retried_next_sync(servers) -> None:
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))

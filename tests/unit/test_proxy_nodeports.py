@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kubeport.proxy.config import ProxyConfig, ProxyConfigError
-from kubeport.proxy.nodeports import parse_nodeport_addresses, select_nodeport_addresses
+from kubeport.proxy.nodeports import nodeport_selection, parse_nodeport_addresses, select_nodeport_addresses
 
 PRIMARY = ("192.168.1.10", "fd00:1::10")
 INTERFACES = (
@@ -51,6 +51,44 @@ INTERFACES = (
 )
 def test_select_nodeport_addresses(spec, primary, expected):
     assert list(select_nodeport_addresses(spec, primary, INTERFACES, exclude=("10.96.0.20",))) == expected
+
+
+V4_ONLY = ("127.0.0.1", "::1", "192.168.1.10", "fe80::1")
+
+
+@pytest.mark.parametrize(
+    ("spec", "primary", "interfaces", "health_check", "unmatched"),
+    [
+        pytest.param("primary", PRIMARY, INTERFACES, ("192.168.1.10", "fd00:1::10"), {},
+                     id="primary__each_matched_node_ip__f1"),
+        pytest.param("primary", (), INTERFACES, ("0.0.0.0", "::"), {},
+                     id="primary_without_node_object__match_all__wildcard__f1"),
+        pytest.param("primary", ("192.168.1.10",), INTERFACES, ("192.168.1.10", "::"), {},
+                     id="primary_v4_only__ipv6_falls_back_to_match_all__wildcard_there__e1_f1"),
+        pytest.param("all", PRIMARY, INTERFACES, ("0.0.0.0", "::"), {}, id="all__wildcards__kep6032_f1"),
+        pytest.param("all", PRIMARY, V4_ONLY, ("0.0.0.0",), {},
+                     id="match_all_family_without_an_address_here__nothing__not_an_error"),
+        pytest.param("0.0.0.0/0,fd00:1::/64", PRIMARY, INTERFACES, ("0.0.0.0", "fd00:1::10"), {},
+                     id="zero_cidr_makes_one_family_match_all__e1_f1"),
+        pytest.param("localhost", PRIMARY, INTERFACES, ("127.0.0.1", "::1"), {},
+                     id="localhost__loopback_addresses_not_wildcard__kep6032"),
+        pytest.param("10.9.0.0/16", PRIMARY, INTERFACES, ("::",), {4: ["10.9.0.0/16"]},
+                     id="cidr_matching_nothing__no_ipv4_health_check_ports__logged__e1_f1"),
+        pytest.param("10.9.0.0/16,fd09::/64", PRIMARY, INTERFACES, (), {4: ["10.9.0.0/16"], 6: ["fd09::/64"]},
+                     id="cidrs_matching_nothing_in_both_families__no_health_check_ports_at_all__e1_f1"),
+        pytest.param("primary", ("192.168.9.9", "fd00:1::10"), INTERFACES, ("fd00:1::10",),
+                     {4: ["192.168.9.9/32"]}, id="primary_node_ip_not_on_any_link__none_in_that_family__e1"),
+    ],
+)
+def test_health_check_addresses_and_unmatched_families(spec, primary, interfaces, health_check, unmatched):
+    selection = nodeport_selection(spec, primary, interfaces, exclude=("10.96.0.20",))
+    assert selection.health_check_addresses == health_check
+    assert {family: [str(n) for n in cidrs] for family, cidrs in selection.unmatched} == unmatched
+    problems = selection.problems(spec)
+    assert len(problems) == len(unmatched)
+    for problem, family in zip(problems, sorted(unmatched)):
+        assert f"nodePortAddresses {spec!r}: no local IPv{family} address in" in problem
+        assert f"no NodePorts and no health-check node ports on IPv{family}" in problem
 
 
 @pytest.mark.parametrize(

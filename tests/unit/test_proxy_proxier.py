@@ -12,9 +12,10 @@ import socket
 
 import pytest
 
-from kubeport.endpoints.types import ServiceState
+from kubeport.endpoints.types import ServiceName, ServiceState
 from kubeport.proxy.context import LocalClients
-from kubeport.proxy.proxier import sctp_supported
+from kubeport.proxy.healthcheck import HealthCheckServers
+from kubeport.proxy.kernel import sctp_supported
 from kubeport.proxy.table import Frontend
 from kubeport.proxy.testing import DEADLINE, endpoint, endpoint_slice, on_uvloop, port, service, until
 
@@ -169,6 +170,41 @@ async def test_port_in_use__reported_and_retried_on_the_next_apply():
             await proxier.apply(first)  # same snapshot: only the failed listener is retried
             assert proxier.problems == []
             assert await greeting("127.0.0.10", 80) == "a"
+
+
+NO_MATCH_V4 = ("nodePortAddresses '10.9.0.0/16': no local IPv4 address in 10.9.0.0/16: "
+               "no NodePorts and no health-check node ports on IPv4")
+
+
+@pytest.mark.parametrize(
+    ("nodeport_addresses", "health_check", "node_port_open", "problems"),
+    [
+        pytest.param(("primary", "localhost"), ("127.0.0.1", "::1"), True, [], id="matched__each_address__f1"),
+        pytest.param(("127.0.0.0/8",), ("127.0.0.1",), True, [], id="cidr_matched__its_addresses_only__e1"),
+        pytest.param(("10.9.0.0/16",), (), False, [NO_MATCH_V4],
+                     id="cidr_matching_nothing__no_nodeport_no_health_check_port__logged_once__e1_f1"),
+    ],
+)
+async def test_nodeport_addresses_matching_nothing_open_no_health_check_port(
+    nodeport_addresses, health_check, node_port_open, problems, caplog
+):
+    async with running_proxier(nodeport_addresses=nodeport_addresses) as (proxier, _, _, backends):
+        first = await apply_states(proxier, [web(await backends.tcp("a"), node_port=30080)])
+        await apply_states(proxier, [web(await backends.tcp("b"), node_port=30080)], previous=first)
+        assert proxier.health_check_addresses == health_check
+        assert (Frontend("127.0.0.1", 30080, "TCP") in proxier.listening) is node_port_open
+        assert proxier.problems == problems
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == problems
+        # The daemon's glue: health-check ports go where the proxier says, nowhere when nothing matched.
+        servers = HealthCheckServers(lambda: True)
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                hc_port = probe.getsockname()[1]
+            assert await servers.sync({hc_port: (ServiceName("default", "web"), 1)}, proxier.health_check_addresses) == {}
+            assert servers.ports == (frozenset({hc_port}) if health_check else frozenset())
+        finally:
+            await servers.close()
 
 
 @pytest.mark.parametrize(
