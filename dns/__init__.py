@@ -2,7 +2,7 @@
 
 The daemon uses :class:`DnsServer` with a :class:`DnsConfig`; everything else is the pure
 core (names, records, lookup, encode, answer, answer_cache, rotate, forwarded, wire,
-upstream_cache, upstream_policy) and its I/O shell (server, udp, mmsg, upstream, upstream_io).
+upstream_cache, upstream_policy) and its I/O shell (server, udp, mmsg, upstream, upstream_io, upstream_tcp).
 """
 
 from .config import DnsConfig, DnsConfigError, default_upstreams, parse_upstream

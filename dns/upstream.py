@@ -5,8 +5,8 @@ healthy upstreams, cycled until 5 s have passed, each try waiting ``timeout`` (C
 read_timeout, 2 s) at most, an upstream that refuses (ICMP) left at once; a failed try
 starts health checks of its upstream. A query that arrived over TCP is forwarded over TCP
 (CoreDNS: the transport it arrived on); over UDP, a truncated answer is asked again over
-TCP (:mod:`.upstream_io`). An answer is cached (:mod:`.upstream_cache`) stamped with the
-time it arrived, so the wait for it is not taken off its TTLs.
+TCP, on reused connections (:mod:`.upstream_tcp`). An answer is cached (:mod:`.upstream_cache`)
+stamped with the time it arrived, so the wait for it is not taken off its TTLs.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Callable
 
 from .stats import DnsStats
 from .upstream_cache import MIN_TTL, SERVFAIL_TTL, StoredMessage, UpstreamCache, without_opt
-from .upstream_io import Upstream, UdpChannel, ask_tcp, open_udp_channel, upstream_query
+from .upstream_io import Upstream, UdpChannel, open_udp_channel, upstream_query
 from .upstream_policy import CHECK_INTERVAL, CHECK_TIMEOUT, FORWARD_DEADLINE, Tries, UpstreamHealth, policy_order
+from .upstream_tcp import TcpPool
 from .wire import RCODE_NAMES, TC
 
 __all__ = ["Forwarder", "MIN_TTL", "SERVFAIL_TTL", "StoredMessage", "UpstreamCache", "upstream_query", "without_opt"]
@@ -52,6 +53,7 @@ class Forwarder:
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._channels: dict[Upstream, UdpChannel] = {}
+        self._tcp = TcpPool(clock=clock)
         self._checks: dict[Upstream, asyncio.Task[None]] = {}
         self._stopping: list[asyncio.Task[None]] = []
         self._closed = False
@@ -118,11 +120,11 @@ class Forwarder:
         try:
             async with asyncio.timeout(timeout):
                 if tcp:
-                    message = await ask_tcp(upstream, question, do=do, cd=cd, udp_size=self.udp_size)
+                    message = await self._tcp.ask(upstream, question, do=do, cd=cd, udp_size=self.udp_size)
                 else:
                     message = await self._ask_udp(upstream, question, do=do, cd=cd)
                     if message[2] & (TC >> 8):
-                        message = await ask_tcp(upstream, question, do=do, cd=cd, udp_size=self.udp_size)
+                        message = await self._tcp.ask(upstream, question, do=do, cd=cd, udp_size=self.udp_size)
         except TimeoutError:
             self.stats.forward_timeouts[name] += 1
             log.debug("dns: upstream %s timed out", name)
@@ -179,6 +181,7 @@ class Forwarder:
             if channel.transport is not None:
                 channel.transport.close()
         self._channels.clear()
+        self._tcp.close()
         for task in self._checks.values():
             task.cancel()
             self._stopping.append(task)

@@ -1,10 +1,9 @@
-"""Asking one upstream one question, over UDP or TCP.
+"""Asking one upstream one question over UDP, and the query sent upstream.
 
 UDP: one connected socket per upstream (:class:`UdpChannel`), queries multiplexed by random
 ID, answers matched by ID and question; an ICMP error fails every query waiting on it at
-once. TCP: one connection per query (CoreDNS keeps a pool of connections per upstream,
-expiring after 10 s; queries over TCP are rare here: clients retrying a truncated answer),
-answer matched by ID. No timeouts here: the caller bounds every ask.
+once. TCP, on reused connections: :mod:`.upstream_tcp`. No timeouts here: the caller bounds
+every ask.
 """
 
 from __future__ import annotations
@@ -71,18 +70,3 @@ async def open_udp_channel(upstream: Upstream) -> UdpChannel:
     _, channel = await asyncio.get_running_loop().create_datagram_endpoint(UdpChannel, remote_addr=upstream)
     return channel
 
-
-async def ask_tcp(upstream: Upstream, question: bytes, *, do: bool, cd: bool, udp_size: int) -> bytes:
-    """The answer over a new TCP connection (RFC 7766 framing), closed after it."""
-    reader, writer = await asyncio.open_connection(*upstream)
-    try:
-        query_id = secrets.randbits(16)
-        packet = upstream_query(query_id, question, do=do, cd=cd, udp_size=udp_size)
-        writer.write(len(packet).to_bytes(2, "big") + packet)
-        while True:
-            size = int.from_bytes(await reader.readexactly(2), "big")
-            message = await reader.readexactly(size)
-            if len(message) >= 12 and (message[0] << 8 | message[1]) == query_id:
-                return message
-    finally:
-        writer.close()
