@@ -49,6 +49,7 @@ class DnsServer:
         self.answerer = Answerer(config, self._index, self.stats, timer=monotonic, clock=monotonic)
         self.forwarder = self._make_forwarder(config)
         self._udp: list[UdpServing] = []
+        self._listening = False
         self._tcp: list[asyncio.Server] = []
         self._connections: set[_TcpConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -87,6 +88,7 @@ class DnsServer:
                 raise
         if self.forwarder.closed:  # stopped before (a rebind, a failed bind)
             self.forwarder = self._make_forwarder(self.config)
+        self._listening = True
         log.info("dns: listening on %s port %d (udp, tcp)", ", ".join(self.config.addresses), self.port)
 
     async def _bind_all(self) -> None:
@@ -108,6 +110,7 @@ class DnsServer:
         close connections, cancel forwards."""
         if lame_duck > 0:
             await asyncio.sleep(lame_duck)
+        self._listening = False
         for server in self._tcp:
             server.close()
         for serving in self._udp:
@@ -139,12 +142,18 @@ class DnsServer:
     def synced(self) -> bool:
         return self._index.synced
 
+    @property
+    def listening(self) -> bool:
+        """Started and not stopped since."""
+        return self._listening
+
     def set_ttl(self, ttl: int) -> None:
         self._reconfigure_data(self.config.with_changes(ttl=ttl))
 
     async def reconfigure(self, config: DnsConfig) -> None:
         """Apply a new configuration; listeners are rebound only if addresses/port changed."""
         rebind = (config.addresses, config.port) != (self.config.addresses, self.config.port)
+        was_listening = self._listening
         if rebind:
             await self.stop()
         if _forwarding(config) != _forwarding(self.config):
@@ -154,7 +163,8 @@ class DnsServer:
         self._reconfigure_data(config)
         if rebind:
             self.port = config.port
-            await self.start()
+            if was_listening:  # else the first sync starts it (a handover's new instance)
+                await self.start()
 
     def _reconfigure_data(self, config: DnsConfig) -> None:
         if (config.zone, config.endpoint_pod_names) != (self.config.zone, self.config.endpoint_pod_names):

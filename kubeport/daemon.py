@@ -193,7 +193,8 @@ class Daemon:
         try:
             await status.start()
             await self._proxier.start(extra_addresses=self.config.dns_addresses)
-            await self._dns.start()
+            if primary:
+                await self._dns.start()
         except OSError as exc:
             await self._shutdown(status)
             raise DaemonError(f"cannot start: {exc}") from exc
@@ -302,6 +303,11 @@ class Daemon:
 
     async def _apply_dns(self, snapshot: Snapshot) -> None:
         self._dns.apply(snapshot)
+        if not self._dns.listening:
+            # Beside a predecessor, DNS listens only once it knows the cluster: the kernel
+            # spreads queries over both instances' sockets, and an unsynced one would answer
+            # cluster names SERVFAIL.
+            await self._dns.start()
 
     async def _follow(self, consumer: str, apply: Callable[[Snapshot], Awaitable[None]]) -> None:
         """Apply every new synced snapshot; on error keep the last good state and retry."""

@@ -210,6 +210,12 @@ def test_old_pod_stopped_before_the_new_one_is_ready_leaves_it_the_node(topology
                          "--healthz-bind-address", "0.0.0.0:10356", "--metrics-bind-address", "127.0.0.1:10349",
                          kubeconfig=kubeconfig, log_path=tmp_path / "new.log")
     wait_until(lambda: "a new instance is starting" in old.log_text(), 15, message="the new instance announced")
+    wait_until(lambda: "kubeport started" in new.log_text(), 15, message="the new instance started")
+    # Not synced, the new instance does not listen for DNS yet: every query reaches the old one
+    # (with both sockets bound, the kernel would send about half of them to an unsynced server).
+    answers = [dig_in(topology.pod("a", 1), "+short", "web.demo.svc.cluster.local", server="10.96.0.10").split()
+               for _ in range(16)]
+    assert answers == [[WEB_IP]] * 16, answers
     assert old.stop() == 0
     assert "leaving the service addresses and rules to it" in old.log_text()
     assert "Traceback" not in old.log_text()
