@@ -14,6 +14,9 @@ Faithful to what clients see from a real server:
   real message), 429 with Retry-After, 500, a connection cut mid-line, a silent stream,
   a request held before its response headers, "Too large resource version" (504), an
   ERROR event on open watches, a client certificate no longer accepted.
+
+This module holds the store, lists, faults and authentication; the open watches and the
+stream each one writes are in fake_api_watch.py.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from fake_api_shapes import (
     status,
     watch_list_rejected,
 )
+from fake_api_watch import Selector, Watch, WatchStreams, parse_selector, selected
 
 DEFAULT_USER = "system:serviceaccount:kube-system:kubeport"
 
@@ -65,15 +69,6 @@ class _Fault:
     code: int
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(eq=False)
-class _Watch:
-    plural: str
-    selector: tuple[str, str] | None
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cut_next: bool = False
-    stalled: bool = False
 
 
 class FakeApiServer:
@@ -101,8 +96,8 @@ class FakeApiServer:
         self._objects: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
         self._history: list[tuple[int, str, str, dict]] = []
         self._compacted = 0
-        self._snapshots: dict[tuple[str, tuple[str, str] | None, int], list[dict]] = {}
-        self._watches: set[_Watch] = set()
+        self._snapshots: dict[tuple[str, Selector, int], list[dict]] = {}
+        self._streams = WatchStreams(self)
         self._faults: dict[tuple[str, str], deque[_Fault]] = defaultdict(deque)
         self._forbidden: set[tuple[str, str]] = set()
         self._holds: dict[tuple[str, str], asyncio.Event] = {}
@@ -130,8 +125,7 @@ class FakeApiServer:
         return self
 
     async def stop(self) -> None:
-        for watch in list(self._watches):
-            watch.queue.put_nowait(("stop",))
+        self._streams.stop_all()
         for event in self._holds.values():
             event.set()
         if self._runner is not None:
@@ -190,7 +184,7 @@ class FakeApiServer:
 
     def error_watches(self, plural: str, body: dict[str, Any]) -> None:
         """Open watches get an ERROR event with this Status, then end."""
-        for watch in self._open(plural):
+        for watch in self._streams.of(plural):
             watch.queue.put_nowait(("event", event_line("ERROR", body)))
             watch.queue.put_nowait(("end",))
 
@@ -208,20 +202,20 @@ class FakeApiServer:
 
     def cut_watches(self, plural: str) -> None:
         """Open watches write half of their next event, then the connection is closed."""
-        for watch in self._open(plural):
+        for watch in self._streams.of(plural):
             watch.cut_next = True
 
     def stall_watches(self, plural: str) -> None:
         """Open watches go silent: no event, no bookmark, no close."""
-        for watch in self._open(plural):
+        for watch in self._streams.of(plural):
             watch.stalled = True
 
     def bookmark(self, plural: str) -> None:
-        for watch in self._open(plural):
+        for watch in self._streams.of(plural):
             watch.queue.put_nowait(("bookmark",))
 
     def open_watches(self, plural: str) -> int:
-        return len(self._open(plural))
+        return len(self._streams.of(plural))
 
     def count(self, plural: str, verb: str) -> int:
         return sum(1 for r in self.requests if r.plural == plural and r.verb == verb)
@@ -250,7 +244,7 @@ class FakeApiServer:
             fault = self._faults[(plural, verb)].popleft()
             return self._error(fault.code, fault.body, fault.headers)
         try:
-            selector = self._selector(params.get("fieldSelector"))
+            selector = parse_selector(params.get("fieldSelector"))
         except ValueError as exc:
             return self._error(400, status(400, "BadRequest", str(exc)))
         if verb == "list":
@@ -273,7 +267,7 @@ class FakeApiServer:
 
     # --- list -----------------------------------------------------------------------------
 
-    def _list(self, plural: str, params: dict[str, str], selector: tuple[str, str] | None) -> web.Response:
+    def _list(self, plural: str, params: dict[str, str], selector: Selector) -> web.Response:
         limit = int(params.get("limit") or 0)
         token = params.get("continue")
         if token:
@@ -286,7 +280,7 @@ class FakeApiServer:
                 return self._error(410, status(410, "Expired", EXPIRED_CONTINUE, metadata={"continue": token}))
         else:
             rv, start = self.rv, ""
-            items = sorted((obj for obj in self._objects[plural].values() if self._selected(obj, selector)),
+            items = sorted((obj for obj in self._objects[plural].values() if selected(obj, selector)),
                            key=self._etcd_key)
             if limit and len(items) > limit:
                 # later pages are served from this consistent snapshot (one per kind and selector)
@@ -302,37 +296,22 @@ class FakeApiServer:
     # --- watch ----------------------------------------------------------------------------
 
     async def _watch(self, request: web.Request, plural: str, params: dict[str, str],
-                     selector: tuple[str, str] | None) -> web.StreamResponse:
+                     selector: Selector) -> web.StreamResponse:
         initial = params.get("sendInitialEvents") == "true"
         if initial and not self.watch_list:
             return self._error(422, watch_list_rejected())
-        # Decide what comes first and register, with no await in between: no event is missed.
+        # Decide what comes first and register (serve does, before its first await), with no
+        # await in between: no event is missed.
         prelude, closing = self._prelude(plural, params, selector, initial)
-        watch = _Watch(plural, selector)
-        if not closing:
-            self._watches.add(watch)
-        response = web.StreamResponse(headers={"Content-Type": "application/json",
-                                               "Cache-Control": "no-cache, private"})
-        response.enable_chunked_encoding()
-        try:
-            await response.prepare(request)
-            if prelude:
-                await response.write(b"".join(prelude))
-            if not closing:
-                await self._serve(request, response, watch, params)
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        finally:
-            self._watches.discard(watch)
-        return response
+        return await self._streams.serve(request, Watch(plural, selector), prelude, closing, params)
 
-    def _prelude(self, plural: str, params: dict[str, str], selector: tuple[str, str] | None,
+    def _prelude(self, plural: str, params: dict[str, str], selector: Selector,
                  initial: bool) -> tuple[list[bytes], bool]:
         rv_param = params.get("resourceVersion", "")
         if initial or rv_param in ("", "0"):
             # "Get State and Start at Most Recent": synthetic ADDED events for what exists.
             lines = [event_line("ADDED", obj) for _, obj in sorted(self._objects[plural].items())
-                     if self._selected(obj, selector)]
+                     if selected(obj, selector)]
             if initial:
                 lines.append(bookmark_line(plural, self.rv, initial_end=True))
             return lines, False
@@ -341,59 +320,13 @@ class FakeApiServer:
             error = status(410, "Expired", f"too old resource version: {rv} ({self._compacted})")
             return [event_line("ERROR", error)], True
         return [event_line(event, obj) for at, p, event, obj in self._history
-                if p == plural and at > rv and self._selected(obj, selector)], False
-
-    async def _serve(self, request: web.Request, response: web.StreamResponse, watch: _Watch,
-                     params: dict[str, str]) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(int(params.get("timeoutSeconds") or 1800), self.watch_timeout or 1800)
-        bookmarks = params.get("allowWatchBookmarks") == "true"
-        while True:
-            timeout = deadline - loop.time()
-            if bookmarks and self.bookmark_interval is not None:
-                timeout = min(timeout, self.bookmark_interval)
-            if timeout <= 0:
-                return  # timeoutSeconds reached: a clean end of the stream
-            try:
-                item = await asyncio.wait_for(watch.queue.get(), timeout)
-            except TimeoutError:
-                item = ("bookmark",) if loop.time() < deadline else ("end",)
-            if item[0] in ("stop", "end"):
-                return
-            if watch.stalled or (item[0] == "bookmark" and not bookmarks):
-                continue
-            line = item[1] if item[0] == "event" else bookmark_line(watch.plural, self.rv)
-            if watch.cut_next:
-                await response.write(line[: len(line) // 2])
-                request.transport.close()  # no terminating chunk: the client sees a cut
-                return
-            await response.write(line)
+                if p == plural and at > rv and selected(obj, selector)], False
 
     # --- helpers --------------------------------------------------------------------------
 
     def _publish(self, plural: str, event: str, obj: dict[str, Any]) -> None:
         self._history.append((self.rv, plural, event, obj))
-        line = event_line(event, obj)
-        for watch in self._open(plural):
-            if self._selected(obj, watch.selector):
-                watch.queue.put_nowait(("event", line))
-
-    def _open(self, plural: str) -> list[_Watch]:
-        return [w for w in self._watches if w.plural == plural]
-
-    @staticmethod
-    def _selector(text: str | None) -> tuple[str, str] | None:
-        if not text:
-            return None
-        field_name, sep, value = text.partition("=")
-        if not sep or field_name not in ("metadata.name", "metadata.namespace"):
-            raise ValueError(f'"{field_name}" is not a known field selector: only "metadata.name", '
-                             '"metadata.namespace"')
-        return field_name.split(".")[1], value
-
-    @staticmethod
-    def _selected(obj: dict[str, Any], selector: tuple[str, str] | None) -> bool:
-        return selector is None or obj["metadata"].get(selector[0]) == selector[1]
+        self._streams.publish(plural, event_line(event, obj), obj)
 
     def _key(self, plural: str, metadata: dict[str, Any]) -> tuple[str, str]:
         return (metadata.get("namespace", "default") if RESOURCES[plural][3] else "", metadata["name"])
