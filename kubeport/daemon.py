@@ -272,7 +272,8 @@ class Daemon:
             await self._healthchecks.close()
         if self._proxier is not None:
             await self._proxier.stop(
-                grace=config.shutdown_grace_period, abort=self._forced, release=not keep)
+                grace=config.shutdown_grace_period, abort=self._forced, release=not keep,
+                successor=self._instance.claimed_by_another)
         await status.stop()
         log.info("stopped")
 

@@ -167,12 +167,20 @@ class Instance:
             self._server.close()
             self._server = None
 
+    def claimed_by_another(self) -> bool:
+        """After :meth:`release`: whether a new instance holds the node's name now."""
+        return self._server is None and _name_in_use(self._address)
+
 
 def abstract_name_in_use(node_name: str) -> bool:
-    """Whether some instance holds the node's name in this network namespace (for tests)."""
+    """Whether some instance holds the node's name in this network namespace."""
+    return _name_in_use(instance_address(node_name))
+
+
+def _name_in_use(address: str) -> bool:
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        probe.connect(instance_address(node_name))
+        probe.connect(address)
         return True
     except OSError:
         return False

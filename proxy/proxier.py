@@ -14,7 +14,7 @@ import logging
 import operator
 import random
 from types import MappingProxyType
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, Snapshot
 
@@ -123,15 +123,17 @@ class Proxier:
         await self._host.start(self._extra_addresses, config.cluster_cidrs, config.service_cidrs)
 
     async def stop(
-        self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True
+        self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True,
+        successor: Callable[[], bool] | None = None,
     ) -> None:
-        """Stop accepting, drain, close; ``release=False`` leaves VIPs and nftables to a successor.
+        """Stop accepting, drain, close; ``release=False`` leaves VIPs and nftables to a successor,
+        and so does ``successor()`` true once the drain is over (one started meanwhile).
 
-        TCP and SCTP listeners close at once. What the kernel already queued is accepted
-        and served first when there is a drain to serve it in, except in a handover with
-        net.ipv4.tcp_migrate_req=1: then the kernel moves it to the successor's listener. UDP frontends serve their flows until they are idle: closing
-        one would orphan them; with ``release=False`` (a successor took over) new
-        datagrams go to the successor meanwhile, else this process keeps taking them.
+        TCP and SCTP listeners close at once. What the kernel already queued is served
+        first when there is a drain to serve it in, except in a handover with
+        net.ipv4.tcp_migrate_req=1: the kernel moves it to the successor's listener. UDP
+        frontends serve their flows until idle (closing one would orphan them); with
+        ``release=False`` new datagrams go to the successor meanwhile.
         Established connections run until they end, ``grace`` seconds pass or ``abort``
         is set; the rest are reset.
         """
@@ -159,6 +161,9 @@ class Proxier:
         self._grace_timers.clear()
         self._sweeper.close()
         ctx.close()
+        if release and successor is not None and successor():
+            log.info("shutdown: a new instance started during the drain: leaving it the addresses and rules")
+            release = False
         await self._host.stop(release=release)
         self._ctx = None
         self._stopped.set()

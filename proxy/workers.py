@@ -33,7 +33,7 @@ import socket
 import struct
 import sys
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServicePortName, Snapshot
 
@@ -181,7 +181,7 @@ class ProxyWorkers:
             self._failed.set_exception(error)
 
     async def stop(self, grace: float = 0.0, *, abort: asyncio.Event | None = None,
-                   release: bool = True) -> None:
+                   release: bool = True, successor: Callable[[], bool] | None = None) -> None:
         """As Proxier.stop, in every process; the children are gone when it returns."""
         live = [c for c in self._children if not c.stopped.done()]
         for child in live:
@@ -189,7 +189,7 @@ class ProxyWorkers:
         if abort is not None and live:
             self._abort_forwarder = asyncio.create_task(self._forward_abort(abort, live))
         try:
-            await self._local.stop(grace, abort=abort, release=release)
+            await self._local.stop(grace, abort=abort, release=release, successor=successor)
             if live:
                 await asyncio.wait([c.stopped for c in live], timeout=grace + 5.0)
         finally:

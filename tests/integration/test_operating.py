@@ -224,6 +224,26 @@ def test_old_pod_stopped_before_the_new_one_is_ready_leaves_it_the_node(topology
     new.stop()
 
 
+def test_instance_started_during_the_old_ones_drain_keeps_the_node(topology, pods, manifests, tmp_path):
+    """The old instance releases the node's name when it starts stopping; one started during its
+    lame duck or drain claims it and adopts the addresses, which the old one must then leave."""
+    old = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS, "--dns-lame-duck", "6s")
+    old.wait_ready()
+    old.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "stopping" in old.log_text(), 5, message="the old instance stopping")
+    new = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS,
+                         "--healthz-bind-address", "0.0.0.0:10356", "--metrics-bind-address", "127.0.0.1:10349",
+                         log_path=tmp_path / "new.log")
+    new.wait_ready()
+    assert old.proc.poll() is None, "the lame duck was long enough for this test"
+    assert old.proc.wait(timeout=20) == 0
+    assert vip_present(topology, WEB_IP), "the old instance removed the address the new one serves"
+    assert curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")).startswith("pod=")
+    assert "a new instance started during the drain" in old.log_text()
+    assert new.stop() == 0
+    assert not vip_present(topology, WEB_IP)
+
+
 def test_sighup_changes_the_dns_ttl_live(topology, manifests, tmp_path):
     config_file = tmp_path / "kubeport.yaml"
 
