@@ -36,7 +36,7 @@ from .heap import keep_heap_trimmed, release_freed_memory
 from .metrics import ProxyMetrics
 from .process import process_registry, raise_open_file_limit
 from .reload import Reloader
-from .status import StatusServer
+from .status import StatusServer, source_status
 
 log = logging.getLogger("kubeport.daemon")
 
@@ -110,13 +110,6 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         """What `kubeport get status` prints: the source's progress and what is being served."""
         snapshot = self.state.snapshot
-        source: dict[str, Any] = {"kind": self.config.source_kind}
-        if hasattr(self._source, "stats_dict"):
-            source["resources"] = self._source.stats_dict()
-        else:
-            source.update(files=getattr(self._source, "files_loaded", 0),
-                          objects=getattr(self._source, "objects_loaded", 0))
-        source["problems"] = len(self.problems())
         return {
             "node": self.config.hostname_override,
             "zone": snapshot.node.zone if snapshot.node else None,
@@ -125,7 +118,7 @@ class Daemon:
             "synced": snapshot.synced,
             "services": len(snapshot.services),
             "endpoints": sum(len(s.endpoints) for st in snapshot.services.values() for s in st.slices),
-            "source": source,
+            "source": source_status(self.config.source_kind, self._source, len(self.problems())),
             "proxy": {"listeners": len(self._proxier.listening) if self._proxier else 0,
                       "appliedGeneration": self._applied.get("proxy")},
             "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
@@ -244,9 +237,12 @@ class Daemon:
         self._stopping.set()
 
     async def _take_over(self) -> None:
-        await self._ready.wait()
-        await self._instance.take_over()
+        await self._instance.take_over_once(self._ready)
         log.info("handover: this instance now serves node %s", self.config.hostname_override)
+        if not self._dns.listening:
+            # The predecessor left before this instance synced: external names are still
+            # forwarded, cluster names SERVFAIL until the sync (a primary's start).
+            await self._dns.start()
         self._ready_file.update(not self.pending())
 
     async def _stop_when_asked(self) -> None:

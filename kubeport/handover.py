@@ -91,6 +91,25 @@ class Instance:
         except (OSError, asyncio.TimeoutError) as exc:
             log.info("handover: cannot reach the running instance (%s); it will be asked to leave later", exc)
 
+    async def predecessor_gone(self) -> None:
+        """Return once the announced predecessor has gone (exited, crashed) before the handover:
+        it writes nothing on the link until asked, so its end closing is all that can come."""
+        if self._link is None:
+            await asyncio.Event().wait()  # not announced: nothing to watch
+        try:
+            await self._link[0].read()
+        except OSError:
+            pass
+
+    async def take_over_once(self, ready: asyncio.Event) -> None:
+        """Take over once ``ready`` is set, or at once if the predecessor has gone before."""
+        waiters = (asyncio.ensure_future(ready.wait()), asyncio.ensure_future(self.predecessor_gone()))
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)  # take_over reads the same link
+        await self.take_over()
+
     async def take_over(self, timeout: float = 10.0) -> None:
         """Ask the predecessor to leave, then hold the name once it has let go."""
         link, self._link = self._link, None

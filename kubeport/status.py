@@ -50,6 +50,17 @@ class DaemonView(Protocol):
         ...
 
 
+def source_status(kind: str, source: Any, problems: int) -> dict[str, Any]:
+    """The source part of `kubeport get status`: per-resource watch statistics, or files read."""
+    status: dict[str, Any] = {"kind": kind}
+    if hasattr(source, "stats_dict"):
+        status["resources"] = source.stats_dict()
+    else:
+        status.update(files=getattr(source, "files_loaded", 0), objects=getattr(source, "objects_loaded", 0))
+    status["problems"] = problems
+    return status
+
+
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, text=json.dumps(body, indent=2) + "\n", content_type="application/json")
 

@@ -221,6 +221,11 @@ def test_old_pod_stopped_before_the_new_one_is_ready_leaves_it_the_node(topology
     assert "Traceback" not in old.log_text()
     assert vip_present(topology, WEB_IP), "kept for the instance that is coming"
     assert new.proc.poll() is None, new.log_tail()
+    # Its predecessor gone, the new instance holds the node before its sync: DNS answers
+    # (external names forwarded; cluster names SERVFAIL until synced), nothing is refused.
+    wait_until(lambda: "now serves node" in new.log_text(), 10, message="the new instance took the node")
+    reply = dig_in(topology.pod("a", 1), "web.demo.svc.cluster.local", server="10.96.0.10")
+    assert "status: SERVFAIL" in reply, reply
     new.stop()
 
 

@@ -91,6 +91,40 @@ async def test_a_predecessor_gone_after_the_announcement_is_not_waited_for():
     second.release()
 
 
+async def test_a_predecessor_gone_before_the_successor_is_ready_is_taken_over_at_once():
+    node = unique_node()
+    first = handover.Instance(node, lambda: None)
+    assert await first.claim()
+    second = handover.Instance(node, lambda: None)
+    assert not await second.claim()
+    await second.announce()
+    await until(lambda: first.successors == 1)
+    first.release()
+    for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+        task.cancel()  # the predecessor's process ends
+    never = asyncio.Event()
+    async with asyncio.timeout(5):
+        await second.take_over_once(never)
+    assert handover.abstract_name_in_use(node)
+    second.release()
+
+
+async def test_a_ready_successor_takes_over_over_the_announced_link():
+    node = unique_node()
+    left = asyncio.Event()
+    first = handover.Instance(node, left.set)
+    assert await first.claim()
+    second = handover.Instance(node, lambda: None)
+    assert not await second.claim()
+    await second.announce()
+    ready = asyncio.Event()
+    ready.set()
+    async with asyncio.timeout(5):
+        await second.take_over_once(ready)
+        await left.wait()
+    second.release()
+
+
 async def test_take_over_without_a_living_predecessor_just_claims():
     node = unique_node()
     instance = handover.Instance(node, lambda: None)
