@@ -42,17 +42,30 @@ async def until(condition) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_an_announced_successor_is_known_until_it_takes_over():
-    """From its start, the successor holds a connection: a predecessor stopped before the
-    handover then leaves the node's addresses to it (see Daemon._shutdown)."""
+async def announced(on_takeover=lambda: None) -> tuple[str, handover.Instance, handover.Instance]:
+    """A running instance and a successor that has announced itself to it."""
     node = unique_node()
-    left = asyncio.Event()
-    first = handover.Instance(node, left.set)
+    first = handover.Instance(node, on_takeover)
     assert await first.claim()
     second = handover.Instance(node, lambda: None)
     assert not await second.claim()
     await second.announce()
     await until(lambda: first.successors == 1)
+    return node, first, second
+
+
+def end_the_predecessor(first: handover.Instance) -> None:
+    """What its process ending does: the name and its side of every link close."""
+    first.release()
+    for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+        task.cancel()
+
+
+async def test_an_announced_successor_is_known_until_it_takes_over():
+    """From its start, the successor holds a connection: a predecessor stopped before the
+    handover then leaves the node's addresses to it (see Daemon._shutdown)."""
+    left = asyncio.Event()
+    node, first, second = await announced(left.set)
     async with asyncio.timeout(5):
         await second.take_over()  # over the announced connection
         await left.wait()
@@ -62,29 +75,15 @@ async def test_an_announced_successor_is_known_until_it_takes_over():
 
 
 async def test_a_successor_that_dies_before_taking_over_is_forgotten():
-    node = unique_node()
-    first = handover.Instance(node, lambda: None)
-    assert await first.claim()
-    second = handover.Instance(node, lambda: None)
-    assert not await second.claim()
-    await second.announce()
-    await until(lambda: first.successors == 1)
+    _, first, second = await announced()
     second._link[1].close()  # what the kernel does when the process dies
     await until(lambda: first.successors == 0)
     first.release()
 
 
 async def test_a_predecessor_gone_after_the_announcement_is_not_waited_for():
-    node = unique_node()
-    first = handover.Instance(node, lambda: None)
-    assert await first.claim()
-    second = handover.Instance(node, lambda: None)
-    assert not await second.claim()
-    await second.announce()
-    await until(lambda: first.successors == 1)
-    first.release()
-    for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
-        task.cancel()  # the predecessor's process ends: its side of the connection closes
+    node, first, second = await announced()
+    end_the_predecessor(first)
     async with asyncio.timeout(5):
         await second.take_over(timeout=2)
     assert not second.predecessor and handover.abstract_name_in_use(node)
@@ -92,31 +91,17 @@ async def test_a_predecessor_gone_after_the_announcement_is_not_waited_for():
 
 
 async def test_a_predecessor_gone_before_the_successor_is_ready_is_taken_over_at_once():
-    node = unique_node()
-    first = handover.Instance(node, lambda: None)
-    assert await first.claim()
-    second = handover.Instance(node, lambda: None)
-    assert not await second.claim()
-    await second.announce()
-    await until(lambda: first.successors == 1)
-    first.release()
-    for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
-        task.cancel()  # the predecessor's process ends
-    never = asyncio.Event()
+    node, first, second = await announced()
+    end_the_predecessor(first)
     async with asyncio.timeout(5):
-        await second.take_over_once(never)
+        await second.take_over_once(asyncio.Event())  # never ready
     assert handover.abstract_name_in_use(node)
     second.release()
 
 
 async def test_a_ready_successor_takes_over_over_the_announced_link():
-    node = unique_node()
     left = asyncio.Event()
-    first = handover.Instance(node, left.set)
-    assert await first.claim()
-    second = handover.Instance(node, lambda: None)
-    assert not await second.claim()
-    await second.announce()
+    _, first, second = await announced(left.set)
     ready = asyncio.Event()
     ready.set()
     async with asyncio.timeout(5):
