@@ -199,8 +199,9 @@ class Conn:
             up.pump()
         if events & _OUTPUT and self.state == RELAYING:
             down = self.down
-            down.writable = True
-            down.pump()
+            if not down.writable:  # only a blocked direction has anything to resume
+                down.writable = True
+                down.pump()
 
     def _on_backend(self, events: int) -> None:
         state = self.state
@@ -222,9 +223,11 @@ class Conn:
                 self._closed_edge(down, events)
             down.pump()
         if events & _OUTPUT and self.state == RELAYING:
+            # Input edges come with EPOLLOUT set whenever the socket has room: most are not news.
             up = self.up
-            up.writable = True
-            up.pump()
+            if not up.writable:
+                up.writable = True
+                up.pump()
 
     def _closed_edge(self, direction: Direction, events: int) -> None:
         """The source reported a FIN or an error; a clean TCP FIN lets a short read end it."""
