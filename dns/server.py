@@ -73,7 +73,20 @@ class DnsServer:
     # --- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Bind UDP and TCP on every address (port 0: one free port shared by all)."""
+        """Bind UDP and TCP on every address (port 0: one free port shared by all); nothing
+        to do when started already (or starting: the first sync and a takeover may race)."""
+        if self._listening:
+            return
+        self._listening = True
+        try:
+            await self._start()
+        except BaseException:
+            self._listening = False
+            raise
+        self._listening = True  # a bind retried on another port went through stop()
+        log.info("dns: listening on %s port %d (udp, tcp)", ", ".join(self.config.addresses), self.port)
+
+    async def _start(self) -> None:
         for attempt in range(PORT_ATTEMPTS):
             try:
                 await self._bind_all()
@@ -88,8 +101,6 @@ class DnsServer:
                 raise
         if self.forwarder.closed:  # stopped before (a rebind, a failed bind)
             self.forwarder = self._make_forwarder(self.config)
-        self._listening = True
-        log.info("dns: listening on %s port %d (udp, tcp)", ", ".join(self.config.addresses), self.port)
 
     async def _bind_all(self) -> None:
         loop = asyncio.get_running_loop()

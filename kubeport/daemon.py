@@ -337,6 +337,7 @@ class Daemon:
                 log.debug("%s: applied generation %d (%d services changed)",
                           consumer, generation, len(snapshot.changed))
             self._applied[consumer] = generation
+            self._ready_file.update(not self.pending())  # also retries a write that failed
             if self._ready.is_set():
                 if snapshot.changed:
                     self._heap_changed.set()

@@ -21,6 +21,7 @@ process's own, a :class:`ReadyFile`, present only once it has taken the node ove
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -220,6 +221,11 @@ class ReadyFile:
     def __init__(self, path: Path | None) -> None:
         self._path = path
         self._present = False
+        if path is not None:
+            # Left by this container's previous process (killed, OOM): not this one's readiness.
+            for stale in (path, *path.parent.glob(f".{path.name}.*")):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
 
     def update(self, ready: bool) -> None:
         if self._path is None or ready == self._present:

@@ -6,6 +6,8 @@ answerer that keeps its cache across updates answers exactly like a fresh one.
 
 from __future__ import annotations
 
+import asyncio
+
 import dataclasses
 import random
 import time
@@ -241,3 +243,14 @@ def test_stats_count_requests_by_type_and_rcode() -> None:
     assert server.stats.requests == {("udp", "A"): 3, ("tcp", "A"): 1, ("udp", "SRV"): 1}
     assert server.stats.responses == {"NOERROR": 4, "NXDOMAIN": 1}
     assert (server.stats.answer_cache_hits, server.stats.answer_cache_misses) == (2, 3)
+
+
+async def test_start_twice_at_once_binds_once() -> None:
+    """The first sync and a handover's takeover may both start a new instance's DNS."""
+    server = DnsServer(DnsConfig(addresses=("127.0.0.1",), port=0, upstreams=()))
+    await asyncio.gather(server.start(), server.start())
+    try:
+        assert server.listening and len(server._udp) == 1 and len(server._tcp) == 1
+    finally:
+        await server.stop()
+    assert not server.listening

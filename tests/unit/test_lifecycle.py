@@ -265,3 +265,13 @@ def test_ready_file_that_cannot_be_written_is_retried_at_the_next_update(tmp_pat
     blocker.mkdir()
     ready.update(True)  # not remembered as written: tried again
     assert (blocker / "ready").exists()
+
+
+def test_ready_file_left_by_a_killed_process_is_removed_at_start(tmp_path: Path):
+    """A container restarted after SIGKILL or an OOM kill finds its predecessor's file in the
+    pod's emptyDir: it must not look ready before it is."""
+    path = tmp_path / "ready"
+    path.write_text("4242\n")
+    (tmp_path / ".ready.4242").write_text("42")  # a write cut short
+    handover.ReadyFile(path)
+    assert list(tmp_path.iterdir()) == []
