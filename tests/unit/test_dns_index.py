@@ -7,7 +7,6 @@ answerer that keeps its cache across updates answers exactly like a fresh one.
 from __future__ import annotations
 
 import asyncio
-
 import dataclasses
 import random
 import time
