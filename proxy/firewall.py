@@ -287,14 +287,15 @@ class NftFirewall:
             return
         self.enabled = False
         capturing, self.capturing = self.capturing, False
-        written, self._current = self._current, None
+        self._current = None
         if not release:
             return
-        if written is not None:
-            try:
-                await self._run(f"delete table {TABLE}\n")
-            except FirewallError as exc:
-                log.warning("removing nftables table %s: %s", TABLE, exc)
+        # Even when this run never wrote it: the table may be a killed predecessor's, adopted.
+        # "add" first makes the delete succeed when there is none (nft 1.0.6 has no "destroy").
+        try:
+            await self._run(f"add table {TABLE}\ndelete table {TABLE}\n")
+        except FirewallError as exc:
+            log.warning("removing nftables table %s: %s", TABLE, exc)
         if capturing:
             await capture.tear_down()
 

@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from netns import require_netns, run_in, spawn_in, start_podserver, unique_prefix, wait_for_output, wait_until
+from netns import python_in, require_netns, run_in, spawn_in, start_podserver, unique_prefix, wait_for_output, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -166,6 +166,21 @@ def test_successor_takes_over__zero_failed_connections_and_queries__issue8(names
     stop_instance(b, "B", grace=1.0, release=True)  # a plain shutdown: everything goes
     wait_until(lambda: f"{VIP}/32" not in lo_addresses(ns), 5, message="the VIPs to be removed")
     assert nft_table(ns) == ""
+
+
+def test_releasing_removes_a_table_this_run_never_wrote(namespace):
+    """A killed predecessor's table, adopted by an instance stopped before its first sync
+    (which writes the table), must go with that instance's release all the same."""
+    run_in(namespace, "nft", "add", "table", "inet", "kubeport")
+    python_in(namespace, "import asyncio\n"
+                         "from kubeport.proxy.firewall import NftFirewall\n"
+                         "async def main():\n"
+                         "    firewall = NftFirewall()\n"
+                         "    await firewall.start(['10.244.0.0/16'], ['10.96.0.0/12'])\n"
+                         "    assert firewall.enabled\n"
+                         "    await firewall.stop(release=True)\n"
+                         "asyncio.run(main())\n")
+    assert nft_table(namespace) == ""
 
 
 if __name__ == "__main__":
