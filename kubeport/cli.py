@@ -74,6 +74,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--workers", type=int, metavar="N", help="relay processes sharing the listeners (default 1)")
     run.add_argument("--after-handover", choices=["exit", "wait"],
                      help="once a new instance took over: exit (default), or wait for SIGTERM (a DaemonSet pod)")
+    run.add_argument("--handover-generation", metavar="N",
+                     help="never take the node over from an instance of a later generation (default 0; "
+                          "empty: 0, as a missing pod label reads through the downward API)")
     run.add_argument("--ready-file", metavar="FILE",
                      help="present while this process serves the node and is ready (a pod's exec readiness probe)")
     run.add_argument("--log-format", choices=["text", "json"])
@@ -104,6 +107,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "workers": ("--workers",),
     "afterHandover": ("--after-handover",),
     "readyFile": ("--ready-file",),
+    "handoverGeneration": ("--handover-generation",),
     "verbosity": ("--v",),
     "dns.clusterDomain": ("--cluster-domain",),
     "dns.addresses": ("--dns-address",),
@@ -118,6 +122,8 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
 _CONVERT = {
     "--in-cluster": lambda given: True if given else None,
     "--nodeport-addresses": lambda text: _csv(text),
+    # The configuration validates the number (the error names the flag); empty is unset.
+    "--handover-generation": lambda text: text.strip() or None if text is not None else None,
 }
 
 

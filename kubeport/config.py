@@ -159,6 +159,10 @@ class KubeportConfiguration(_Section):
         "exit",
         description="What this process does once a new instance has taken the node over: exit, or "
                     "wait for SIGTERM (a DaemonSet pod, which the kubelet would restart if it exited).")
+    handover_generation: int = Field(
+        0, ge=0, description="An instance never takes the node over from one of a later generation "
+                             "(a DaemonSet pod's pod-template-generation label): an old pod's restarted "
+                             "container does not take the node back from the new pod.")
     ready_file: Path | None = Field(
         None, description="A file present while this process serves the node and is ready: a pod's own "
                           "readiness, where /readyz on the node's shared port may be another pod's.")

@@ -35,6 +35,7 @@ from .config import KubeportConfiguration, changed_fields
 from .heap import keep_heap_trimmed, release_freed_memory
 from .metrics import ProxyMetrics
 from .process import process_registry, raise_open_file_limit
+from .readiness import ReadyFile
 from .reload import Reloader
 from .status import StatusServer, source_status
 
@@ -72,14 +73,15 @@ class Daemon:
         self._forced = asyncio.Event()
         self._signalled = asyncio.Event()
         self._handing_over = False
-        self._ready_file = handover.ReadyFile(config.ready_file)
+        self._ready_file = ReadyFile(config.ready_file)
         self._source: Any = None
         self._proxier: Any = None
         self._dns: Any = None
         self._health: Any = None
         self._healthchecks: Any = None
         self._health_desired: dict = {}
-        self._instance = handover.Instance(config.hostname_override, self._on_takeover)
+        self._instance = handover.Instance(config.hostname_override, self._on_takeover,
+                                           config.handover_generation)
 
     # --- DaemonView (read by the status server) -------------------------------------
 
@@ -216,7 +218,9 @@ class Daemon:
             # A pod's container that exits is restarted by the kubelet, and would take the node back.
             log.info("handed over: waiting for SIGTERM (--after-handover=wait); "
                      "the addresses and rules stay with the new instance")
-            await self._signalled.wait()
+            if not await handover.idle_until(self._signalled, self.config.hostname_override):
+                raise DaemonError("the instance that took node %s over is gone and none serves it: exiting, "
+                                  "so that this container restarts and serves it" % self.config.hostname_override)
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
 
@@ -253,23 +257,20 @@ class Daemon:
     async def _shutdown(self, status: StatusServer) -> None:
         self._stopping.set()
         self._ready_file.update(False)
-        # Stopped while a new instance starts beside it (a pod deleted during a rollout): the
-        # addresses and rules that instance has adopted must stay for it.
-        keep = self._handing_over or self._instance.successors > 0
-        if keep and not self._handing_over:
-            log.info("a new instance is starting on this node: leaving the service addresses and rules to it")
-        self._instance.release()
         config = self.config
         if not self._handing_over and self._applied:
             await self._unless_forced(asyncio.sleep(config.dns.lame_duck), "lame duck")
         if self._dns is not None:
             await self._dns.stop()
+        # The name is held until here: an instance started meanwhile is a successor, and
+        # waits (DNS off) instead of answering beside this one unsynced. It takes the node now.
+        self._instance.leave()
         if self._healthchecks is not None:
             await self._healthchecks.close()
         if self._proxier is not None:
             await self._proxier.stop(
-                grace=config.shutdown_grace_period, abort=self._forced, release=not keep,
-                successor=self._instance.claimed_by_another)
+                grace=config.shutdown_grace_period, abort=self._forced, release=not self._handing_over,
+                hand_over=self._handing_over, keep_if=self._instance.another_serves_the_node)
         await status.stop()
         log.info("stopped")
 

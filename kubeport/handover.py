@@ -7,31 +7,43 @@ SO_REUSEPORT, so both serve side by side. Once the new instance is ready it asks
 old one to leave; the old one stops accepting (the kernel migrates its queued
 connections to the new listeners when ``net.ipv4.tcp_migrate_req`` is 1), drains, and
 exits without removing the service addresses, which the new instance adopts. The new
-instance then takes the name. From its start until then, the new instance keeps a
-connection to the old one open (``arrived``): should the old one be stopped before the
-handover, it too leaves the addresses and rules in place, for the instance that is coming.
+instance then takes the name.
+
+The conversation, one line each way, on a connection the new instance opens at its start
+and keeps until it takes over::
+
+    new -> old   arrived <generation>
+    old -> new   wait                      (take over once ready)
+               | refused                   (the old one is of a later generation: never)
+    new -> old   takeover                  (once ready)
+    old -> new   leaving
+
+The old instance closing the connection means it is gone, or stopping on its own (SIGTERM:
+after its DNS lame duck it releases the name and closes every such connection): the new
+one takes the node at once, synced or not, rather than leave it unserved. A generation
+(``--handover-generation``, a DaemonSet's ``pod-template-generation``) keeps an old pod's
+restarted container from taking the node back from the new pod during a rollout.
 
 A pod must not exit after handing over (the kubelet would restart it, and the restarted
 process would take the node back): with ``--after-handover wait`` the old process waits for
 the SIGTERM that deletes its pod. The DaemonSet's ``maxSurge`` starts the new pod beside
 the old one, and deletes the old one once the new one is ready: readiness is then the new
-process's own, a :class:`ReadyFile`, present only once it has taken the node over.
+process's own (kubeport.readiness), present only once it has taken the node over.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
-import os
 import socket
-from pathlib import Path
 from typing import Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
-ARRIVED = b"arrived\n"
+ARRIVED = b"arrived"
+WAIT = b"wait\n"
+REFUSED = b"refused\n"
 TAKEOVER = b"takeover\n"
 ACK = b"leaving\n"
 MIGRATE_SYSCTL = "/proc/sys/net/ipv4/tcp_migrate_req"
@@ -57,13 +69,21 @@ def enable_request_migration(path: str = MIGRATE_SYSCTL) -> bool:
 class Instance:
     """This process's claim on the node; a predecessor, if one is running, is asked to leave."""
 
-    def __init__(self, node_name: str, on_takeover: Callable[[], Awaitable[None] | None]) -> None:
+    def __init__(self, node_name: str, on_takeover: Callable[[], Awaitable[None] | None],
+                 generation: int = 0) -> None:
         self._address = instance_address(node_name)
         self._on_takeover = on_takeover
+        self.generation = generation
         self._server: asyncio.AbstractServer | None = None
         self.predecessor = False
+        #: the predecessor is of a later generation: wait for it to go, never ask it to
+        self.refused = False
         #: successors starting beside this instance (each holds a connection open until it takes over)
         self.successors = 0
+        self._successor_links: set[asyncio.StreamWriter] = set()
+        self._leaving = False
+        #: successors told to take the node when this instance left on its own
+        self.left_to = 0
         self._link: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def claim(self) -> bool:
@@ -83,18 +103,30 @@ class Instance:
         self._server = await asyncio.start_unix_server(self._serve, sock=listener)
         return True
 
+    # --- the new instance ------------------------------------------------------------------
+
     async def announce(self, timeout: float = 2.0) -> None:
-        """Tell the predecessor a successor is starting (see the module's docstring)."""
+        """Tell the predecessor a successor is starting, and learn whether it may take over."""
         try:
-            self._link = await asyncio.wait_for(self._connect(), timeout)
-            self._link[1].write(ARRIVED)
-            await self._link[1].drain()
+            reader, writer = await asyncio.wait_for(self._connect(), timeout)
+            writer.write(b"%s %d\n" % (ARRIVED, self.generation))
+            answer = await asyncio.wait_for(reader.readline(), timeout)
         except (OSError, asyncio.TimeoutError) as exc:
             log.info("handover: cannot reach the running instance (%s); it will be asked to leave later", exc)
+            return
+        if answer not in (WAIT, REFUSED):  # a version without announcements: ask it at ready time
+            writer.close()
+            return
+        self._link = reader, writer
+        self.refused = answer == REFUSED
+        if self.refused:
+            log.warning("handover: the instance serving this node is of a later generation; this one "
+                        "(generation %d) serves beside it and takes the node only if it goes", self.generation)
 
     async def predecessor_gone(self) -> None:
-        """Return once the announced predecessor has gone (exited, crashed) before the handover:
-        it writes nothing on the link until asked, so its end closing is all that can come."""
+        """Return once the announced predecessor has gone (exited, crashed, stopping on its
+        own): it writes nothing more on the link until asked, so its end closing is all
+        that can come."""
         if self._link is None:
             await asyncio.Event().wait()  # not announced: nothing to watch
         try:
@@ -103,8 +135,10 @@ class Instance:
             pass
 
     async def take_over_once(self, ready: asyncio.Event) -> None:
-        """Take over once ``ready`` is set, or at once if the predecessor has gone before."""
-        waiters = (asyncio.ensure_future(ready.wait()), asyncio.ensure_future(self.predecessor_gone()))
+        """Take over once ``ready`` is set (unless refused), or at once if the predecessor goes."""
+        waiters = [asyncio.ensure_future(self.predecessor_gone())]
+        if not self.refused:
+            waiters.append(asyncio.ensure_future(ready.wait()))
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:
             waiter.cancel()
@@ -152,16 +186,19 @@ class Instance:
             if loop.time() > deadline:
                 raise RuntimeError("handover: the previous instance never released the node")
             await asyncio.sleep(0.05)
-        self.predecessor = False
+        self.predecessor = self.refused = False
+
+    # --- the instance serving the node --------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         announced = False
         try:
             request = await asyncio.wait_for(reader.readline(), 5.0)
-            if request == ARRIVED:
+            if request.startswith(ARRIVED) and not self._leaving:
                 announced = True
                 self.successors += 1
-                log.info("handover: a new instance is starting on this node; it will take over once ready")
+                self._successor_links.add(writer)
+                writer.write(self._answer_arrival(request))
                 request = await reader.readline()  # its takeover, or EOF should it fail to start
             if request == TAKEOVER:
                 log.info("handover: a new instance is taking over; leaving")
@@ -171,7 +208,7 @@ class Instance:
                 result = self._on_takeover()
                 if result is not None:
                     await result
-        except (OSError, asyncio.TimeoutError):
+        except (OSError, asyncio.TimeoutError, ValueError):
             pass
         except asyncio.CancelledError:
             # The process ends while a successor's connection waits. Nothing awaits this task,
@@ -180,6 +217,26 @@ class Instance:
         finally:
             if announced:
                 self.successors -= 1
+                self._successor_links.discard(writer)
+            writer.close()
+
+    def _answer_arrival(self, request: bytes) -> bytes:
+        fields = request.split()
+        generation = int(fields[1]) if len(fields) > 1 else 0
+        if generation < self.generation:
+            log.warning("handover: an instance of an earlier generation (%d, this one %d) started on this "
+                        "node; it will not take the node over", generation, self.generation)
+            return REFUSED
+        log.info("handover: a new instance is starting on this node; it will take over once ready")
+        return WAIT
+
+    def leave(self) -> None:
+        """Stopping on its own: let go of the name, and let the successors starting beside
+        this instance take the node now (they see their connection close)."""
+        self._leaving = True
+        self.release()
+        self.left_to = len(self._successor_links)
+        for writer in list(self._successor_links):
             writer.close()
 
     def release(self) -> None:
@@ -187,9 +244,42 @@ class Instance:
             self._server.close()
             self._server = None
 
-    def claimed_by_another(self) -> bool:
-        """After :meth:`release`: whether a new instance holds the node's name now."""
-        return self._server is None and _name_in_use(self._address)
+    async def another_serves_the_node(self) -> bool:
+        """Asked by a stopping instance once its drain is over: the addresses and rules stay
+        if another instance serves the node now (it adopted them, and would not add them back)."""
+        if self.predecessor:  # never took the node over: they are its holder's
+            log.info("the previous instance still serves this node: leaving it the addresses and rules")
+            return True
+        if await self.claimed_by_another(wait=2.0 if self.left_to else 0.0):
+            log.info("a new instance serves this node now: leaving it the addresses and rules")
+            return True
+        return False
+
+    async def claimed_by_another(self, wait: float = 0.0) -> bool:
+        """After :meth:`release`: whether another instance holds the node's name now (or
+        within ``wait`` seconds: a successor just told to take it)."""
+        if self._server is not None:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while not _name_in_use(self._address):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+
+async def idle_until(signalled: asyncio.Event, node_name: str, interval: float = 2.0) -> bool:
+    """After handing over: True once ``signalled``; False as soon as no instance has held the
+    node for two checks in a row (the one that took over is gone, nothing serves the node)."""
+    free = 0
+    while free < 2:
+        try:
+            await asyncio.wait_for(signalled.wait(), interval)
+            return True
+        except asyncio.TimeoutError:
+            free = 0 if abstract_name_in_use(node_name) else free + 1
+    return False
 
 
 def abstract_name_in_use(node_name: str) -> bool:
@@ -206,38 +296,3 @@ def _name_in_use(address: str) -> bool:
         return False
     finally:
         probe.close()
-
-
-class ReadyFile:
-    """A pod's own readiness: a file present while this process serves the node and is ready.
-
-    In a DaemonSet with ``maxSurge``, the new pod starts beside the old one on the node's
-    network (``hostNetwork``), and both listen on the same /readyz port: an HTTP probe may be
-    answered by the other pod. The kubelet deletes the old pod once the new one is ready, so
-    the new pod must not look ready before it has taken the node over. A file in the pod's own
-    filesystem, read by an exec probe, belongs to one process only.
-    """
-
-    def __init__(self, path: Path | None) -> None:
-        self._path = path
-        self._present = False
-        if path is not None:
-            # Left by this container's previous process (killed, OOM): not this one's readiness.
-            for stale in (path, *path.parent.glob(f".{path.name}.*")):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
-
-    def update(self, ready: bool) -> None:
-        if self._path is None or ready == self._present:
-            return
-        try:
-            if ready:
-                scratch = self._path.with_name(f".{self._path.name}.{os.getpid()}")
-                scratch.write_text(f"{os.getpid()}\n")
-                scratch.rename(self._path)  # never a half-written file for the probe
-            else:
-                self._path.unlink(missing_ok=True)
-        except OSError as exc:
-            log.error("readiness file %s: %s", self._path, exc.strerror or exc)
-            return
-        self._present = ready

@@ -14,7 +14,7 @@ import logging
 import operator
 import random
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, Snapshot
 
@@ -124,19 +124,21 @@ class Proxier:
 
     async def stop(
         self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True,
-        successor: Callable[[], bool] | None = None,
+        hand_over: bool | None = None, keep_if: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         """Stop accepting, drain, close; ``release=False`` leaves VIPs and nftables to a successor,
-        and so does ``successor()`` true once the drain is over (one started meanwhile).
+        and so does ``keep_if()`` true once the drain is over (one started meanwhile).
 
         TCP and SCTP listeners close at once. What the kernel already queued is served
-        first when there is a drain to serve it in, except in a handover with
-        net.ipv4.tcp_migrate_req=1: the kernel moves it to the successor's listener. UDP
-        frontends serve their flows until idle (closing one would orphan them); with
-        ``release=False`` new datagrams go to the successor meanwhile.
+        first when there is a drain to serve it in, except in a handover (``hand_over``,
+        by default ``not release``) with net.ipv4.tcp_migrate_req=1: the kernel moves it to
+        the successor's listener. UDP frontends serve their flows until idle (closing one
+        would orphan them); in a handover new datagrams go to the successor meanwhile.
         Established connections run until they end, ``grace`` seconds pass or ``abort``
         is set; the rest are reset.
         """
+        if hand_over is None:
+            hand_over = not release
         if self._ctx is None:
             return
         if self._stopping:  # a second stop cuts the first one's drain short and waits for it
@@ -147,8 +149,8 @@ class Proxier:
         self._stopping = True
         # Connections the kernel queued already: served here while draining, unless a successor
         # gets them anyway (tcp_migrate_req) or no drain would let them finish.
-        take_queued = grace > 0 and (release or not requests_migrate())
-        self._listeners.stop_accepting(hand_over=not release, accept_queued=take_queued)
+        take_queued = grace > 0 and (not hand_over or not requests_migrate())
+        self._listeners.stop_accepting(hand_over=hand_over, accept_queued=take_queued)
         if grace > 0 and (ctx.conns or ctx.draining):
             await _wait_until(ctx.wait_idle(), grace, abort, self._forced)
         if ctx.conns:
@@ -161,8 +163,7 @@ class Proxier:
         self._grace_timers.clear()
         self._sweeper.close()
         ctx.close()
-        if release and successor is not None and successor():
-            log.info("shutdown: a new instance started during the drain: leaving it the addresses and rules")
+        if release and keep_if is not None and await keep_if():
             release = False
         await self._host.stop(release=release)
         self._ctx = None

@@ -104,12 +104,12 @@ async def serve(fd: int) -> None:
                 await proxier.apply(mirror.update(synced, node, states))
                 await send(writer, ("applied", seq, proxier.problems))
             elif kind == "stop" and stopping is None:
-                stopping = asyncio.create_task(_stop(proxier, writer, message[1], abort))
+                stopping = asyncio.create_task(_stop(proxier, writer, message[1], abort, message[2]))
             elif kind == "abort":
                 abort.set()
         abort.set()  # the parent is gone: reset what is left at once
         if stopping is None:
-            stopping = asyncio.create_task(_stop(proxier, writer, 0.0, abort))
+            stopping = asyncio.create_task(_stop(proxier, writer, 0.0, abort, False))
         await stopping
     finally:
         for task in tasks:
@@ -117,8 +117,10 @@ async def serve(fd: int) -> None:
         writer.close()
 
 
-async def _stop(proxier: Proxier, writer: asyncio.StreamWriter, grace: float, abort: asyncio.Event) -> None:
-    await proxier.stop(grace, abort=abort, release=False)
+async def _stop(proxier: Proxier, writer: asyncio.StreamWriter, grace: float, abort: asyncio.Event,
+                hand_over: bool) -> None:
+    # A child holds no addresses or table of its own (the parent does): never a release here.
+    await proxier.stop(grace, abort=abort, release=False, hand_over=hand_over)
     try:
         await send(writer, ("stopped",))
     except (ConnectionError, RuntimeError):

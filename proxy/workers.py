@@ -13,7 +13,7 @@ socketpair, length-prefixed pickles of the slim types:
 
     parent -> child   ("start", config, node, extra addresses, reserved frontends, index, log)
                       ("apply", seq, synced, node, {service: state or None}, node addresses)
-                      ("stop", grace) | ("abort",)
+                      ("stop", grace, hand_over) | ("abort",)
     child -> parent   ("started",) | ("applied", seq, problems) | ("stats", changed, gone)
                       ("failed", message) | ("stopped",)
 
@@ -33,7 +33,7 @@ import socket
 import struct
 import sys
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServicePortName, Snapshot
 
@@ -180,16 +180,16 @@ class ProxyWorkers:
         if self._failed is not None and not self._failed.done():
             self._failed.set_exception(error)
 
-    async def stop(self, grace: float = 0.0, *, abort: asyncio.Event | None = None,
-                   release: bool = True, successor: Callable[[], bool] | None = None) -> None:
+    async def stop(self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True,
+                   hand_over: bool | None = None, keep_if: Callable[[], Awaitable[bool]] | None = None) -> None:
         """As Proxier.stop, in every process; the children are gone when it returns."""
         live = [c for c in self._children if not c.stopped.done()]
         for child in live:
-            await _send_quietly(child, ("stop", grace))
+            await _send_quietly(child, ("stop", grace, not release if hand_over is None else hand_over))
         if abort is not None and live:
             self._abort_forwarder = asyncio.create_task(self._forward_abort(abort, live))
         try:
-            await self._local.stop(grace, abort=abort, release=release, successor=successor)
+            await self._local.stop(grace, abort=abort, release=release, hand_over=hand_over, keep_if=keep_if)
             if live:
                 await asyncio.wait([c.stopped for c in live], timeout=grace + 5.0)
         finally:

@@ -145,6 +145,12 @@ def test_verbosity_garbage_is_a_usage_error(capsys):
         pytest.param(["--in-cluster", "--nodeport-addresses", "primary, 10.0.0.0/8"],
                      {"inCluster": True, "nodePortAddresses": ["primary", "10.0.0.0/8"]},
                      {"inCluster": "--in-cluster", "nodePortAddresses": "--nodeport-addresses"}, id="converted"),
+        pytest.param(["--handover-generation", "7", "--after-handover", "wait"],
+                     {"handoverGeneration": "7", "afterHandover": "wait"},
+                     {"handoverGeneration": "--handover-generation", "afterHandover": "--after-handover"},
+                     id="daemonset_handover_flags"),
+        pytest.param(["--handover-generation", ""], {}, {},
+                     id="empty_generation_is_unset__a_pod_label_missing_reads_empty"),
     ],
 )
 def test_flags_to_fields(argv, values, names):

@@ -110,6 +110,9 @@ def test_daemonset_rollout_hands_over_in_place__surge_then_takeover():
     container = the_container()
     command = container["command"]
     assert command[command.index("--after-handover") + 1] == "wait"
+    assert command[command.index("--handover-generation") + 1] == "$(POD_TEMPLATE_GENERATION)"
+    generation = next(e for e in container["env"] if e["name"] == "POD_TEMPLATE_GENERATION")
+    assert generation["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.labels['pod-template-generation']"}}
     ready_file = command[command.index("--ready-file") + 1]
     assert container["readinessProbe"]["exec"]["command"] == ["cat", ready_file]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}

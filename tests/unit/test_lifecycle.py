@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kubeport import components, config, handover
+from kubeport.readiness import ReadyFile
 from kubeport.reload import Reloader
 
 
@@ -246,19 +247,19 @@ async def test_reloader_watch_requests_a_reload_when_the_content_changes(tmp_pat
 
 def test_ready_file_is_present_only_while_ready_and_never_half_written(tmp_path: Path):
     path = tmp_path / "ready"
-    ready = handover.ReadyFile(path)
+    ready = ReadyFile(path)
     ready.update(True)
     assert path.read_text() == f"{os.getpid()}\n"
     assert [p.name for p in tmp_path.iterdir()] == ["ready"]  # the scratch file was renamed
     ready.update(False)
     assert not path.exists()
-    handover.ReadyFile(None).update(True)  # no file asked for: nothing written anywhere
+    ReadyFile(None).update(True)  # no file asked for: nothing written anywhere
 
 
 def test_ready_file_that_cannot_be_written_is_retried_at_the_next_update(tmp_path: Path, caplog):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    ready = handover.ReadyFile(blocker / "ready")
+    ready = ReadyFile(blocker / "ready")
     ready.update(True)
     assert "readiness file" in caplog.text
     blocker.unlink()
@@ -273,5 +274,52 @@ def test_ready_file_left_by_a_killed_process_is_removed_at_start(tmp_path: Path)
     path = tmp_path / "ready"
     path.write_text("4242\n")
     (tmp_path / ".ready.4242").write_text("42")  # a write cut short
-    handover.ReadyFile(path)
+    ReadyFile(path)
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_an_instance_of_an_earlier_generation_never_asks_a_later_one_to_leave():
+    """A DaemonSet's old pod restarted during a rollout must not take the node back."""
+    node = unique_node()
+    left = asyncio.Event()
+    holder = handover.Instance(node, left.set, generation=2)
+    assert await holder.claim()
+    older = handover.Instance(node, lambda: None, generation=1)
+    assert not await older.claim()
+    await older.announce()
+    assert older.refused
+    ready = asyncio.Event()
+    ready.set()
+    taking = asyncio.create_task(older.take_over_once(ready))
+    await until(lambda: holder.successors == 1)
+    assert not taking.done() and not left.is_set()  # ready, and still waiting
+    holder.leave()  # the later one goes: the earlier one takes the node rather than none
+    async with asyncio.timeout(5):
+        await taking
+    assert handover.abstract_name_in_use(node)
+    older.release()
+
+
+async def test_leaving_on_its_own_hands_the_node_to_the_successors_at_once():
+    node, first, second = await announced()
+    first.leave()
+    assert first.left_to == 1
+    async with asyncio.timeout(5):
+        await second.take_over_once(asyncio.Event())  # not ready: taken all the same
+    assert await first.claimed_by_another()
+    second.release()
+
+
+async def test_a_handed_over_instance_idles_until_signalled_or_nothing_serves_the_node():
+    node = unique_node()
+    holder = handover.Instance(node, lambda: None)
+    assert await holder.claim()
+    signalled = asyncio.Event()
+    waiting = asyncio.create_task(handover.idle_until(signalled, node, interval=0.01))
+    await asyncio.sleep(0.05)  # several checks find the node held
+    assert not waiting.done()
+    holder.release()
+    async with asyncio.timeout(5):
+        assert await waiting is False
+    signalled.set()
+    assert await handover.idle_until(signalled, node) is True

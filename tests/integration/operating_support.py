@@ -1,0 +1,63 @@
+"""What the operating and rollout tests share: a node with two services (web over TCP with an
+externalIP, echo over UDP) on four pods, and readers of addresses and metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from netns import curl_in, run_in
+from test_proxy_support import endpoint_slice, node, service, write
+
+WEB_IP = "10.96.0.50"
+ECHO_IP = "10.96.0.51"
+WEB_EXTERNAL_IP = "192.168.60.50"  # taken by port (proxy/capture.py): the handover must keep it too
+CLIENT_LOOP = Path(__file__).resolve().parent / "client_loop.py"
+
+
+@pytest.fixture
+def manifests(topology, tmp_path) -> Path:
+    directory = tmp_path / "manifests"
+    directory.mkdir()
+    pods = [topology.pod_info(n, i) for n in "ab" for i in (1, 2)]
+    http = [{"name": "http", "port": 8080}]
+    udp = [{"name": "echo", "protocol": "UDP", "port": 9090}]
+    write(directory, "node", node(topology, "a"))
+    write(directory, "web", service("web", [WEB_IP], [{"name": "http", "port": 80, "targetPort": 8080}],
+                                    externalIPs=[WEB_EXTERNAL_IP]),
+          endpoint_slice("web-1", "web", http, pods))
+    write(directory, "echo",
+          service("echo", [ECHO_IP], [{"name": "echo", "protocol": "UDP", "port": 9090}]),
+          endpoint_slice("echo-1", "echo", udp, pods))
+    return directory
+
+
+def vip_present(topology, ip: str) -> bool:
+    out = run_in(topology.node("a"), "ip", "-o", "addr", "show", "dev", "lo").stdout
+    return f" {ip}/" in out
+
+
+def scrape(ns: str, address: str = "127.0.0.1:10249") -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = curl_in(ns, f"http://{address}/metrics")
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}"] = values.get(f"{sample.name}{{{labels}}}", 0) + sample.value
+    return values
+
+
+def total(values: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in values.items() if k.startswith(prefix))
+
+
+def unreachable_kubeconfig(directory: Path) -> Path:
+    """A kubeconfig whose API server is nowhere (a port with nothing behind it on the node's
+    loopback): an instance using it starts, and never syncs."""
+    path = directory / "unreachable-kubeconfig"
+    path.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+                    "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+                    "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    return path
