@@ -26,6 +26,7 @@ from .lookup import qtype_name
 from .records import RecordIndex
 from .stats import DnsStats
 from .udp import UdpServing, bind_udp, udp_listener
+from .upstream_policy import FORWARD_DEADLINE
 from .upstream import Forwarder, UpstreamCache
 from .wire import CD, REFUSED, question_reply
 
@@ -116,14 +117,25 @@ class DnsServer:
                                               family=family, reuse_address=True, reuse_port=True)
             self._tcp.append(server)
 
-    async def stop(self, lame_duck: float = 0.0) -> None:
+    async def stop(self, lame_duck: float = 0.0, *, hand_over: bool = False) -> None:
         """Keep answering for ``lame_duck`` seconds (clients move on), then stop accepting,
-        close connections, cancel forwards."""
+        close connections, cancel forwards.
+
+        ``hand_over``: a successor listens on the same addresses (SO_REUSEPORT). New queries
+        go to it at once (the UDP sockets step aside, the TCP listeners close); the queries
+        already queued here are answered, and the forwards in flight get their upstream's
+        answer (up to the forward deadline) before the sockets close: none is lost.
+        """
         if lame_duck > 0:
             await asyncio.sleep(lame_duck)
         self._listening = False
         for server in self._tcp:
             server.close()
+        if hand_over:
+            for serving in self._udp:
+                serving.step_aside()
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=FORWARD_DEADLINE)
         for serving in self._udp:
             serving.close()
         for connection in list(self._connections):

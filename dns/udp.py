@@ -200,6 +200,19 @@ class UdpServing:
         self.loop = loop
         loop.add_reader(sock.fileno(), listener.drain)
 
+    def step_aside(self) -> None:
+        """A successor bound the same address: connected to its own address, this socket no
+        longer matches new queries (the kernel gives them to the successor's), while what is
+        queued is still read, and answered (a reply with an address goes out on a connected
+        UDP socket too)."""
+        try:
+            self.sock.connect(self.sock.getsockname())
+        except OSError as exc:
+            log.warning("dns: cannot step aside for the successor: %s", exc)
+            return
+        while self.listener.drain():  # what was queued before: no new datagram arrives now
+            pass
+
     def close(self) -> None:
         if self.listener.closed:
             return

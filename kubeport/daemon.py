@@ -260,8 +260,11 @@ class Daemon:
         config = self.config
         if not self._handing_over and self._applied:
             await self._unless_forced(asyncio.sleep(config.dns.lame_duck), "lame duck")
+        dns_stopped = None
         if self._dns is not None:
-            await self._dns.stop()
+            dns_stopped = asyncio.ensure_future(self._dns.stop(hand_over=self._handing_over))
+            if not self._handing_over:
+                await dns_stopped  # the successors are told to take the node only after it
         # The name is held until here: an instance started meanwhile is a successor, and
         # waits (DNS off) instead of answering beside this one unsynced. It takes the node now.
         self._instance.leave()
@@ -271,6 +274,8 @@ class Daemon:
             await self._proxier.stop(
                 grace=config.shutdown_grace_period, abort=self._forced, release=not self._handing_over,
                 hand_over=self._handing_over, keep_if=self._instance.another_serves_the_node)
+        if dns_stopped is not None:
+            await dns_stopped  # a handover's forwards in flight finish meanwhile
         await status.stop()
         log.info("stopped")
 

@@ -6,6 +6,7 @@ Timeouts are scaled down (tenths of a second) so the suite stays fast."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import socket
@@ -271,3 +272,35 @@ def test_server_warns_when_no_upstream_remains(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="kubeport.dns.server")
     DnsServer(DnsConfig(addresses=("127.0.0.1",), port=0, upstreams=()))
     assert "no upstream resolver" in caplog.text
+
+
+async def test_a_handed_over_server_answers_its_forwards_in_flight(fakes) -> None:
+    """Handover: the old server's queries waiting for an upstream get their answer through it
+    (the socket steps aside for new queries, and stays open for those replies)."""
+    attempts: list[str] = []
+
+    def first_lost(proto: str, request: DNSRecord) -> bytes | None:
+        attempts.append(proto)
+        return None if len(attempts) == 1 else answer_a(proto, request)  # the retry is answered
+
+    upstream = await fakes(first_lost)
+    config = DnsConfig(addresses=("127.0.0.1",), port=0, upstreams=(upstream.address,), upstream_timeout=0.3)
+    old = DnsServer(config)
+    await old.start()
+    loop = asyncio.get_running_loop()
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.setblocking(False)
+    client.connect(("127.0.0.1", old.port))
+    try:
+        client.send(question("www.example.com.", "A", query_id=7))
+        await wait_until(lambda: len(attempts) == 1)  # in flight at the old server
+        new = DnsServer(dataclasses.replace(config, port=old.port))
+        await new.start()  # beside it, SO_REUSEPORT
+        await old.stop(hand_over=True)
+        reply = read_reply(await asyncio.wait_for(loop.sock_recv(client, 4096), 2))
+        assert reply.rcode == "NOERROR" and reply.answer, reply
+        client.send(question("www.example.com.", "A", query_id=8))  # now the new server's
+        assert read_reply(await asyncio.wait_for(loop.sock_recv(client, 4096), 2)).rcode == "NOERROR"
+        await new.stop()
+    finally:
+        client.close()
