@@ -136,17 +136,23 @@ class Instance:
 
     async def take_over_once(self, ready: asyncio.Event) -> None:
         """Take over once ``ready`` is set (unless refused), or at once if the predecessor goes."""
-        waiters = [asyncio.ensure_future(self.predecessor_gone())]
-        if not self.refused:
-            waiters.append(asyncio.ensure_future(ready.wait()))
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)  # take_over reads the same link
-        await self.take_over()
+        while True:
+            waiters = [asyncio.ensure_future(self.predecessor_gone())]
+            if not self.refused:
+                waiters.append(asyncio.ensure_future(ready.wait()))
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)  # take_over reads the same link
+            if await self.take_over():
+                return
+            # Two instances started beside one: the other took the node first. Follow it.
+            log.info("handover: another new instance holds the node now; taking it from that one")
+            await self.announce()
 
-    async def take_over(self, timeout: float = 10.0) -> None:
-        """Ask the predecessor to leave, then hold the name once it has let go."""
+    async def take_over(self, timeout: float = 10.0) -> bool:
+        """Ask the predecessor to leave, then hold the name once it has let go. False: another
+        instance holds it now (it took the node first)."""
         link, self._link = self._link, None
         try:
             reader, writer = link or await asyncio.wait_for(self._connect(), timeout)
@@ -165,7 +171,7 @@ class Instance:
                 log.info("handover: the previous instance is leaving")
             else:
                 log.info("handover: the previous instance is gone; taking the name")
-        await self._claim_when_free(timeout)
+        return await self._claim_when_free(timeout)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -177,16 +183,33 @@ class Instance:
             raise
         return await asyncio.open_unix_connection(sock=client)
 
-    async def _claim_when_free(self, timeout: float) -> None:
-        # The predecessor lets go of the name before it acknowledges, so this is
-        # immediate unless it died half-way; then retry until the deadline.
+    async def _claim_when_free(self, timeout: float) -> bool:
+        # The predecessor lets go of the name before it acknowledges (or before it closes the
+        # link when it leaves on its own), so this is immediate unless it died half-way (its
+        # socket goes with its process) or another instance claimed the name first.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not await self.claim():
-            if loop.time() > deadline:
-                raise RuntimeError("handover: the previous instance never released the node")
+            if loop.time() > deadline or await self._holder_answers():
+                return False
             await asyncio.sleep(0.05)
         self.predecessor = self.refused = False
+        return True
+
+    async def _holder_answers(self) -> bool:
+        """Whether the name's holder is a live instance (it answers an announcement), not a
+        predecessor on its way out."""
+        try:
+            reader, writer = await asyncio.wait_for(self._connect(), 1.0)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        try:
+            writer.write(b"%s %d\n" % (ARRIVED, self.generation))
+            return await asyncio.wait_for(reader.readline(), 1.0) in (WAIT, REFUSED)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        finally:
+            writer.close()
 
     # --- the instance serving the node --------------------------------------------------------
 

@@ -323,3 +323,23 @@ async def test_a_handed_over_instance_idles_until_signalled_or_nothing_serves_th
         assert await waiting is False
     signalled.set()
     assert await handover.idle_until(signalled, node) is True
+
+
+async def test_two_successors__the_later_one_takes_the_node_from_the_first_to_take_it():
+    """A third instance started during a handover: the predecessor acknowledges it too, but the
+    name is held by then; it follows the new holder instead of failing."""
+    left = [asyncio.Event(), asyncio.Event()]
+    node, first, second = await announced(left[0].set)
+    second._on_takeover = left[1].set
+    third = handover.Instance(node, lambda: None)
+    assert not await third.claim()
+    await third.announce()
+    await until(lambda: first.successors == 2)
+    ready = asyncio.Event()
+    ready.set()
+    async with asyncio.timeout(10):
+        await second.take_over_once(ready)
+        await third.take_over_once(ready)
+        await left[1].wait()  # the second was asked to leave in turn
+    assert left[0].is_set() and not third.predecessor
+    third.release()
