@@ -354,7 +354,6 @@ class Daemon:
                 if release_freed_memory():
                     self._heap_trimmed()
                 self._ready.set()
-                self._ready_file.update(not self.pending())
 
     def _heap_trimmed(self) -> None:
         self._heap_trimmed_generation = self.state.snapshot.generation
