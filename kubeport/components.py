@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from kubeport.endpoints.state import ClusterState
+from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 
 from .config import KubeportConfiguration
 from .logs import configure_logging
@@ -17,6 +17,19 @@ log = logging.getLogger("kubeport.daemon")
 
 class ComponentError(Exception):
     """A part cannot be built from this configuration; the message says why."""
+
+
+def build_state(config: KubeportConfiguration) -> ClusterState:
+    manifest_mode = config.source_kind == "manifests"
+    transform = None
+    if manifest_mode:
+        from kubeport.endpoints.hints import as_the_controller_writes
+
+        transform = as_the_controller_writes
+    # With an API server, DNS also waits for Namespaces (CoreDNS answers for namespace names).
+    required = REQUIRED_KINDS if manifest_mode else REQUIRED_KINDS | {"Namespace"}
+    return ClusterState(config.hostname_override, implicit_namespaces=manifest_mode,
+                        slice_transform=transform, required_kinds=required)
 
 
 def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry) -> Any:
@@ -117,3 +130,21 @@ async def apply_live(
         if name not in LIVE_FIELDS and getattr(new, name) != getattr(running, name)
     ]
     return applied, kept
+
+
+def proxier_families(config: KubeportConfiguration) -> tuple[str, ...]:
+    """The IP families proxied, primary first: one /healthz entry each, like kube-proxy's per-family proxiers.
+
+    Services get their clusterIPs from serviceClusterIPRange, so its CIDRs are the families
+    served: an IPv6-only cluster must not report an IPv4 proxier, a dual-stack one reports both.
+    """
+    from kubeport.proxy.health import IPV4, IPV6
+
+    return tuple(IPV6 if network.version == 6 else IPV4 for network in config.service_cluster_ip_range)
+
+
+def build_proxy_health(config: KubeportConfiguration) -> Any:
+    from kubeport.proxy.health import ProxyHealth
+
+    # Manifest mode may have no Node object at all: then the node counts as eligible.
+    return ProxyHealth(families=proxier_families(config), require_node=config.source_kind != "manifests")

@@ -16,6 +16,7 @@ exits without touching what the successor holds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -26,9 +27,8 @@ from typing import Any, Awaitable, Callable
 import uvloop
 from prometheus_client import disable_created_metrics
 
-from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 from kubeport.endpoints.types import Snapshot
-from kubeport.proxy.health import IPV4, IPV6, HealthResponse
+from kubeport.proxy.health import HealthResponse
 
 from . import components, handover
 from .config import KubeportConfiguration, changed_fields
@@ -40,6 +40,9 @@ from .reload import Reloader
 from .status import StatusServer, source_status
 
 log = logging.getLogger("kubeport.daemon")
+
+#: kube-proxy's proxyutil.FullSyncPeriod: its rules are rewritten in full at least this often.
+FULL_SYNC_PERIOD = 3600.0
 
 
 class DaemonError(Exception):
@@ -60,7 +63,7 @@ class Daemon:
         self.config = config
         self.manifest_mode = config.source_kind == "manifests"
         self.registry = process_registry()
-        self.state = self._build_state()
+        self.state = components.build_state(self.config)
         self.metrics = ProxyMetrics(self.registry, config.hostname_override)
         self._reloader = Reloader(config_file, flags or {})
         self._applied: dict[str, int] = {}
@@ -72,6 +75,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
         self._signalled = asyncio.Event()
+        self._resync = asyncio.Event()
         self._handing_over = False
         self._ready_file = ReadyFile(config.ready_file)
         self._source: Any = None
@@ -134,23 +138,7 @@ class Daemon:
 
     # --- construction -------------------------------------------------------------------
 
-    def _build_state(self) -> ClusterState:
-        transform = None
-        if self.manifest_mode:
-            from kubeport.endpoints.hints import as_the_controller_writes
-
-            transform = as_the_controller_writes
-        # With an API server, DNS also waits for Namespaces (CoreDNS answers for namespace names).
-        required = REQUIRED_KINDS if self.manifest_mode else REQUIRED_KINDS | {"Namespace"}
-        return ClusterState(
-            self.config.hostname_override,
-            implicit_namespaces=self.manifest_mode,
-            slice_transform=transform,
-            required_kinds=required,
-        )
-
     def _build(self) -> None:
-        from kubeport.proxy.health import ProxyHealth
         from kubeport.proxy.healthcheck import HealthCheckServers
 
         try:
@@ -159,8 +147,7 @@ class Daemon:
             raise DaemonError(str(exc)) from exc
         self._proxier = components.build_proxier(self.config)
         self._dns = components.build_dns(self.config, self.registry)
-        # Manifest mode may have no Node object at all: then the node counts as eligible.
-        self._health = ProxyHealth(families=proxier_families(self.config), require_node=not self.manifest_mode)
+        self._health = components.build_proxy_health(self.config)
         self._healthchecks = HealthCheckServers(lambda: self._health.healthy(time.time()))
         self.metrics.attach_proxier(self._proxier)
 
@@ -170,7 +157,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal)
-        loop.add_signal_handler(signal.SIGHUP, self._reloader.request)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
         self._build()
         primary = await self._instance.claim()
         if not primary:
@@ -208,6 +195,7 @@ class Daemon:
                 tasks.create_task(self._reloader.watch(), name="reload-watch")
                 tasks.create_task(keep_heap_trimmed(self._heap_changed, self._heap_trimmed), name="heap")
                 tasks.create_task(self._stop_when_asked(), name="stop")
+                tasks.create_task(self._keep_host_in_sync(), name="host-resync")
                 if not primary:
                     tasks.create_task(self._take_over(), name="takeover")
         except* _Stop:
@@ -234,6 +222,20 @@ class Daemon:
             log.info("second signal: ending the lame duck and the drain now")
             self._forced.set()
         self._stopping.set()
+
+    def _on_hangup(self) -> None:
+        self._reloader.request()
+        self._resync.set()
+
+    async def _keep_host_in_sync(self) -> None:
+        """kube-proxy rewrites its rules in full at least hourly (FullSyncPeriod): an address or
+        rule removed behind its back comes back. So here, and at once on SIGHUP."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._resync.wait(), FULL_SYNC_PERIOD)
+            self._resync.clear()
+            if "proxy" in self._applied:
+                await self._proxier.resync_host()
 
     async def _on_takeover(self) -> None:
         self._handing_over = True
@@ -366,15 +368,6 @@ class Daemon:
         for path in changed_fields(self.config, new, kept):
             log.warning("configuration: %s changed; it takes effect at the next restart", path)
         self.config = self.config.model_copy(update=applied)
-
-
-def proxier_families(config: KubeportConfiguration) -> tuple[str, ...]:
-    """The IP families proxied, primary first: one /healthz entry each, like kube-proxy's per-family proxiers.
-
-    Services get their clusterIPs from serviceClusterIPRange, so its CIDRs are the families
-    served: an IPv6-only cluster must not report an IPv4 proxier, a dual-stack one reports both.
-    """
-    return tuple(IPV6 if network.version == 6 else IPV4 for network in config.service_cluster_ip_range)
 
 
 def run(config: KubeportConfiguration, config_file: Path | None = None, flags: dict | None = None) -> int:

@@ -44,6 +44,7 @@ class AddressManager(Protocol):
     async def change(self, add: Iterable[str], remove: Iterable[str]) -> None: ...
     async def interface_addresses(self) -> tuple[str, ...]: ...
     async def stop(self, *, release: bool = True) -> None: ...
+    async def repair(self, wanted: Iterable[str]) -> list[str]: ...
     @property
     def owned(self) -> frozenset[str]: ...
 
@@ -131,6 +132,21 @@ class NetlinkAddresses:
             self._owned.discard(address)
         return problems
 
+    def _repair(self, wanted: frozenset[str]) -> list[str]:
+        """What the kernel holds now, not what this run believes: ours that vanished (an operator,
+        another tool) come back, ours no longer wanted go. Returns those added back."""
+        self._index = None  # the link may have been re-created
+        self._link()
+        present = {address: (index, proto) for address, index, proto in self._dump()}
+        ours = {a for a, (index, proto) in present.items() if index == self._index and proto == ADDRESS_PROTO}
+        vanished = sorted((self._owned - ours) & wanted)
+        self._owned = ours
+        self._add([a for a in sorted(wanted) if a not in present])
+        problems = self._remove(sorted(self._owned - wanted))
+        if problems:
+            raise AddressError("; ".join(problems))
+        return vanished
+
     def _close(self, release: bool) -> None:
         if release and self._owned and self._index is not None:
             for problem in self._remove(sorted(self._owned)):
@@ -155,6 +171,11 @@ class NetlinkAddresses:
         """Every address on the node's links except the ones kubeport added."""
         dump = await self._call(self._dump)
         return tuple(sorted({a for a, _, _ in dump} - self._owned))
+
+    async def repair(self, wanted: Iterable[str]) -> list[str]:
+        """Re-read the link and restore ``wanted`` (kube-proxy rewrites its rules in full at
+        least hourly); the addresses that had vanished and were added back."""
+        return await self._call(self._repair, frozenset(wanted))
 
     async def stop(self, *, release: bool = True) -> None:
         """Remove our addresses; ``release=False`` (handover) leaves them to the successor."""
@@ -195,6 +216,11 @@ class FakeAddresses:
     async def interface_addresses(self) -> tuple[str, ...]:
         return self.node_addresses
 
+    async def repair(self, wanted: Iterable[str]) -> list[str]:
+        vanished = sorted((set(wanted) - set(self.node_addresses)) - self._owned)
+        await self.sync(wanted)
+        return vanished
+
     async def stop(self, *, release: bool = True) -> None:
         self.released = release
         if release:
@@ -223,6 +249,9 @@ class SharedAddresses:
 
     async def interface_addresses(self) -> tuple[str, ...]:
         return self.node_addresses
+
+    async def repair(self, wanted: Iterable[str]) -> list[str]:
+        return []
 
     async def stop(self, *, release: bool = True) -> None:
         return None

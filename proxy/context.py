@@ -161,6 +161,16 @@ class RelayContext:
         self._idle = asyncio.Event()
         await self._idle.wait()
 
+    async def wait_idle_for(self, timeout: float, *aborts: asyncio.Event | None) -> None:
+        """:meth:`wait_idle` for up to ``timeout`` seconds, or until one of ``aborts`` is set."""
+        waiters = {asyncio.ensure_future(self.wait_idle())}
+        waiters.update(asyncio.ensure_future(abort.wait()) for abort in aborts if abort is not None)
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
     def close(self) -> None:
         self.timeouts.close()
         self.pipes.close()

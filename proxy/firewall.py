@@ -225,6 +225,7 @@ class Firewall(Protocol):
     async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
                    captured: CaptureSet | None = None) -> None: ...
     async def stop(self, *, release: bool = True) -> None: ...
+    async def resync(self) -> None: ...
 
 
 class NftFirewall:
@@ -281,6 +282,18 @@ class NftFirewall:
         await self._run(script)  # atomic: on failure nothing changed, the next sync retries
         self._current = (dict(desired), allowed, captured)
 
+    async def resync(self) -> None:
+        """The next sync writes the whole table again (and the capture routing is checked):
+        what was changed behind this process's back is put right, as kube-proxy's full syncs."""
+        if not self.enabled:
+            return
+        self._current = None
+        if self.capturing:
+            try:
+                await capture.set_up()
+            except capture.CaptureError as exc:
+                raise FirewallError(f"policy routing for externalIP ports: {exc}") from exc
+
     async def stop(self, *, release: bool = True) -> None:
         """Remove the table; ``release=False`` (handover) leaves it to the successor."""
         if not self.enabled:
@@ -313,6 +326,7 @@ class FakeFirewall:
         self.enabled = False
         self.capturing = False
         self.released: bool | None = None
+        self.resyncs = 0
 
     async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None:
         self.cluster_cidrs = tuple(cluster_cidrs)
@@ -330,6 +344,9 @@ class FakeFirewall:
         if dict(desired) != self.drops:
             self.drops = dict(desired)
             self.syncs.append(dict(desired))
+
+    async def resync(self) -> None:
+        self.resyncs += 1
 
     async def stop(self, *, release: bool = True) -> None:
         self.enabled = False

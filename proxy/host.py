@@ -179,6 +179,34 @@ class HostState:
             if address in self._held or address in self._in_flight:
                 self._to_remove.add(address)
 
+    async def resync(self) -> None:
+        """Put right what was changed behind this process's back (an address deleted, the table
+        flushed): the table is written whole and the link re-read, as kube-proxy's full sync.
+        Not while an apply runs (the Proxier serializes them)."""
+        await self.wait_added()
+        if self._firewall is not None:
+            try:
+                await self._firewall.resync()
+            except FirewallError as exc:
+                log.error("nftables: %s", exc)
+                self.problems["capture"] = str(exc)
+            else:
+                self.problems.pop("capture", None)
+            await self._sync_firewall()
+        if self._addresses is not None and self._pruned:
+            wanted = self.wanted
+            try:
+                restored = await self._addresses.repair(wanted)
+            except AddressError as exc:
+                log.error("VIP addresses: %s", exc)
+                self.problems["addresses"] = f"VIP addresses: {exc}"
+                return
+            self.problems.pop("addresses", None)
+            self._held, self._to_add, self._to_remove = set(wanted), set(), set()
+            if restored:
+                log.warning("VIP addresses: %d had been removed by something else and were added back "
+                            "(%s)", len(restored), ", ".join(restored[:5]) + (" ..." if len(restored) > 5 else ""))
+
     def _is_wanted(self, address: str) -> bool:
         return address in self._vip_frontends or address in self._extra
 

@@ -79,6 +79,7 @@ class Proxier:
         self._reserved: frozenset[Frontend] = frozenset()
         self._fatal: asyncio.Future | None = None
         self._ready = asyncio.Event()
+        self._applying = asyncio.Lock()  # an apply and a full resync of the host never overlap
         self._stopping = False
         self._forced = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -152,7 +153,7 @@ class Proxier:
         take_queued = grace > 0 and (not hand_over or not requests_migrate())
         self._listeners.stop_accepting(hand_over=hand_over, accept_queued=take_queued)
         if grace > 0 and (ctx.conns or ctx.draining):
-            await _wait_until(ctx.wait_idle(), grace, abort, self._forced)
+            await ctx.wait_idle_for(grace, abort, self._forced)
         if ctx.conns:
             log.info("shutdown: resetting %d connections still open", len(ctx.conns))
         for conn in list(ctx.conns):
@@ -233,8 +234,19 @@ class Proxier:
 
     # --- applying snapshots ---------------------------------------------------------------
 
+    async def resync_host(self) -> None:
+        """Write the nftables table whole and restore the VIP addresses from what the kernel
+        holds (kube-proxy's full sync, at least hourly): undoes changes made behind our back."""
+        async with self._applying:
+            if self._ctx is not None and not self._stopping:
+                await self._host.resync()
+
     async def apply(self, snapshot: Snapshot) -> None:
         """Bring listeners, addresses and DROP rules in line with ``snapshot`` (incrementally)."""
+        async with self._applying:
+            await self._apply(snapshot)
+
+    async def _apply(self, snapshot: Snapshot) -> None:
         if self._ctx is None:
             raise RuntimeError("Proxier.apply before start")
         if self._stopping:
@@ -274,7 +286,7 @@ class Proxier:
         primary = node.primary_ips() if node is not None else ()
         local = await self._addresses.interface_addresses() if self._addresses is not None else ()
         if self._addresses is None:
-            local = _interface_addresses_fallback(primary)
+            local = (*primary, "127.0.0.1", "::1")  # tests: the node's own addresses stand in for its links
         self.node_addresses = tuple(local)
         self._ctx.local_clients.set_node_addresses(local)
         selection = nodeport_selection(self.config.nodeport_addresses, primary, local)
@@ -384,18 +396,3 @@ class Proxier:
     def _route_for(self, rule: FrontendRule) -> Route:
         return Route(self._pools[rule.port_name], rule.endpoints, rule.local_client_endpoints)  # bound: _bind
 
-
-async def _wait_until(work, timeout: float, *aborts: asyncio.Event | None) -> None:
-    """Await ``work`` for up to ``timeout`` seconds, or until one of ``aborts`` is set."""
-    waiters = {asyncio.ensure_future(work)}
-    waiters.update(asyncio.ensure_future(abort.wait()) for abort in aborts if abort is not None)
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-
-
-def _interface_addresses_fallback(primary: Iterable[str]) -> tuple[str, ...]:
-    """Without an address manager (tests), the node's own addresses stand in for its links."""
-    return tuple(primary) + ("127.0.0.1", "::1")

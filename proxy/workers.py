@@ -293,6 +293,9 @@ class ProxyWorkers:
     def node_addresses(self) -> tuple[str, ...]:
         return self._local.node_addresses
 
+    async def resync_host(self) -> None:
+        await self._local.resync_host()  # the children hold no addresses or table
+
     @property
     def nodeport_addresses(self) -> tuple[str, ...]:
         return self._local.nodeport_addresses

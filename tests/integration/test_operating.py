@@ -13,6 +13,7 @@ from netns import (
     curl_in,
     dig_in,
     http_url,
+    run_in,
     spawn_in,
     udp_request,
     wait_until,
@@ -86,6 +87,24 @@ def test_restart_hands_over_with_zero_failures(topology, pods, manifests, tmp_pa
     assert counts["tcp_fail"] == 0 and counts["tcp_ok"] > 80, counts
     assert new.stop() == 0
     assert not vip_present(topology, WEB_IP), "the last instance removes the addresses"
+
+
+def test_what_is_removed_behind_its_back_comes_back__full_sync(topology, pods, manifests, tmp_path):
+    """kube-proxy rewrites its rules in full at least hourly; kubeport too, and at once on SIGHUP:
+    a VIP deleted from the link and the nftables table deleted by hand are restored."""
+    daemon = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS)
+    daemon.wait_ready()
+    node_ns = topology.node("a")
+    run_in(node_ns, "ip", "addr", "del", f"{WEB_IP}/32", "dev", "lo")
+    run_in(node_ns, "nft", "delete", "table", "inet", "kubeport")
+    assert not vip_present(topology, WEB_IP)
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: vip_present(topology, WEB_IP), 10, message="the VIP added back")
+    wait_until(lambda: "table inet kubeport" in run_in(node_ns, "nft", "list", "tables").stdout, 10,
+               message="the nftables table written again")
+    assert curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")).startswith("pod=")
+    assert "added back" in daemon.log_text()
+    assert daemon.stop() == 0
 
 
 def test_sighup_changes_the_dns_ttl_live(topology, manifests, tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kubeport import config, daemon
+from kubeport import components, config
 from kubeport.endpoints.types import NodeInfo
 from kubeport.proxy.health import GO_ZERO_TIME, IPV4, IPV6, ProxyHealth, go_time
 
@@ -154,7 +154,7 @@ def test_headers_and_counters() -> None:
 )
 def test_daemon_reports_the_families_it_proxies(service_ranges, families) -> None:
     configuration = config.build(None, {"serviceClusterIPRange": service_ranges})
-    h = health(families=daemon.proxier_families(configuration))
+    h = health(families=components.proxier_families(configuration))
     h.updated(T0)
     assert sorted(body(h.healthz(T0))["status"]) == families
     assert sorted(body(h.livez(T0))["status"]) == families
