@@ -16,7 +16,6 @@ exits without touching what the successor holds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import signal
@@ -32,6 +31,7 @@ from kubeport.proxy.health import HealthResponse
 
 from . import components, handover
 from .config import KubeportConfiguration, changed_fields
+from .fullsync import keep_host_in_sync
 from .heap import keep_heap_trimmed, release_freed_memory
 from .metrics import ProxyMetrics
 from .process import process_registry, raise_open_file_limit
@@ -41,8 +41,6 @@ from .status import StatusServer, source_status
 
 log = logging.getLogger("kubeport.daemon")
 
-#: kube-proxy's proxyutil.FullSyncPeriod: its rules are rewritten in full at least this often.
-FULL_SYNC_PERIOD = 3600.0
 
 
 class DaemonError(Exception):
@@ -195,7 +193,8 @@ class Daemon:
                 tasks.create_task(self._reloader.watch(), name="reload-watch")
                 tasks.create_task(keep_heap_trimmed(self._heap_changed, self._heap_trimmed), name="heap")
                 tasks.create_task(self._stop_when_asked(), name="stop")
-                tasks.create_task(self._keep_host_in_sync(), name="host-resync")
+                tasks.create_task(keep_host_in_sync(self._proxier, self._resync, self._may_resync),
+                                  name="host-resync")
                 if not primary:
                     tasks.create_task(self._take_over(), name="takeover")
         except* _Stop:
@@ -227,15 +226,11 @@ class Daemon:
         self._reloader.request()
         self._resync.set()
 
-    async def _keep_host_in_sync(self) -> None:
-        """kube-proxy rewrites its rules in full at least hourly (FullSyncPeriod): an address or
-        rule removed behind its back comes back. So here, and at once on SIGHUP."""
-        while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._resync.wait(), FULL_SYNC_PERIOD)
-            self._resync.clear()
-            if "proxy" in self._applied:
-                await self._proxier.resync_host()
+    def _may_resync(self) -> bool:
+        # Beside another instance the addresses and table are shared: a full sync here would
+        # remove what the other one added.
+        alone = not (self._instance.predecessor or self._instance.successors or self._handing_over)
+        return alone and "proxy" in self._applied
 
     async def _on_takeover(self) -> None:
         self._handing_over = True

@@ -138,10 +138,12 @@ class NetlinkAddresses:
         self._index = None  # the link may have been re-created
         self._link()
         present = {address: (index, proto) for address, index, proto in self._dump()}
-        ours = {a for a, (index, proto) in present.items() if index == self._index and proto == ADDRESS_PROTO}
-        vanished = sorted((self._owned - ours) & wanted)
+        # Kernels before 5.18 drop IFA_PROTO: an untagged address this run added is still ours.
+        ours = {a for a, (index, proto) in present.items()
+                if index == self._index and (proto == ADDRESS_PROTO or (proto is None and a in self._owned))}
+        vanished = sorted(a for a in wanted if a not in present)
         self._owned = ours
-        self._add([a for a in sorted(wanted) if a not in present])
+        self._add(vanished)
         problems = self._remove(sorted(self._owned - wanted))
         if problems:
             raise AddressError("; ".join(problems))

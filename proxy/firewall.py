@@ -279,7 +279,13 @@ class NftFirewall:
                                     capture.MARK)
             if not script:
                 return
-        await self._run(script)  # atomic: on failure nothing changed, the next sync retries
+        try:
+            await self._run(script)  # atomic: on failure nothing changed
+        except FirewallError:
+            # The table may not be what this process thinks (deleted, flushed by hand): the
+            # retry writes it whole, as kube-proxy's full sync after a failed one.
+            self._current = None
+            raise
         self._current = (dict(desired), allowed, captured)
 
     async def resync(self) -> None:

@@ -204,8 +204,8 @@ class HostState:
             self.problems.pop("addresses", None)
             self._held, self._to_add, self._to_remove = set(wanted), set(), set()
             if restored:
-                log.warning("VIP addresses: %d had been removed by something else and were added back "
-                            "(%s)", len(restored), ", ".join(restored[:5]) + (" ..." if len(restored) > 5 else ""))
+                log.warning("VIP addresses: %d were missing from the link (removed by something else) and were "
+                            "added back (%s)", len(restored), ", ".join(restored[:5]) + (" ..." if len(restored) > 5 else ""))
 
     def _is_wanted(self, address: str) -> bool:
         return address in self._vip_frontends or address in self._extra

@@ -130,13 +130,11 @@ class Proxier:
         """Stop accepting, drain, close; ``release=False`` leaves VIPs and nftables to a successor,
         and so does ``keep_if()`` true once the drain is over (one started meanwhile).
 
-        TCP and SCTP listeners close at once. What the kernel already queued is served
-        first when there is a drain to serve it in, except in a handover (``hand_over``,
-        by default ``not release``) with net.ipv4.tcp_migrate_req=1: the kernel moves it to
-        the successor's listener. UDP frontends serve their flows until idle (closing one
-        would orphan them); in a handover new datagrams go to the successor meanwhile.
-        Established connections run until they end, ``grace`` seconds pass or ``abort``
-        is set; the rest are reset.
+        TCP and SCTP listeners close at once; what the kernel queued is served in the drain,
+        except in a handover (``hand_over``, by default ``not release``) with tcp_migrate_req=1
+        (the kernel moves it to the successor). UDP frontends serve their flows until idle; in
+        a handover new datagrams go to the successor meanwhile. Established connections run
+        until they end, ``grace`` seconds pass or ``abort`` is set; the rest are reset.
         """
         if hand_over is None:
             hand_over = not release
@@ -233,6 +231,10 @@ class Proxier:
         return found
 
     # --- applying snapshots ---------------------------------------------------------------
+
+    @property
+    def host_problems(self) -> bool:  # the addresses or the table are not in line (retried in full)
+        return bool(self._host.problems)
 
     async def resync_host(self) -> None:
         """Write the nftables table whole and restore the VIP addresses from what the kernel

@@ -158,7 +158,8 @@ def _configure_logging(index: int, json_format: bool, level: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too: `systemctl kill -s HUP` and pkill reach every process; reloading is the parent's.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     uvloop.run(serve(int(argv[1])))
     return 0

@@ -293,6 +293,10 @@ class ProxyWorkers:
     def node_addresses(self) -> tuple[str, ...]:
         return self._local.node_addresses
 
+    @property
+    def host_problems(self) -> bool:
+        return self._local.host_problems
+
     async def resync_host(self) -> None:
         await self._local.resync_host()  # the children hold no addresses or table
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -104,6 +105,22 @@ def test_what_is_removed_behind_its_back_comes_back__full_sync(topology, pods, m
                message="the nftables table written again")
     assert curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")).startswith("pod=")
     assert "added back" in daemon.log_text()
+    assert daemon.stop() == 0
+
+
+def test_sighup_to_every_process_leaves_the_relay_workers_running(topology, pods, manifests, tmp_path):
+    """`systemctl kill -s HUP` (or pkill) signals every process of the unit: a worker must not die."""
+    daemon = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS, "--workers", "2")
+    daemon.wait_ready()
+    children = Path(f"/proc/{daemon.proc.pid}/task/{daemon.proc.pid}/children").read_text().split()
+    assert children, "a relay worker process"
+    for pid in [daemon.proc.pid, *map(int, children)]:
+        os.kill(int(pid), signal.SIGHUP)
+    wait_until(lambda: "added back" in daemon.log_text() or daemon.readyz().status == 200, 5, message="after HUP")
+    assert daemon.proc.poll() is None, daemon.log_tail()
+    for _ in range(8):  # both processes serve
+        assert curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")).startswith("pod=")
+    assert "exited" not in daemon.log_text()
     assert daemon.stop() == 0
 
 

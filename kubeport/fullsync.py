@@ -1,0 +1,36 @@
+"""The node's addresses and nftables table put right in full, as kube-proxy's full syncs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+#: kube-proxy's proxyutil.FullSyncPeriod: its rules are rewritten in full at least this often.
+FULL_SYNC_PERIOD = 3600.0
+#: kube-proxy's default syncPeriod: a failed sync is retried (in full) this soon.
+RETRY_PERIOD = 30.0
+
+
+async def keep_host_in_sync(proxier: Any, requested: asyncio.Event, allowed: Callable[[], bool]) -> None:
+    """Resync the host every FULL_SYNC_PERIOD, RETRY_PERIOD after a failure, and at once when
+    ``requested`` (SIGHUP): an address or rule removed behind kubeport's back comes back.
+    ``allowed()`` false (not synced yet, another instance beside this one) skips a turn."""
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+    while True:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(requested.wait(), RETRY_PERIOD)
+        if not (requested.is_set() or proxier.host_problems or loop.time() - last >= FULL_SYNC_PERIOD):
+            continue
+        requested.clear()
+        last = loop.time()
+        if not allowed():
+            continue
+        try:
+            await proxier.resync_host()
+        except Exception:  # the next period retries; a failure must not end the daemon
+            log.exception("full sync of the node's addresses and nftables table failed")

@@ -1,0 +1,110 @@
+"""The full sync of the host (kube-proxy's full syncs): when it runs, what it puts right, and
+that a failure neither ends the daemon nor leaves the next incremental sync building on a
+table that is not there."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kubeport import fullsync
+from kubeport.proxy import addresses as addresses_module
+from kubeport.proxy.addresses import ADDRESS_PROTO, NetlinkAddresses
+from kubeport.proxy.firewall import FirewallError, NftFirewall
+from kubeport.proxy.table import Frontend
+
+DROPPED = Frontend("10.96.0.20", 80, "TCP")
+
+
+class FakeProxier:
+    def __init__(self, fail: bool = False):
+        self.resyncs = 0
+        self.host_problems = False
+        self.fail = fail
+
+    async def resync_host(self) -> None:
+        self.resyncs += 1
+        if self.fail:
+            raise OSError("nft: no such file")
+
+
+async def run_for(proxier: FakeProxier, requested: asyncio.Event, allowed: bool, turns: int = 3) -> None:
+    task = asyncio.create_task(fullsync.keep_host_in_sync(proxier, requested, lambda: allowed))
+    for _ in range(turns):
+        await asyncio.sleep(0.03)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.fixture(autouse=True)
+def quick_periods(monkeypatch):
+    monkeypatch.setattr(fullsync, "RETRY_PERIOD", 0.01)
+
+
+@pytest.mark.parametrize(("requested", "problems", "allowed", "at_least", "at_most"), [
+    pytest.param(False, False, True, 0, 0, id="quiet__nothing_before_the_hour"),
+    pytest.param(True, False, True, 1, 1, id="sighup__once"),
+    pytest.param(False, True, True, 2, 99, id="host_problems__retried_every_sync_period"),
+    pytest.param(True, True, False, 0, 0, id="beside_another_instance__never"),
+])
+async def test_when_the_full_sync_runs(requested, problems, allowed, at_least, at_most):
+    proxier = FakeProxier()
+    proxier.host_problems = problems
+    event = asyncio.Event()
+    if requested:
+        event.set()
+    await run_for(proxier, event, allowed)
+    assert at_least <= proxier.resyncs <= at_most
+
+
+async def test_a_failed_full_sync_is_logged_and_retried_not_fatal(caplog):
+    proxier = FakeProxier(fail=True)
+    proxier.host_problems = True
+    await run_for(proxier, asyncio.Event(), True)
+    assert proxier.resyncs >= 2 and "full sync" in caplog.text
+
+
+async def test_a_failed_incremental_nft_batch_makes_the_next_one_whole(monkeypatch):
+    """kube-proxy: a failed sync sets needFullSync. A delta against a table deleted by hand
+    fails every time; the whole table does not."""
+    firewall = NftFirewall()
+    firewall.enabled = True
+    scripts: list[str] = []
+    failing = [True]
+
+    async def run(script: str) -> None:
+        scripts.append(script)
+        if failing.pop() if failing else False:
+            raise FirewallError("No such file or directory")
+
+    monkeypatch.setattr(firewall, "_run", run)
+    firewall._current = ({}, {}, {})  # what it wrote before the table was deleted
+    with pytest.raises(FirewallError):
+        await firewall.sync({DROPPED: False})  # a delta: add one element
+    assert "delete table" not in scripts[-1] and firewall._current is None
+    await firewall.sync({DROPPED: False})
+    assert "delete table" in scripts[-1]  # the whole table, replacing whatever is there
+
+
+@pytest.mark.parametrize(("dumped_proto", "owned_after"), [
+    pytest.param(ADDRESS_PROTO, {"10.96.0.1", "10.96.0.2"}, id="tagged__ours"),
+    pytest.param(None, {"10.96.0.1", "10.96.0.2"}, id="kernel_before_5_18_drops_ifa_proto__still_ours"),
+])
+def test_repair_keeps_what_this_run_added_and_adds_back_what_vanished(monkeypatch, dumped_proto, owned_after):
+    manager = NetlinkAddresses("lo")
+    manager._index = 1
+    manager._owned = {"10.96.0.1", "10.96.0.2"}
+    monkeypatch.setattr(manager, "_link", lambda: setattr(manager, "_index", 1) or 1)  # lo is link 1
+    monkeypatch.setattr(manager, "_dump", lambda: [("10.96.0.1", 1, dumped_proto), ("192.168.0.5", 2, None)])
+    applied: list[tuple[bool, str]] = []
+
+    def apply(operations, index, proto):
+        applied.extend((op.add, op.address) for op in operations)
+        return {}
+
+    monkeypatch.setattr(addresses_module.netlink_batch, "apply", apply)
+    added_back = manager._repair(frozenset({"10.96.0.1", "10.96.0.2"}))
+    assert added_back == ["10.96.0.2"]
+    assert applied == [(True, "10.96.0.2")]
+    assert manager._owned == owned_after
