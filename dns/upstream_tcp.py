@@ -4,7 +4,9 @@ CoreDNS (plugin/pkg/proxy persistent.go, connect.go) keeps the connections it is
 per upstream and protocol, takes the most recently used one first, and closes, unused, any
 idle longer than ``expire`` (10 s); a cached connection the upstream closed meanwhile
 fails at once (EOF), and the query is asked again (forward.go, ErrCachedClosed). Here, the
-idle connections are swept when one is taken or given back, and on :meth:`TcpPool.close`.
+idle connections are swept when one is taken or given back, by a timer while any is idle
+(as CoreDNS's sweep every ``expire``: a burst's connections do not stay open), and on
+:meth:`TcpPool.close`.
 
 One query at a time per connection (RFC 7766 framing: a 2-byte length before each
 message); a connection goes back to the pool only after the answer with its query's ID,
@@ -95,6 +97,7 @@ class TcpPool:
         self._clock = clock
         self._idle: dict[Upstream, deque[TcpConnection]] = {}
         self._closed = False
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def idle(self, upstream: Upstream) -> int:
         return len(self._idle.get(upstream, ()))
@@ -147,6 +150,20 @@ class TcpPool:
             idle.popleft().close()
         connection.idle_since = now
         idle.append(connection)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(self.expire, self.sweep)
+
+    def sweep(self) -> None:
+        """Close the connections idle longer than ``expire``; again later while any is idle."""
+        self._sweeper = None
+        now = self._clock()
+        for upstream, idle in list(self._idle.items()):
+            while idle and now - idle[0].idle_since > self.expire:
+                idle.popleft().close()
+            if not idle:
+                del self._idle[upstream]
+        if self._idle and not self._closed:
+            self._sweeper = asyncio.get_running_loop().call_later(self.expire, self.sweep)
 
     def _close_idle(self, upstream: Upstream) -> None:
         for connection in self._idle.pop(upstream, ()):
@@ -155,5 +172,8 @@ class TcpPool:
     def close(self) -> None:
         """Close every idle connection; those in use are closed when their query ends."""
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for upstream in list(self._idle):
             self._close_idle(upstream)

@@ -169,6 +169,26 @@ async def test_expired_connections_are_swept_when_one_is_given_back(upstream: Fa
     pool.close()
 
 
+async def test_idle_connections_are_swept_without_another_query__coredns_expire_ticker(
+        upstream: FakeTcpUpstream) -> None:
+    """After a burst, connections nobody asks again must not stay open until the upstream
+    closes them: CoreDNS sweeps every ``expire``."""
+    clock = Clock()
+    pool = TcpPool(clock=clock)
+    upstream.hold = True
+    burst = asyncio.gather(*(ask(pool, upstream) for _ in range(3)))
+    await upstream.until(lambda: len(upstream.held) == 3)
+    for query in list(upstream.held):
+        upstream.release(query)
+    await burst
+    assert pool.idle(upstream.address) == 3 and pool._sweeper is not None  # the timer is armed
+    clock.now += EXPIRE + 1
+    pool.sweep()  # what the timer does, EXPIRE seconds later
+    await upstream.until(lambda: upstream.ended == 3)
+    assert pool.idle(upstream.address) == 0 and pool._sweeper is None  # nothing idle: no timer
+    pool.close()
+
+
 async def test_connection_closed_by_upstream_while_idle_is_not_used(upstream: FakeTcpUpstream) -> None:
     pool = TcpPool()
     await ask(pool, upstream)
