@@ -156,8 +156,10 @@ def nodeport_selection(
     networks = nodeport_networks(spec, primary_ips)
     excluded = {str(ipaddress.ip_address(a)) for a in exclude}
     chosen: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    present: set[int] = set()
     for address in interface_addresses:
         ip = ipaddress.ip_address(address)
+        present.add(ip.version)
         if str(ip) in excluded or ip in _LINK_LOCAL_V6:
             continue
         if any(ip.version == n.version and ip in n and not (ip.is_loopback and _is_match_all(n))
@@ -168,7 +170,9 @@ def nodeport_selection(
     unmatched = tuple(
         (family, tuple(n for n in networks if n.version == family))
         for family in (4, 6)
-        if family not in match_all and family not in matched and any(n.version == family for n in networks)
+        # A family the node has no address of at all (IPv6 disabled) is not served: not an error.
+        if family in present and family not in match_all and family not in matched
+        and any(n.version == family for n in networks)
     )
     return NodePortSelection(
         tuple(str(ip) for ip in sorted(chosen, key=lambda ip: (ip.version, ip))), match_all, unmatched

@@ -78,6 +78,10 @@ V4_ONLY = ("127.0.0.1", "::1", "192.168.1.10", "fe80::1")
                      id="cidrs_matching_nothing_in_both_families__no_health_check_ports_at_all__e1_f1"),
         pytest.param("primary", ("192.168.9.9", "fd00:1::10"), INTERFACES, ("fd00:1::10",),
                      {4: ["192.168.9.9/32"]}, id="primary_node_ip_not_on_any_link__none_in_that_family__e1"),
+        pytest.param("localhost", ("10.0.0.5",), ("127.0.0.1", "10.0.0.5"), ("127.0.0.1",), {},
+                     id="localhost_on_a_host_without_ipv6__no_ipv6_error__kep6032"),
+        pytest.param("primary,localhost", ("10.0.0.5",), ("127.0.0.1", "10.0.0.5"), ("10.0.0.5", "127.0.0.1"), {},
+                     id="primary_and_localhost_without_ipv6__no_error"),
     ],
 )
 def test_health_check_addresses_and_unmatched_families(spec, primary, interfaces, health_check, unmatched):
