@@ -193,8 +193,8 @@ class Daemon:
                 tasks.create_task(self._reloader.watch(), name="reload-watch")
                 tasks.create_task(keep_heap_trimmed(self._heap_changed, self._heap_trimmed), name="heap")
                 tasks.create_task(self._stop_when_asked(), name="stop")
-                tasks.create_task(keep_host_in_sync(self._proxier, self._resync, self._may_resync),
-                                  name="host-resync")
+                tasks.create_task(keep_host_in_sync(self._proxier, self._resync, self._may_resync,
+                                                    self._sync_health_checks), name="host-resync")
                 if not primary:
                     tasks.create_task(self._take_over(), name="takeover")
         except* _Stop:
@@ -296,8 +296,11 @@ class Daemon:
             self._health_desired, snapshot.services, snapshot.changed_since(self._last_proxy_snapshot),
             self.config.hostname_override)
         self._last_proxy_snapshot = snapshot
-        await self._healthchecks.sync(self._health_desired, self._proxier.health_check_addresses)
+        await self._sync_health_checks()
         self.metrics.synced(snapshot, time.monotonic() - started)
+
+    async def _sync_health_checks(self) -> None:
+        await self._healthchecks.sync(self._health_desired, self._proxier.health_check_addresses)
 
     _last_proxy_snapshot: Snapshot | None = None
 

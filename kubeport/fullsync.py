@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
@@ -15,15 +15,23 @@ FULL_SYNC_PERIOD = 3600.0
 RETRY_PERIOD = 30.0
 
 
-async def keep_host_in_sync(proxier: Any, requested: asyncio.Event, allowed: Callable[[], bool]) -> None:
+async def keep_host_in_sync(proxier: Any, requested: asyncio.Event, allowed: Callable[[], bool],
+                            addresses_moved: Callable[[], Awaitable[None]] | None = None) -> None:
     """Resync the host every FULL_SYNC_PERIOD, RETRY_PERIOD after a failure, and at once when
     ``requested`` (SIGHUP): an address or rule removed behind kubeport's back comes back.
-    ``allowed()`` false (not synced yet, another instance beside this one) skips a turn."""
+    ``allowed()`` false (not synced yet, another instance beside this one) skips a turn.
+    Every RETRY_PERIOD (kube-proxy's syncPeriod) the node's own addresses are read again:
+    NodePorts follow them, then ``addresses_moved()`` (the health-check ports)."""
     loop = asyncio.get_running_loop()
     last = loop.time()
     while True:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(requested.wait(), RETRY_PERIOD)
+        try:
+            if await proxier.refresh_node_addresses() and addresses_moved is not None:
+                await addresses_moved()
+        except Exception:
+            log.exception("reading the node's addresses again failed")
         if not (requested.is_set() or proxier.host_problems or loop.time() - last >= FULL_SYNC_PERIOD):
             continue
         requested.clear()

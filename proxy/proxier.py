@@ -27,7 +27,7 @@ from .host import HostState
 from .housekeeping import AffinitySweeper
 from .kernel import requests_migrate, sctp_supported
 from .listeners import Listeners
-from .nodeports import nodeport_selection
+from .nodeview import NodeView
 from .stats import ServicePortStats
 from .table import (
     ForwardingTable,
@@ -72,8 +72,7 @@ class Proxier:
         self._ctx: RelayContext | None = None
         self._listeners: Listeners | None = None
         self._table_ctx: TableContext | None = None
-        self._health_check_addresses: tuple[str, ...] = ()
-        self._nodeport_problems: list[str] = []
+        self._node = NodeView(config.nodeport_addresses)
         self._snapshot: Snapshot | None = None
         self._extra_addresses: frozenset[str] = frozenset()
         self._reserved: frozenset[Frontend] = frozenset()
@@ -85,10 +84,7 @@ class Proxier:
         self._stopped = asyncio.Event()
         self._grace_timers: set[asyncio.TimerHandle] = set()
         self._sweeper: AffinitySweeper | None = None
-        #: the node's link addresses (not the VIPs) as last read, for workers and the table.
-        self.node_addresses: tuple[str, ...] = ()
-        #: the version of the VIP set last given to the local-client test.
-        self._local_vips_version = -1
+        self._local_vips_version = -1  # of the VIP set last given to the local-client test
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -109,13 +105,9 @@ class Proxier:
                                         config.affinity_sweep_budget)
         self._extra_addresses = frozenset(canonical(a) for a in extra_addresses)
         if reserved_frontends is None and self.config.reserved_frontends:
-            reserved_frontends = [
-                Frontend(canonical(ip), port, proto) for ip, port, proto in self.config.reserved_frontends
-            ]
+            reserved_frontends = [Frontend(canonical(ip), port, proto) for ip, port, proto in config.reserved_frontends]
         if reserved_frontends is None:
-            reserved_frontends = [
-                Frontend(a, 53, proto) for a in self._extra_addresses for proto in ("TCP", "UDP")
-            ]
+            reserved_frontends = [Frontend(a, 53, proto) for a in self._extra_addresses for proto in ("TCP", "UDP")]
         self._reserved = frozenset(reserved_frontends)
         sctp = sctp_supported()
         if not sctp:
@@ -208,8 +200,7 @@ class Proxier:
         return self._listeners.listener(frontend) if self._listeners else None
 
     @property
-    def pending_endpoint_cuts(self) -> int:
-        """Endpoint grace periods still running (connections to cut when they end)."""
+    def pending_endpoint_cuts(self) -> int:  # endpoint grace periods still running
         return len(self._grace_timers)
 
     @property
@@ -218,14 +209,13 @@ class Proxier:
         return self._table_ctx.nodeport_addresses if self._table_ctx is not None else ()
 
     @property
-    def health_check_addresses(self) -> tuple[str, ...]:
-        """Where health-check node ports listen (reference F.1, NodePortSelection); empty: nowhere."""
-        return self._health_check_addresses
+    def health_check_addresses(self) -> tuple[str, ...]:  # reference F.1 (NodePortSelection); empty: nowhere
+        return self._node.selection.health_check_addresses
 
     @property
     def problems(self) -> list[str]:
         found = [str(c) for c in self._table.conflicts()] + list(self._host.problems.values())
-        found += self._nodeport_problems
+        found += self._node.problems
         if self._listeners is not None:
             found += self._listeners.problems()
         return found
@@ -235,6 +225,23 @@ class Proxier:
     @property
     def host_problems(self) -> bool:  # the addresses or the table are not in line (retried in full)
         return bool(self._host.problems)
+
+    @property
+    def node_addresses(self) -> tuple[str, ...]:
+        return self._node.addresses
+
+    def invalidate_node_addresses(self) -> None:
+        self._node.stale = True
+
+    async def refresh_node_addresses(self) -> bool:
+        """Re-read the node's own addresses, as kube-proxy at every sync: True if NodePorts moved."""
+        if self._addresses is None or self._snapshot is None or self._stopping:
+            return False
+        if tuple(await self._addresses.interface_addresses()) == self._node.addresses:
+            return False
+        self._node.stale = True
+        await self.apply(self._snapshot)
+        return True
 
     async def resync_host(self) -> None:
         """Write the nftables table whole and restore the VIP addresses from what the kernel
@@ -283,19 +290,15 @@ class Proxier:
     async def _table_context(self, snapshot: Snapshot) -> TableContext:
         node = snapshot.node
         previous = self._table_ctx
-        if previous is not None and self._snapshot is not None and snapshot.node is self._snapshot.node:
+        if (previous is not None and self._snapshot is not None and snapshot.node is self._snapshot.node
+                and not self._node.stale):
             return previous
         primary = node.primary_ips() if node is not None else ()
         local = await self._addresses.interface_addresses() if self._addresses is not None else ()
         if self._addresses is None:
             local = (*primary, "127.0.0.1", "::1")  # tests: the node's own addresses stand in for its links
-        self.node_addresses = tuple(local)
+        selection = self._node.select(node, local)
         self._ctx.local_clients.set_node_addresses(local)
-        selection = nodeport_selection(self.config.nodeport_addresses, primary, local)
-        problems = selection.problems(self.config.nodeport_addresses)
-        for problem in set(problems) - set(self._nodeport_problems):  # said once, as kube-proxy logs it
-            log.error("%s", problem)
-        self._nodeport_problems, self._health_check_addresses = problems, selection.health_check_addresses
         return TableContext(
             node_name=self.node_name,
             zone=node.zone if node is not None else None,
@@ -342,12 +345,9 @@ class Proxier:
     def _pool(self, port_name: ServicePortName, affinity_timeout: int) -> ServicePortPool:
         pool = self._pools.get(port_name)
         if pool is None:
-            balancer = Balancer(
-                self._rng,
-                eject_after=self.config.eject_after_failures,
-                eject_base=self.config.eject_base_seconds,
-                eject_max=self.config.eject_max_seconds,
-            )
+            config = self.config
+            balancer = Balancer(self._rng, eject_after=config.eject_after_failures,
+                                eject_base=config.eject_base_seconds, eject_max=config.eject_max_seconds)
             pool = self._pools[port_name] = ServicePortPool(port_name, balancer)
         if self._pool_affinity.get(port_name, 0) != affinity_timeout:  # only ports with affinity have an entry
             pool.balancer.affinity = self._affinity_factory(affinity_timeout) if affinity_timeout else None

@@ -100,7 +100,8 @@ async def serve(fd: int) -> None:
             if kind == "apply":
                 _, seq, synced, node, states, addresses = message
                 if addresses is not None:
-                    shared.node_addresses = tuple(addresses)  # they change with the node object
+                    shared.node_addresses = tuple(addresses)
+                    proxier.invalidate_node_addresses()
                 await proxier.apply(mirror.update(synced, node, states))
                 await send(writer, ("applied", seq, proxier.problems))
             elif kind == "stop" and stopping is None:

@@ -297,6 +297,13 @@ class ProxyWorkers:
     def host_problems(self) -> bool:
         return self._local.host_problems
 
+    async def refresh_node_addresses(self) -> bool:
+        if not await self._local.refresh_node_addresses():
+            return False
+        if self._sent is not None:
+            await self.apply(self._sent)  # the workers get the new addresses
+        return True
+
     async def resync_host(self) -> None:
         await self._local.resync_host()  # the children hold no addresses or table
 

@@ -19,7 +19,7 @@ from netns import (
     udp_request,
     wait_until,
 )
-from test_proxy_support import DAEMON_ARGS
+from test_proxy_support import DAEMON_ARGS, endpoint_slice, node, service, write
 
 from operating_support import (  # noqa: F401  (manifests: a fixture)
     CLIENT_LOOP, ECHO_IP, WEB_EXTERNAL_IP, WEB_IP, manifests, scrape, total, vip_present,
@@ -121,6 +121,38 @@ def test_sighup_to_every_process_leaves_the_relay_workers_running(topology, pods
     for _ in range(8):  # both processes serve
         assert curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")).startswith("pod=")
     assert "exited" not in daemon.log_text()
+    assert daemon.stop() == 0
+
+
+def test_a_node_ip_that_appears_after_start_gets_its_node_ports(topology, pods, tmp_path):
+    """The node's IP comes up late (DHCP at boot): kube-proxy reads the node's addresses at every
+    sync, so NodePorts and the health-check node port open on it; kubeport re-reads them every
+    30 s, and at once on SIGHUP."""
+    late_ip, node_ns = "10.77.0.5", topology.node("a")
+    directory = tmp_path / "manifests"
+    directory.mkdir()
+    late_node = node(topology, "a")
+    late_node["status"]["addresses"] = [{"type": "InternalIP", "address": late_ip}]
+    http = [{"name": "http", "port": 8080}]
+    write(directory, "node", late_node)
+    write(directory, "lb", service("lb", ["10.96.0.60"], [{"name": "http", "port": 80, "targetPort": 8080,
+                                                          "nodePort": 30191}],
+                                   type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=30190),
+          endpoint_slice("lb-1", "lb", http, [topology.pod_info("a", 1)]))
+    daemon = KubeportDaemon(node_ns, directory, tmp_path / "state", *DAEMON_ARGS, "--nodeport-addresses", "primary")
+    daemon.wait_ready()
+
+    def listening() -> set[str]:
+        return {line.split()[3] for line in run_in(node_ns, "ss", "-ltnH").stdout.splitlines()}
+
+    assert not {f"{late_ip}:30191", f"{late_ip}:30190"} & listening()
+    run_in(node_ns, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late0p")
+    run_in(node_ns, "ip", "link", "set", "late0", "up")
+    run_in(node_ns, "ip", "addr", "add", f"{late_ip}/24", "dev", "late0")
+    daemon.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: {f"{late_ip}:30191", f"{late_ip}:30190"} <= listening(), 10,
+               message="the NodePort and the health-check node port on the late IP")
+    wait_until(lambda: late_ip not in daemon.readyz().body, 10, message="the nodePortAddresses problem cleared")
     assert daemon.stop() == 0
 
 

@@ -28,6 +28,25 @@ class FakeProxier:
         if self.fail:
             raise OSError("nft: no such file")
 
+    async def refresh_node_addresses(self) -> bool:
+        self.refreshes = getattr(self, "refreshes", 0) + 1
+        return self.refreshes == 1  # the node's addresses changed once
+
+
+async def test_the_node_addresses_are_read_every_turn_and_health_checks_follow_a_change():
+    proxier = FakeProxier()
+    moved: list[bool] = []
+
+    async def addresses_moved() -> None:
+        moved.append(True)
+
+    task = asyncio.create_task(fullsync.keep_host_in_sync(proxier, asyncio.Event(), lambda: True, addresses_moved))
+    for _ in range(3):
+        await asyncio.sleep(0.03)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert proxier.refreshes >= 2 and moved == [True]
+
 
 async def run_for(proxier: FakeProxier, requested: asyncio.Event, allowed: bool, turns: int = 3) -> None:
     task = asyncio.create_task(fullsync.keep_host_in_sync(proxier, requested, lambda: allowed))
