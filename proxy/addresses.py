@@ -42,7 +42,7 @@ def canonical(address: str) -> str:
 class AddressManager(Protocol):
     async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None: ...
     async def change(self, add: Iterable[str], remove: Iterable[str]) -> None: ...
-    async def interface_addresses(self) -> tuple[str, ...]: ...
+    async def interface_addresses(self, *, quick: bool = False) -> tuple[str, ...]: ...
     async def stop(self, *, release: bool = True) -> None: ...
     async def repair(self, wanted: Iterable[str]) -> list[str]: ...
     @property
@@ -56,6 +56,9 @@ class NetlinkAddresses:
         self._index: int | None = None
         self._owned: set[str] = set()
         self._scanned = False
+        #: the VIP link's addresses kubeport did not add (loopback's own), as last read in full
+        self._vip_link_others: tuple[str, ...] = ()
+        self._strict_dumps = True
 
     @property
     def owned(self) -> frozenset[str]:
@@ -169,9 +172,26 @@ class NetlinkAddresses:
         """Add ``add`` where missing, remove those of ``remove`` that are ours: costs the change only."""
         await self._call(self._change, frozenset(add), frozenset(remove))
 
-    async def interface_addresses(self) -> tuple[str, ...]:
-        """Every address on the node's links except the ones kubeport added."""
-        dump = await self._call(self._dump)
+    async def interface_addresses(self, *, quick: bool = False) -> tuple[str, ...]:
+        """Every address on the node's links except the ones kubeport added. ``quick``: the
+        VIP link (where the 10,000 VIPs are) is not read again, its other addresses are the
+        last full read's: a read every 30 s then costs the node's few links only."""
+        return await self._call(self._interface_addresses, quick)
+
+    def _interface_addresses(self, quick: bool) -> tuple[str, ...]:
+        index = self._link()
+        if quick and self._strict_dumps:
+            found: set[str] = set(self._vip_link_others)
+            for link in netlink_batch.link_indexes():
+                if link != index:
+                    entries = netlink_batch.dump_link_addresses(link)
+                    if entries is None:  # a kernel before 4.20: no filtering
+                        self._strict_dumps = False
+                        return self._interface_addresses(False)
+                    found.update(a for a, _, _ in entries)
+            return tuple(sorted(found))
+        dump = self._dump()
+        self._vip_link_others = tuple(sorted(a for a, link, _ in dump if link == index and a not in self._owned))
         return tuple(sorted({a for a, _, _ in dump} - self._owned))
 
     async def repair(self, wanted: Iterable[str]) -> list[str]:
@@ -215,7 +235,7 @@ class FakeAddresses:
             self._owned = wanted
             self.history.append(frozenset(wanted))
 
-    async def interface_addresses(self) -> tuple[str, ...]:
+    async def interface_addresses(self, *, quick: bool = False) -> tuple[str, ...]:
         return self.node_addresses
 
     async def repair(self, wanted: Iterable[str]) -> list[str]:
@@ -249,7 +269,7 @@ class SharedAddresses:
     async def change(self, add: Iterable[str], remove: Iterable[str]) -> None:
         return None
 
-    async def interface_addresses(self) -> tuple[str, ...]:
+    async def interface_addresses(self, *, quick: bool = False) -> tuple[str, ...]:
         return self.node_addresses
 
     async def repair(self, wanted: Iterable[str]) -> list[str]:

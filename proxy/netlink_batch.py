@@ -205,6 +205,36 @@ def parse_address(payload: bytes) -> tuple[str, int, int | None] | None:
     return address, index, proto[0] if proto else None
 
 
+SOL_NETLINK = 270
+NETLINK_GET_STRICT_CHK = 12
+
+
+def link_indexes() -> list[int]:
+    """The index of every link."""
+    with _socket() as sock:
+        sock.sendall(_request(RTM_GETLINK, NLM_F_DUMP, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)))
+        return [_IFINFOMSG.unpack_from(payload)[2] for kind, payload in _messages(sock, 1) if kind == RTM_NEWLINK]
+
+
+def dump_link_addresses(index: int) -> list[tuple[str, int, int | None]] | None:
+    """:func:`dump_addresses` of one link, filtered by the kernel (strict checking, Linux >=
+    4.20). None when the kernel does not filter (it sent another link's address)."""
+    body = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index)
+    found = []
+    with _socket() as sock:
+        try:
+            sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+        except OSError:
+            return None
+        sock.sendall(_request(RTM_GETADDR, NLM_F_DUMP, body))
+        for kind, payload in _messages(sock, 1):
+            if kind == RTM_NEWADDR and (entry := parse_address(payload)) is not None:
+                if entry[1] != index:
+                    return None  # the rest of the dump is left unread: the socket closes with it
+                found.append(entry)
+    return found
+
+
 def dump_addresses() -> list[tuple[str, int, int | None]]:
     """(address, link index, IFA_PROTO or None) of every address on every link."""
     body = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)

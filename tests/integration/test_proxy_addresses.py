@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import uuid
 
 import pytest
@@ -60,3 +62,29 @@ def test_thousands_added_in_batches_marked_ours_and_removed(namespace):
     left = addresses(namespace)
     assert "10.100.0.1" in left
     assert not (set(wanted) - {"10.100.0.1"}) & left
+
+
+QUICK_READ = """
+import asyncio, json, subprocess, sys
+from kubeport.proxy.addresses import NetlinkAddresses
+async def main():
+    manager = NetlinkAddresses("lo")
+    await manager.sync([f"10.96.0.{i}" for i in range(1, 200)])
+    full = await manager.interface_addresses()
+    quick = await manager.interface_addresses(quick=True)
+    subprocess.run(["ip", "addr", "add", "10.77.0.5/24", "dev", "late0"], check=True)
+    later = await manager.interface_addresses(quick=True)
+    print(json.dumps([full, quick, later]))
+    await manager.stop()
+asyncio.run(main())
+"""
+
+
+def test_quick_read_of_the_node_addresses_skips_the_vip_link_and_sees_other_links(namespace):
+    """Every 30 s the node's addresses are read again: the VIP link's 10,000 VIPs are not
+    (kernel-filtered per-link dumps), yet an address added on another link is seen."""
+    run_in(namespace, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late0p")
+    out = run_in(namespace, sys.executable, "-I", "-c", QUICK_READ).stdout
+    full, quick, later = json.loads(out)
+    assert full == quick == ["127.0.0.1", "::1"]
+    assert later == ["10.77.0.5", "127.0.0.1", "::1"]
