@@ -137,6 +137,9 @@ class Credentials:
         #: kubelet's certificate manager does, or rewritten by an exec plugin): the TLS
         #: context must be built again. client-go: transport/cert_rotation.go.
         self.tls_generation = 0
+        #: Bumped with it when the client certificate or key changed (not the CA alone):
+        #: connections made with the old one must go (client-go's CloseAll).
+        self.client_cert_generation = 0
 
     @classmethod
     async def from_kubeconfig(cls, path: Path, context: str | None = None) -> "Credentials":
@@ -211,22 +214,25 @@ class Credentials:
     def _check_tls_files(self) -> None:
         tls_files = self._read_tls_files()
         if tls_files != self._tls_files:
+            if [f for f in tls_files if f[0] != "ca"] != [f for f in self._tls_files if f[0] != "ca"]:
+                self.client_cert_generation += 1
             self._tls_files = tls_files
             self.tls_generation += 1
             log.info("%s: the client certificate or CA changed; reconnecting with it", self.source)
 
-    def _read_tls_files(self) -> tuple[tuple[str, str], ...]:
-        """(path, digest of the contents) of the certificate, key and CA files: a file
+    def _read_tls_files(self) -> tuple[tuple[str, str, str], ...]:
+        """(role, path, digest of the contents) of the certificate, key and CA files: a file
         rewritten in place keeps its path (and may keep its mtime), so the contents decide."""
         configuration = self.configuration
         files = []
-        for path in (configuration.cert_file, configuration.key_file, configuration.ssl_ca_cert):
+        for role, path in (("cert", configuration.cert_file), ("key", configuration.key_file),
+                           ("ca", configuration.ssl_ca_cert)):
             if path:
                 try:
                     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
                 except OSError as exc:
                     digest = f"unreadable: {exc.strerror}"
-                files.append((str(path), digest))
+                files.append((role, str(path), digest))
         return tuple(files)
 
 
@@ -240,6 +246,12 @@ class ApiConnection:
         self._list_timeout = list_timeout
         self._rest: "RESTClientObject | None" = None
         self._tls_generation = -1
+        self._client_cert_generation = credentials.client_cert_generation
+        #: requests under way per session; a session replaced after a CA change (only) is
+        #: closed once its requests are done: open watches go on, as client-go's
+        #: transport/ca_rotation.go closes only the idle connections of the old transport.
+        self._in_flight: dict[Any, int] = {}
+        self._retired: set[Any] = set()
         #: the changed certificate files could not be used: the previous session is kept
         self.problem: str | None = None
 
@@ -266,13 +278,20 @@ class ApiConnection:
             log.info("%s: resolved: the certificate files are usable again", self.credentials.source)
             self.problem = None
         previous, self._rest, self._tls_generation = self._rest, rest, generation
+        cert_changed = self._client_cert_generation != self.credentials.client_cert_generation
+        self._client_cert_generation = self.credentials.client_cert_generation
         if previous is not None:
-            await previous.close()  # open streams end and resume from their resourceVersion
+            if cert_changed or not self._in_flight.get(previous):
+                await previous.close()  # open streams end and resume from their resourceVersion
+            else:
+                self._retired.add(previous)
 
     async def close(self) -> None:
-        if self._rest is not None:
-            rest, self._rest = self._rest, None
-            await rest.close()
+        for rest in [*self._retired, self._rest]:
+            if rest is not None:
+                await rest.close()
+        self._retired.clear()
+        self._rest = None
 
     async def get_bytes(self, path: str, params: Mapping[str, str], *, verb: str) -> bytes:
         """The body of a successful GET (a list); ApiStatusError otherwise."""
@@ -303,11 +322,20 @@ class ApiConnection:
         if rest.proxy:
             extra["proxy"] = rest.proxy
         url = self.credentials.host + path
-        async with rest.pool_manager.get(url, params=dict(params), headers=headers, timeout=timeout,
-                                         **extra) as response:
-            if response.status != 200:
-                raise await self._error(response, verb, path)
-            yield response
+        self._in_flight[rest] = self._in_flight.get(rest, 0) + 1
+        try:
+            async with rest.pool_manager.get(url, params=dict(params), headers=headers, timeout=timeout,
+                                             **extra) as response:
+                if response.status != 200:
+                    raise await self._error(response, verb, path)
+                yield response
+        finally:
+            self._in_flight[rest] -= 1
+            if not self._in_flight[rest]:
+                del self._in_flight[rest]
+                if rest in self._retired:  # replaced after a CA change: its last request is done
+                    self._retired.discard(rest)
+                    await rest.close()
 
     async def _error(self, response: aiohttp.ClientResponse, verb: str, path: str) -> ApiStatusError:
         body = await response.read()

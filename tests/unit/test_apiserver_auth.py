@@ -10,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from kubeport.endpoints import apiclient
@@ -245,3 +246,44 @@ async def test_in_cluster_ca_rewritten_by_the_kubelet_is_used__client_go_ca_rota
         assert connection.problem is None
     finally:
         await connection.close()
+
+
+async def open_watch(connection: ApiConnection, server: FakeApiServer):
+    listed = json.loads(await connection.get_bytes("/api/v1/services", {}, verb="list"))
+    return connection.stream("/api/v1/services", {"watch": "1", "resourceVersion": listed["metadata"]["resourceVersion"]},
+                             verb="watch")
+
+
+@pytest.mark.parametrize(("rewrite", "watch_survives"), [
+    pytest.param("ca", True, id="ca_only__open_watches_go_on__client_go_ca_rotation_closes_idle_only"),
+    pytest.param("cert", False, id="client_certificate__every_connection_goes__client_go_cert_rotation_closeall"),
+])
+async def test_a_rotation_replaces_the_session_for_new_requests(tmp_path, tls, rewrite, watch_survives):
+    pki, cert, key, new_cert, new_key = rotating_pki(tmp_path)
+    server = await FakeApiServer(token=None, tls=pki.server_context()).start()
+    ca = tmp_path / "ca.crt"
+    shutil.copy(pki.ca_cert, ca)
+    credentials = await Credentials.from_kubeconfig(file_kubeconfig(tmp_path / "kubeconfig", server.url, ca, cert, key))
+    connection = ApiConnection(credentials)
+    try:
+        seed(server)
+        async with await open_watch(connection, server) as watch:
+            first = connection._rest
+            if rewrite == "ca":  # a bundle: the old CA and one more, as a rotation starts
+                ca.write_bytes(pki.ca_cert.read_bytes() + make_tls(tmp_path / "next").ca_cert.read_bytes())
+            else:
+                shutil.copy(new_cert, cert)
+                shutil.copy(new_key, key)
+            await credentials.reload(rejected=False)
+            await connection.get_bytes("/api/v1/services", {}, verb="list")  # a new request: a new session
+            assert connection._rest is not first
+            server.apply(k8s.service("after-rotation", cluster_ip="10.96.0.70"))
+            try:
+                line = await asyncio.wait_for(watch.content.readline(), 3)
+            except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError):  # aiohttp: "Connection closed."
+                line = b""
+            assert (b"after-rotation" in line) is watch_survives, line
+        assert not connection._retired  # the old session closed with its last request
+    finally:
+        await connection.close()
+        await server.stop()
