@@ -127,6 +127,7 @@ class Daemon:
                       "appliedGeneration": self._applied.get("proxy")},
             "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
             "heap": {"trimmedGeneration": self._heap_trimmed_generation},
+            "handover": self._instance.status(),
         }
 
     def proxy_health(self, path: str) -> HealthResponse:

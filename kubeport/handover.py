@@ -103,6 +103,11 @@ class Instance:
         self._server = await asyncio.start_unix_server(self._serve, sock=listener)
         return True
 
+    def status(self) -> dict[str, object]:
+        """For `kubeport get status`: where this instance stands among those on the node."""
+        return {"generation": self.generation, "holdsNode": self._server is not None,
+                "predecessor": self.predecessor, "refused": self.refused, "successors": self.successors}
+
     # --- the new instance ------------------------------------------------------------------
 
     async def announce(self, timeout: float = 2.0) -> None:

@@ -14,6 +14,7 @@ from netns import (
     curl_in,
     dig_in,
     http_url,
+    kubeport,
     spawn_in,
     wait_until,
 )
@@ -187,6 +188,9 @@ def test_an_old_pods_restarted_container_does_not_take_the_node_back(topology, m
     wait_until(lambda: "proxy: first snapshot applied" in restarted.log_text(), 15, message="it synced")
     readyz = restarted.readyz()
     assert readyz.status == 503 and "still serves this node" in readyz.body, readyz
+    status = json.loads(kubeport(topology.node("a"), "get", "status", "--server", "127.0.0.1:10349", "-o", "json"))
+    assert status["handover"] == {"generation": 1, "holdsNode": False, "predecessor": True, "refused": True,
+                                  "successors": 0}
     assert "taking over" not in new.log_text()
     assert new.stop() == 0  # the new pod goes after all (its rollout undone): the old one takes the node
     wait_until(lambda: "now serves node" in restarted.log_text(), 10, message="the restarted one took the node")
