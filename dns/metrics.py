@@ -57,6 +57,10 @@ METRICS: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
     "coredns_forward_requests": (CounterMetricFamily, "Counter of requests made per upstream.", ("to",)),
     "coredns_forward_responses": (CounterMetricFamily, "Counter of responses received per upstream.",
                                   ("to", "rcode")),
+    "coredns_forward_conn_cache_hits": (CounterMetricFamily, "Counter of connection cache hits per upstream and "
+                                        "protocol.", ("to", "proto")),
+    "coredns_forward_conn_cache_misses": (CounterMetricFamily, "Counter of connection cache misses per upstream "
+                                          "and protocol.", ("to", "proto")),
     "coredns_forward_max_concurrent_rejects": (
         CounterMetricFamily, "Counter of the number of queries rejected because the concurrent queries were at "
         "maximum.", ()),
@@ -178,6 +182,10 @@ def _add_forward(families: dict[str, Any], stats: DnsStats) -> None:
         families["coredns_forward_requests"].add_metric([to], count)
     for (to, rcode), count in sorted(stats.forward_responses.items()):
         families["coredns_forward_responses"].add_metric([to, rcode], count)
+    for (to, proto), count in sorted(stats.forward_conn_cache_hits.items()):
+        families["coredns_forward_conn_cache_hits"].add_metric([to, proto], count)
+    for (to, proto), count in sorted(stats.forward_conn_cache_misses.items()):
+        families["coredns_forward_conn_cache_misses"].add_metric([to, proto], count)
     for to, count in sorted(stats.forward_timeouts.items()):
         families["kubeport_dns_forward_timeouts"].add_metric([to], count)
     for to, count in sorted(stats.forward_healthcheck_failures.items()):

@@ -51,6 +51,10 @@ class DnsStats:
     forward_responses: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: upstream queries without an answer in time (per attempt)
     forward_timeouts: Counter[str] = field(default_factory=Counter)
+    #: (upstream, "udp"|"tcp") -> queries sent on a connection kept from an earlier query /
+    #: on a new one: coredns_forward_conn_cache_hits_total / _misses_total{to,proto}
+    forward_conn_cache_hits: Counter[tuple[str, str]] = field(default_factory=Counter)
+    forward_conn_cache_misses: Counter[tuple[str, str]] = field(default_factory=Counter)
     #: failed health checks per upstream: coredns_forward_healthcheck_failures_total{to}
     forward_healthcheck_failures: Counter[str] = field(default_factory=Counter)
     #: queries sent to an upstream while every one was down:

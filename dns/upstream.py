@@ -53,7 +53,7 @@ class Forwarder:
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._channels: dict[Upstream, UdpChannel] = {}
-        self._tcp = TcpPool(clock=clock)
+        self._tcp = TcpPool(clock=clock, counted=self._counted_tcp)
         self._checks: dict[Upstream, asyncio.Task[None]] = {}
         self._stopping: list[asyncio.Task[None]] = []
         self._closed = False
@@ -122,6 +122,8 @@ class Forwarder:
                 if tcp:
                     message = await self._tcp.ask(upstream, question, do=do, cd=cd, udp_size=self.udp_size)
                 else:
+                    channel = self._channels.get(upstream)
+                    self._count_connection(upstream, "udp", channel is not None and channel.transport is not None)
                     message = await self._ask_udp(upstream, question, do=do, cd=cd)
                     if message[2] & (TC >> 8):
                         message = await self._tcp.ask(upstream, question, do=do, cd=cd, udp_size=self.udp_size)
@@ -136,6 +138,16 @@ class Forwarder:
             raise
         self.stats.forward_responses[(name, RCODE_NAMES.get(message[3] & 0xF, str(message[3] & 0xF)))] += 1
         return message
+
+    def _count_connection(self, upstream: Upstream, proto: str, reused: bool) -> None:
+        """coredns_forward_conn_cache_hits/misses_total: a UDP query on the upstream's open
+        socket is a hit, one that opens it a miss (health checks are not counted, as in
+        CoreDNS, whose checks dial on their own)."""
+        counter = self.stats.forward_conn_cache_hits if reused else self.stats.forward_conn_cache_misses
+        counter[(f"{upstream[0]}:{upstream[1]}", proto)] += 1
+
+    def _counted_tcp(self, upstream: Upstream, reused: bool) -> None:
+        self._count_connection(upstream, "tcp", reused)
 
     async def _ask_udp(self, upstream: Upstream, question: bytes, *, do: bool, cd: bool) -> bytes:
         channel = self._channels.get(upstream)

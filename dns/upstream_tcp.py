@@ -92,9 +92,14 @@ class TcpPool:
     LIFO), none idle longer than ``expire`` is reused; no cap on how many are kept (CoreDNS
     ``max_idle_conns`` 0). ``clock``: monotonic seconds."""
 
-    def __init__(self, *, expire: float = EXPIRE, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, expire: float = EXPIRE, clock: Callable[[], float] = time.monotonic,
+                 counted: Callable[[Upstream, bool], None] | None = None):
+        """``counted(upstream, reused)``: called once per connection taken for a query, as
+        CoreDNS counts its connection cache hits and misses (a cached connection found
+        closed counts a hit, then the new one a miss)."""
         self.expire = expire
         self._clock = clock
+        self._counted = counted
         self._idle: dict[Upstream, deque[TcpConnection]] = {}
         self._closed = False
         self._sweeper: asyncio.TimerHandle | None = None
@@ -108,6 +113,9 @@ class TcpPool:
         query_id = secrets.randbits(16)
         packet = upstream_query(query_id, question, do=do, cd=cd, udp_size=udp_size)
         reused = self._take(upstream, self._clock())
+        counted = self._counted
+        if counted is not None:
+            counted(upstream, reused is not None)
         if reused is not None:
             try:
                 return await self._exchange(upstream, reused, query_id, packet)
@@ -117,6 +125,8 @@ class TcpPool:
                 # closed by the upstream while idle (CoreDNS ErrCachedClosed); the ones idle
                 # longer are likely closed too: asked again once, on a new connection
                 self._close_idle(upstream)
+                if counted is not None:
+                    counted(upstream, False)
         _, connection = await asyncio.get_running_loop().create_connection(TcpConnection, *upstream)
         return await self._exchange(upstream, connection, query_id, packet)
 

@@ -146,6 +146,9 @@ async def test_counters_match_the_traffic_sent(dns: DnsServer) -> None:
     assert metrics["coredns_forward_requests_total"] == {labels(to=to): 2}
     assert metrics["coredns_forward_responses_total"] == {labels(to=to, rcode="NOERROR"): 1,
                                                            labels(to=to, rcode="NXDOMAIN"): 1}
+    # the first UDP forward opens the upstream's socket, the second reuses it
+    assert metrics["coredns_forward_conn_cache_misses_total"] == {labels(to=to, proto="udp"): 1}
+    assert metrics["coredns_forward_conn_cache_hits_total"] == {labels(to=to, proto="udp"): 1}
     server = block["server"]
     assert metrics["coredns_cache_hits_total"] == {labels(server=server, type="success"): 1,
                                                    labels(server=server, type="denial"): 1}

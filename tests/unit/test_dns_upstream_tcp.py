@@ -255,6 +255,35 @@ async def test_forwarder_reuses_tcp_connections_and_closes_them(upstream: FakeTc
         question = bytes([len(label)]) + label + WWW[4:]
         assert await forward.resolve(question, do=False, cd=False, tcp=True) is not None
     assert upstream.accepted == 1
+    to = (f"{upstream.address[0]}:{upstream.address[1]}", "tcp")
+    assert (forward.stats.forward_conn_cache_misses, forward.stats.forward_conn_cache_hits) == ({to: 1}, {to: 1})
     forward.close()
     await forward.wait_closed()
     await upstream.until(lambda: upstream.ended == 1)
+
+
+async def _closed_while_idle(upstream: FakeTcpUpstream) -> None:
+    upstream.hang_up_idle()
+    await upstream.until(lambda: upstream.ended == 1)
+
+
+async def _closed_unseen(upstream: FakeTcpUpstream) -> None:
+    upstream.hang_up_on_query = True
+
+
+@pytest.mark.parametrize("between, counted", [
+    (None, [False, True]),
+    (_closed_while_idle, [False, False]),
+    # CoreDNS counts the cached connection it took (a hit), then the one it dials (a miss)
+    (_closed_unseen, [False, True, False]),
+], ids=["reused", "closed-while-idle", "cached-closed"])
+async def test_connections_taken_are_counted_as_coredns_conn_cache_hits_and_misses(
+        upstream: FakeTcpUpstream, between, counted: list[bool]) -> None:
+    taken: list[bool] = []
+    pool = TcpPool(counted=lambda to, reused: taken.append(reused))
+    await ask(pool, upstream)
+    if between is not None:
+        await between(upstream)
+    await ask(pool, upstream)
+    assert taken == counted
+    pool.close()
