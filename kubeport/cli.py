@@ -79,6 +79,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                           "empty: 0, as a missing pod label reads through the downward API)")
     run.add_argument("--ready-file", metavar="FILE",
                      help="present while this process serves the node and is ready (a pod's exec readiness probe)")
+    run.add_argument("--live-file", metavar="FILE",
+                     help="renewed every 5 s while this process is live, with the second until which it "
+                          "vouches (a pod's exec liveness probe)")
     run.add_argument("--log-format", choices=["text", "json"])
     run.add_argument("--write-config-to", metavar="FILE", help="write the effective configuration and exit")
     run.add_argument("-v", "--v", "--verbose", dest="v", action=_Verbosity, metavar="LEVEL",
@@ -107,6 +110,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "workers": ("--workers",),
     "afterHandover": ("--after-handover",),
     "readyFile": ("--ready-file",),
+    "liveFile": ("--live-file",),
     "handoverGeneration": ("--handover-generation",),
     "verbosity": ("--v",),
     "dns.clusterDomain": ("--cluster-domain",),

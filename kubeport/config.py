@@ -166,6 +166,10 @@ class KubeportConfiguration(_Section):
     ready_file: Path | None = Field(
         None, description="A file present while this process serves the node and is ready: a pod's own "
                           "readiness, where /readyz on the node's shared port may be another pod's.")
+    live_file: Path | None = Field(
+        None, description="A file holding the second until which this process vouches that it is live, "
+                          "renewed every 5 s: a pod's own liveness, where /livez on the node's shared port "
+                          "may be another pod's.")
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     verbosity: int = Field(0, ge=0, le=10, description="Log verbosity (-v).")
     dns: DnsSettings = Field(default_factory=DnsSettings)

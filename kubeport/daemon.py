@@ -35,7 +35,7 @@ from .fullsync import keep_host_in_sync
 from .heap import keep_heap_trimmed, release_freed_memory
 from .metrics import ProxyMetrics
 from .process import process_registry, raise_open_file_limit
-from .readiness import ReadyFile
+from .readiness import LiveFile, ReadyFile
 from .reload import Reloader
 from .status import StatusServer, source_status
 
@@ -76,6 +76,7 @@ class Daemon:
         self._resync = asyncio.Event()
         self._handing_over = False
         self._ready_file = ReadyFile(config.ready_file)
+        self._live_file = LiveFile(config.live_file)
         self._source: Any = None
         self._proxier: Any = None
         self._dns: Any = None
@@ -158,6 +159,8 @@ class Daemon:
             loop.add_signal_handler(signum, self._on_signal)
         loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
         self._build()
+        # Not in the task group: a handed-over process waiting for its SIGTERM is alive too.
+        self._live_task = asyncio.create_task(self._live_file.keep(self._health.healthy), name="live-file")
         primary = await self._instance.claim()
         if not primary:
             log.info("another kubeport instance runs on node %s in this network namespace: "

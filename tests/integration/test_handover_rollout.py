@@ -95,6 +95,44 @@ def test_old_pod_after_handover_stays_until_its_sigterm(topology, manifests, tmp
     assert new.stop() == 0
 
 
+def test_each_pod_vouches_for_its_own_liveness_a_hung_one_stops(topology, manifests, tmp_path):
+    """/livez on the shared port may be answered by the other pod during a rollout; each pod's
+    live file is renewed by its own process only: the handed-over one waiting for its SIGTERM
+    still renews it, a stopped (hung) one does not, and the probe then fails for it alone."""
+    old_live, new_live = tmp_path / "old-pod" / "live", tmp_path / "new-pod" / "live"
+    old_live.parent.mkdir()
+    new_live.parent.mkdir()
+    state = tmp_path / "state"
+    old = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS, "--after-handover", "wait",
+                         "--live-file", str(old_live))
+    old.wait_ready()
+    new = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS, *NEW_PORTS,
+                         "--after-handover", "wait", "--live-file", str(new_live), log_path=tmp_path / "new.log")
+    new.wait_ready()
+    wait_until(lambda: "waiting for SIGTERM" in old.log_text(), 15, message="the old instance idles")
+
+    def vouched(path) -> int:
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    first = vouched(old_live)
+    wait_until(lambda: vouched(old_live) > first, 15, message="the idle handed-over pod still renews its file")
+    old.proc.send_signal(signal.SIGSTOP)
+    try:
+        hung = vouched(old_live)
+        wait_until(lambda: vouched(new_live) > hung + 1, 15, message="the live pod renews past the hung one")
+        assert vouched(old_live) == hung, "a stopped process renewed its liveness"
+    finally:
+        old.proc.send_signal(signal.SIGCONT)
+    old.proc.send_signal(signal.SIGTERM)
+    assert old.proc.wait(timeout=15) == 0, old.log_tail()
+    assert not old_live.exists()
+    assert new.stop() == 0
+    assert not new_live.exists()
+
+
 NEW_PORTS = ("--healthz-bind-address", "0.0.0.0:10356", "--metrics-bind-address", "127.0.0.1:10349")
 
 

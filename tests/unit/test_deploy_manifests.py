@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -9,6 +11,7 @@ import pytest
 import yaml
 
 from kubeport.config import KubeportConfiguration
+from kubeport.readiness import LIVE_RENEW, LIVE_VALIDITY
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBERNETES_VERSION = "1.35.0"
@@ -63,7 +66,7 @@ def test_daemonset_runs_on_every_node_with_host_networking_and_probes():
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"operator": "Exists"} in pod["tolerations"]  # tolerates every taint
     assert set(container["securityContext"]["capabilities"]["add"]) == {"NET_ADMIN", "NET_BIND_SERVICE"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 10256}
+    assert container["livenessProbe"]["exec"]["command"][:2] == ["sh", "-c"]
     assert container["readinessProbe"]["exec"] == {"command": ["cat", "/tmp/ready"]}
     command = container["command"]
     assert command[:3] == ["kubeport", "run", "--in-cluster"]
@@ -118,6 +121,29 @@ def test_daemonset_rollout_hands_over_in_place__surge_then_takeover():
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     [volume] = [v for v in pod_spec()["volumes"] if v["name"] == mounts[str(Path(ready_file).parent)]]
     assert "emptyDir" in volume  # the pod's own, never shared with the other pod
+
+
+@pytest.mark.parametrize("vouched_for, passes", [(+15, True), (-1, False), (None, False)],
+                         ids=["renewed", "expired", "no_file"])
+def test_daemonset_liveness_probe_reads_the_pods_own_live_file(tmp_path, vouched_for, passes):
+    """The probe the kubelet runs, run here against a file as LiveFile writes it: /livez on the
+    shared port may be answered by the other pod during a rollout."""
+    container = the_container()
+    command = container["command"]
+    live_file = command[command.index("--live-file") + 1]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    [volume] = [v for v in pod_spec()["volumes"] if v["name"] == mounts[str(Path(live_file).parent)]]
+    assert "emptyDir" in volume
+    probe = container["livenessProbe"]
+    assert "httpGet" not in probe
+    local = tmp_path / "live"
+    if vouched_for is not None:
+        local.write_text(f"{int(time.time()) + vouched_for}\n")
+    argv = [part.replace(live_file, str(local)) for part in probe["exec"]["command"]]
+    assert live_file in " ".join(probe["exec"]["command"])
+    result = subprocess.run(argv, capture_output=True, timeout=10)
+    assert (result.returncode == 0) is passes
+    assert LIVE_VALIDITY > 2 * LIVE_RENEW  # a renewal late under load does not fail a live pod
 
 
 def test_daemonset_declares_no_ports_under_host_network__kubeadm_kube_proxy():

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from kubeport import components, config, handover
-from kubeport.readiness import ReadyFile
+from kubeport.readiness import LIVE_VALIDITY, LiveFile, ReadyFile
 from kubeport.reload import Reloader
 
 
@@ -343,3 +345,43 @@ async def test_two_successors__the_later_one_takes_the_node_from_the_first_to_ta
         await left[1].wait()  # the second was asked to leave in turn
     assert left[0].is_set() and not third.predecessor
     third.release()
+
+
+def test_live_file_vouches_for_a_while_only_while_live(tmp_path: Path, caplog):
+    path = tmp_path / "live"
+    now = [1000.0]
+    live = LiveFile(path, clock=lambda: now[0])
+    live.renew(True)
+    assert path.read_text() == f"{int(1000 + LIVE_VALIDITY)}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["live"]  # written whole, then renamed
+    now[0] = 1005.0
+    live.renew(False)  # not live (an update pending past the health timeout): left to expire
+    assert path.read_text() == f"{int(1000 + LIVE_VALIDITY)}\n"
+    path.unlink()
+    path.mkdir()  # cannot be written: said once, not at every renewal
+    live.renew(True)
+    live.renew(True)
+    assert caplog.text.count("liveness file") == 1
+    LiveFile(None).renew(True)  # no file asked for: nothing written anywhere
+
+
+def test_live_file_left_by_a_killed_process_is_removed_at_start(tmp_path: Path):
+    path = tmp_path / "live"
+    path.write_text("99999999999\n")
+    (tmp_path / ".live.4242").write_text("9")
+    LiveFile(path)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_live_file_is_renewed_until_the_process_ends_then_removed(tmp_path: Path):
+    path = tmp_path / "live"
+    keeping = asyncio.create_task(LiveFile(path).keep(lambda now: True))
+    deadline = time.monotonic() + 5
+    while not path.exists():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    assert 0 < int(path.read_text()) - time.time() <= LIVE_VALIDITY
+    keeping.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await keeping
+    assert not path.exists()
