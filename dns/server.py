@@ -25,7 +25,7 @@ from .config import DnsConfig, default_upstreams
 from .lookup import qtype_name
 from .records import RecordIndex
 from .stats import DnsStats
-from .udp import UdpServing, bind_udp, udp_listener
+from .udp import UdpServing, bind_tcp, bind_udp, udp_listener
 from .upstream_policy import FORWARD_DEADLINE
 from .upstream import Forwarder, UpstreamCache
 from .wire import CD, REFUSED, question_reply
@@ -113,8 +113,8 @@ class DnsServer:
             self._udp.append(UdpServing(sock, udp_listener(sock, self.answerer, self._forward, self.stats), loop))
             if self.port == 0:
                 self.port = sock.getsockname()[1]
-            server = await loop.create_server(lambda: _TcpConnection(self), address, self.port,
-                                              family=family, reuse_address=True, reuse_port=True)
+            server = await loop.create_server(lambda: _TcpConnection(self),
+                                              sock=bind_tcp(address, self.port, family))
             self._tcp.append(server)
 
     async def stop(self, lame_duck: float = 0.0, *, hand_over: bool = False) -> None:

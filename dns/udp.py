@@ -166,16 +166,45 @@ class BatchedUdpListener(UdpListener):
         return mmsg.address_of(bytes(self.io.names_view[start : start + length]))
 
 
+#: IP_FREEBIND / IPV6_FREEBIND (Linux; Python's socket module names only the first)
+_FREEBIND = {socket.AF_INET: (socket.IPPROTO_IP, 15), socket.AF_INET6: (socket.IPPROTO_IPV6, 78)}
+
+
+def free_bind(sock: socket.socket, family: socket.AddressFamily) -> None:
+    """The DNS addresses are made local by routes (proxy/addresses.py): IPv6 binds such an
+    address only with IPV6_FREEBIND."""
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    level, option = _FREEBIND[family]
+    sock.setsockopt(level, option, 1)
+
+
 def bind_udp(address: str, port: int, family: socket.AddressFamily) -> socket.socket:
     """A non-blocking UDP socket on (address, port) with SO_REUSEPORT (a new instance or
     another worker binds beside it) and a large receive buffer."""
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        free_bind(sock, family)
         enlarge_receive_buffer(sock)
         sock.bind((address, port))
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_tcp(address: str, port: int, family: socket.AddressFamily, backlog: int = 128) -> socket.socket:
+    """The TCP listener beside :func:`bind_udp`: SO_REUSEADDR and SO_REUSEPORT, as
+    asyncio's create_server(reuse_address=True, reuse_port=True) sets them, and FREEBIND."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        free_bind(sock, family)
+        sock.bind((address, port))
+        sock.listen(backlog)
         sock.setblocking(False)
     except BaseException:
         sock.close()

@@ -1,5 +1,5 @@
-"""The few rtnetlink requests the proxy makes, encoded by hand: address batches, an address
-dump, a link lookup.
+"""The few rtnetlink requests the proxy makes, encoded by hand: batches of local routes (the
+VIPs) and of address removals, a route dump, an address dump, a link lookup.
 
 pyroute2 encodes an RTM_NEWADDR in ~400 us (measured: 2,000 adds took 0.8 s to compile),
 about seven times what the kernel needs to apply it, so 10,000 ClusterIPs cost seconds
@@ -24,6 +24,9 @@ RTM_GETLINK = 18
 RTM_NEWADDR = 20
 RTM_DELADDR = 21
 RTM_GETADDR = 22
+RTM_NEWROUTE = 24
+RTM_DELROUTE = 25
+RTM_GETROUTE = 26
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
 NLM_F_REQUEST = 0x1
@@ -38,10 +41,19 @@ IFA_PROTO = 11
 IFA_F_NODAD = 0x02
 IFLA_IFNAME = 3
 IFF_UP = 0x1
+RTA_DST = 1
+RTA_OIF = 4
+RTA_TABLE = 15
+RT_TABLE_LOCAL = 255
+RT_SCOPE_HOST = 254
+RT_SCOPE_NOWHERE = 255  # in a removal: any scope
+RTN_LOCAL = 2
 
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _RTATTR = struct.Struct("=HH")
+_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_U32 = struct.Struct("=I")
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _ERRNO = struct.Struct("=i")
 #: messages sent before their acks are read: keeps the acks well inside the socket buffer.
@@ -50,6 +62,17 @@ BATCH = 256
 
 @dataclass(frozen=True, slots=True)
 class AddressOp:
+    """Add or remove a host address (/32, /128) on a link: only removals are sent now (the
+    addresses earlier versions added, see addresses.py)."""
+
+    add: bool
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteOp:
+    """Add or remove the local route of one host address (/32, /128) in table local."""
+
     add: bool
     address: str
 
@@ -76,8 +99,31 @@ def encode(op: AddressOp, index: int, proto: int, sequence: int) -> bytes:
     return _HEADER.pack(_HEADER.size + len(body), kind, msg_flags, sequence, 0) + body
 
 
-def apply(ops: Iterable[AddressOp], index: int, proto: int) -> dict[str, int]:
-    """Send the operations; returns {address: errno} for those the kernel refused."""
+def encode_route(op: RouteOp, index: int, proto: int, sequence: int) -> bytes:
+    """One RTM_NEWROUTE/RTM_DELROUTE: ``local <address>/32|128 dev <index> table local proto
+    <proto>``. A removal names the protocol, so the kernel removes only a route of ours."""
+    v6 = ":" in op.address
+    family = socket.AF_INET6 if v6 else socket.AF_INET
+    scope = RT_SCOPE_HOST if op.add else RT_SCOPE_NOWHERE
+    body = _RTMSG.pack(family, 128 if v6 else 32, 0, 0, RT_TABLE_LOCAL, proto, scope, RTN_LOCAL, 0)
+    body += _attribute(RTA_DST, socket.inet_pton(family, op.address))
+    body += _attribute(RTA_OIF, _U32.pack(index))
+    if op.add:
+        kind, msg_flags = RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    else:
+        kind, msg_flags = RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK
+    return _HEADER.pack(_HEADER.size + len(body), kind, msg_flags, sequence, 0) + body
+
+
+def _encode_any(op: AddressOp | RouteOp, index: int, proto: int, sequence: int) -> bytes:
+    if op.__class__ is RouteOp:
+        return encode_route(op, index, proto, sequence)  # type: ignore[arg-type]
+    return encode(op, index, proto, sequence)  # type: ignore[arg-type]
+
+
+def apply(ops: Iterable[AddressOp | RouteOp], index: int, proto: int) -> dict[str, int]:
+    """Send the operations, in order; returns {address: errno} for those the kernel refused
+    (an address named twice, removed then added, reports the last refusal)."""
     pending = list(ops)
     failures: dict[str, int] = {}
     if not pending:
@@ -87,7 +133,7 @@ def apply(ops: Iterable[AddressOp], index: int, proto: int) -> dict[str, int]:
         for start in range(0, len(pending), BATCH):
             chunk = pending[start:start + BATCH]
             by_sequence = {start + i + 1: op.address for i, op in enumerate(chunk)}
-            sock.sendall(b"".join(encode(op, index, proto, seq) for seq, op in
+            sock.sendall(b"".join(_encode_any(op, index, proto, seq) for seq, op in
                                   zip(by_sequence, chunk)))
             failures.update(_read_acks(sock, by_sequence))
     return failures
@@ -205,36 +251,6 @@ def parse_address(payload: bytes) -> tuple[str, int, int | None] | None:
     return address, index, proto[0] if proto else None
 
 
-SOL_NETLINK = 270
-NETLINK_GET_STRICT_CHK = 12
-
-
-def link_indexes() -> list[int]:
-    """The index of every link."""
-    with _socket() as sock:
-        sock.sendall(_request(RTM_GETLINK, NLM_F_DUMP, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)))
-        return [_IFINFOMSG.unpack_from(payload)[2] for kind, payload in _messages(sock, 1) if kind == RTM_NEWLINK]
-
-
-def dump_link_addresses(index: int) -> list[tuple[str, int, int | None]] | None:
-    """:func:`dump_addresses` of one link, filtered by the kernel (strict checking, Linux >=
-    4.20). None when the kernel does not filter (it sent another link's address)."""
-    body = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index)
-    found = []
-    with _socket() as sock:
-        try:
-            sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
-        except OSError:
-            return None
-        sock.sendall(_request(RTM_GETADDR, NLM_F_DUMP, body))
-        for kind, payload in _messages(sock, 1):
-            if kind == RTM_NEWADDR and (entry := parse_address(payload)) is not None:
-                if entry[1] != index:
-                    return None  # the rest of the dump is left unread: the socket closes with it
-                found.append(entry)
-    return found
-
-
 def dump_addresses() -> list[tuple[str, int, int | None]]:
     """(address, link index, IFA_PROTO or None) of every address on every link."""
     body = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
@@ -244,4 +260,38 @@ def dump_addresses() -> list[tuple[str, int, int | None]]:
         for kind, payload in _messages(sock, 1):
             if kind == RTM_NEWADDR and (entry := parse_address(payload)) is not None:
                 found.append(entry)
+    return found
+
+
+def parse_local_route(payload: bytes) -> tuple[str, int, int] | None:
+    """(address, output link index, protocol) of one RTM_NEWROUTE for a host address in
+    table local of type local; None for any other route."""
+    family, dst_len, _, _, table, proto, _, kind, _ = _RTMSG.unpack_from(payload)
+    if kind != RTN_LOCAL or family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    attrs = attributes(payload, _RTMSG.size)
+    if RTA_TABLE in attrs:
+        table = _U32.unpack(attrs[RTA_TABLE])[0]
+    packed = attrs.get(RTA_DST)
+    if table != RT_TABLE_LOCAL or packed is None or dst_len != len(packed) * 8:
+        return None
+    if family == socket.AF_INET:
+        address = socket.inet_ntop(family, packed)
+    else:
+        address = str(ipaddress.IPv6Address(packed))
+    oif = attrs.get(RTA_OIF)
+    return address, _U32.unpack(oif)[0] if oif else 0, proto
+
+
+def dump_local_routes() -> list[tuple[str, int, int]]:
+    """(address, link index, protocol) of every host route of type local in table local, both
+    families: the node's own addresses (protocol kernel) and the VIPs."""
+    found = []
+    with _socket() as sock:
+        for sequence, family in ((1, socket.AF_INET), (2, socket.AF_INET6)):
+            body = _RTMSG.pack(family, 0, 0, 0, RT_TABLE_LOCAL, 0, 0, 0, 0)
+            sock.sendall(_request(RTM_GETROUTE, NLM_F_DUMP, body, sequence))
+            for kind, payload in _messages(sock, sequence):
+                if kind == RTM_NEWROUTE and (entry := parse_local_route(payload)) is not None:
+                    found.append(entry)
     return found

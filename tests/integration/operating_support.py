@@ -33,8 +33,10 @@ def manifests(topology, tmp_path) -> Path:
 
 
 def vip_present(topology, ip: str) -> bool:
-    out = run_in(topology.node("a"), "ip", "-o", "addr", "show", "dev", "lo").stdout
-    return f" {ip}/" in out
+    """A VIP is a local route kubeport added (route protocol 0x6b)."""
+    family = "-6" if ":" in ip else "-4"
+    out = run_in(topology.node("a"), "ip", family, "-o", "route", "show", "table", "local", "proto", "0x6b").stdout
+    return f"local {ip} " in out
 
 
 def scrape(ns: str, address: str = "127.0.0.1:10249") -> dict[str, float]:

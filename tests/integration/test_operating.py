@@ -96,7 +96,7 @@ def test_what_is_removed_behind_its_back_comes_back__full_sync(topology, pods, m
     daemon = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS)
     daemon.wait_ready()
     node_ns = topology.node("a")
-    run_in(node_ns, "ip", "addr", "del", f"{WEB_IP}/32", "dev", "lo")
+    run_in(node_ns, "ip", "route", "del", "local", f"{WEB_IP}/32", "dev", "lo", "table", "local")
     run_in(node_ns, "nft", "delete", "table", "inet", "kubeport")
     assert not vip_present(topology, WEB_IP)
     daemon.proc.send_signal(signal.SIGHUP)

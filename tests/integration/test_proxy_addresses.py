@@ -1,4 +1,4 @@
-"""VIP addresses on a link, for real, in a namespace of the test's own (netlink batches)."""
+"""VIPs made local by routes, for real, in a namespace of the test's own (netlink batches)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,23 @@ def addresses(ns: str) -> set[str]:
     return {line.split()[3].split("/")[0] for line in out.splitlines()}
 
 
+def vip_routes(ns: str) -> set[str]:
+    """The local routes kubeport added (route protocol 0x6b), both families."""
+    found = set()
+    for family in ("-4", "-6"):
+        out = run_in(ns, "ip", family, "-o", "route", "show", "table", "local", "proto", "0x6b").stdout
+        found |= {line.split()[1] for line in out.splitlines()}
+    return found
+
+
+def local_routes(ns: str) -> set[str]:
+    found = set()
+    for family in ("-4", "-6"):
+        out = run_in(ns, "ip", family, "-o", "route", "show", "table", "local", "type", "local").stdout
+        found |= {line.split()[1] for line in out.splitlines()}
+    return found
+
+
 def sync(ns: str, wanted: list[str], step: str) -> list[str]:
     import json
     import sys
@@ -55,36 +72,76 @@ def test_thousands_added_in_batches_marked_ours_and_removed(namespace):
     run_in(namespace, "ip", "addr", "add", "10.100.0.1/32", "dev", "lo")  # someone else's: never ours
     owned = sync(namespace, wanted, "keep")
     assert "10.100.0.1" not in owned and len(owned) == len(wanted) - 1
-    assert set(wanted) <= addresses(namespace)
-    # The next run adopts its leftovers (IFA_PROTO) and, releasing, removes only those.
+    assert vip_routes(namespace) == set(wanted) - {"10.100.0.1"}
+    assert addresses(namespace) == {"127.0.0.1", "::1", "10.100.0.1"}, "VIPs are routes, not addresses"
+    # The next run adopts its leftovers (route protocol 0x6b) and, releasing, removes only those.
     owned = sync(namespace, wanted[:10], "release")
     assert len(owned) == 9
-    left = addresses(namespace)
-    assert "10.100.0.1" in left
-    assert not (set(wanted) - {"10.100.0.1"}) & left
+    assert not vip_routes(namespace)
+    assert "10.100.0.1" in addresses(namespace) and "10.100.0.1" in local_routes(namespace)
 
 
-QUICK_READ = """
+SERVE = """
+import socket, sys
+family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+server = socket.socket(family, socket.SOCK_STREAM)
+server.setsockopt(socket.IPPROTO_IPV6 if family == socket.AF_INET6 else socket.IPPROTO_IP,
+                  78 if family == socket.AF_INET6 else 15, 1)  # IP(V6)_FREEBIND, as every listener
+server.bind((sys.argv[1], 8080)); server.listen()
+client = socket.create_connection((sys.argv[1], 8080), timeout=5)
+accepted, peer = server.accept()
+print(accepted.getsockname()[0], peer[0])
+"""
+
+
+@pytest.mark.parametrize("vip", ["10.100.7.7", "fd00:10:96::77"])
+def test_a_vip_route_is_served_as_a_node_address(namespace, vip):
+    """Bound by a listener, connected to from the node itself (the source is the VIP for IPv4)."""
+    sync(namespace, [vip], "keep")
+    local, peer = run_in(namespace, sys.executable, "-I", "-c", SERVE, vip).stdout.split()
+    assert local == vip and (peer == vip or ":" in vip)
+
+
+LEGACY_ADD = """
+import sys
+from kubeport.proxy import netlink_batch
+ops = [netlink_batch.AddressOp(True, address) for address in sys.argv[1:]]
+assert netlink_batch.apply(ops, netlink_batch.link_index("lo"), 0x6B) == {}
+"""
+
+
+def test_vip_addresses_of_an_earlier_version_become_routes(namespace):
+    """Versions before the routes added VIPs as addresses tagged IFA_PROTO 0x6b: a handover from
+    one leaves them; this run replaces them with its routes and keeps them local throughout."""
+    # as those versions added them (this machine's `ip addr add` knows no `proto`)
+    run_in(namespace, sys.executable, "-I", "-c", LEGACY_ADD, "10.100.5.5", "10.100.5.6")
+    assert {"10.100.5.5", "10.100.5.6"} <= addresses(namespace)
+    owned = sync(namespace, ["10.100.5.5"], "keep")
+    assert owned == ["10.100.5.5"]
+    assert vip_routes(namespace) == {"10.100.5.5"}
+    assert addresses(namespace) == {"127.0.0.1", "::1"}
+
+
+NODE_READ = """
 import asyncio, json, subprocess, sys
 from kubeport.proxy.addresses import NetlinkAddresses
 async def main():
     manager = NetlinkAddresses("lo")
     await manager.sync([f"10.96.0.{i}" for i in range(1, 200)])
     full = await manager.interface_addresses()
-    quick = await manager.interface_addresses(quick=True)
     subprocess.run(["ip", "addr", "add", "10.77.0.5/24", "dev", "late0"], check=True)
     later = await manager.interface_addresses(quick=True)
-    print(json.dumps([full, quick, later]))
+    print(json.dumps([full, later]))
     await manager.stop()
 asyncio.run(main())
 """
 
 
-def test_quick_read_of_the_node_addresses_skips_the_vip_link_and_sees_other_links(namespace):
-    """Every 30 s the node's addresses are read again: the VIP link's 10,000 VIPs are not
-    (kernel-filtered per-link dumps), yet an address added on another link is seen."""
+def test_node_addresses_never_include_vips_and_see_a_late_address(namespace):
+    """Every 30 s the node's addresses are read again: the VIPs are routes, not among them, and
+    an address added on another link is seen."""
     run_in(namespace, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late0p")
-    out = run_in(namespace, sys.executable, "-I", "-c", QUICK_READ).stdout
-    full, quick, later = json.loads(out)
-    assert full == quick == ["127.0.0.1", "::1"]
+    out = run_in(namespace, sys.executable, "-I", "-c", NODE_READ).stdout
+    full, later = json.loads(out)
+    assert full == ["127.0.0.1", "::1"]
     assert later == ["10.77.0.5", "127.0.0.1", "::1"]

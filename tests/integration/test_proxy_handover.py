@@ -2,7 +2,7 @@
 stops with release=False, and clients see no failure.
 
 One network namespace of the test's own: loopback, a pod server on 127.0.0.1, two Proxier
-processes with the real address manager (VIPs on lo, IFA_PROTO 0x6b) and the real nftables
+processes with the real address manager (VIPs as local routes through lo, protocol 0x6b) and the real nftables
 table, and a client opening a TCP connection and sending a UDP query (fresh source port each)
 in a loop. net.ipv4.tcp_migrate_req=1 lets the kernel hand A's not yet accepted connections
 to B's listener when A closes its own.
@@ -134,8 +134,8 @@ def stop_instance(proc: subprocess.Popen, name: str, grace: float, release: bool
     return took
 
 
-def lo_addresses(ns: str) -> str:
-    return run_in(ns, "ip", "-o", "addr", "show", "dev", "lo").stdout
+def vip_routes(ns: str) -> str:
+    return run_in(ns, "ip", "-o", "route", "show", "table", "local", "proto", "0x6b").stdout
 
 
 def nft_table(ns: str) -> str:
@@ -153,7 +153,7 @@ def test_successor_takes_over__zero_failed_connections_and_queries__issue8(names
     time.sleep(0.3)  # traffic while both serve (a window to observe, not a synchronisation)
     # A steps aside for UDP too (new datagrams reach B), so its flows go idle long before the grace.
     assert stop_instance(a, "A", grace=10.0, release=False) < 5.0
-    assert f"{VIP}/32" in lo_addresses(ns) and f"{DROPPED_VIP} . tcp . 80" in nft_table(ns)
+    assert f"local {VIP} " in vip_routes(ns) and f"{DROPPED_VIP} . tcp . 80" in nft_table(ns)
     time.sleep(0.3)  # traffic on B alone
 
     client.stdin.write(b"done\n")
@@ -164,7 +164,7 @@ def test_successor_takes_over__zero_failed_connections_and_queries__issue8(names
     assert summary["tcp_ok"] > 20 and summary["udp_ok"] > 20, summary
 
     stop_instance(b, "B", grace=1.0, release=True)  # a plain shutdown: everything goes
-    wait_until(lambda: f"{VIP}/32" not in lo_addresses(ns), 5, message="the VIPs to be removed")
+    wait_until(lambda: f"local {VIP} " not in vip_routes(ns), 5, message="the VIPs to be removed")
     assert nft_table(ns) == ""
 
 
