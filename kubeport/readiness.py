@@ -13,6 +13,15 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 
+def _remove_stale(path: Path | None) -> None:
+    """The file and any scratch copy of it a killed process left in the pod's emptyDir."""
+    if path is None:
+        return
+    for stale in (path, *path.parent.glob(f".{path.name}.*")):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+
+
 class ReadyFile:
     """A pod's own readiness: a file present while this process serves the node and is ready.
 
@@ -26,11 +35,7 @@ class ReadyFile:
     def __init__(self, path: Path | None) -> None:
         self._path = path
         self._present = False
-        if path is not None:
-            # Left by this container's previous process (killed, OOM): not this one's readiness.
-            for stale in (path, *path.parent.glob(f".{path.name}.*")):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
+        _remove_stale(path)  # left by this container's previous process (killed, OOM): not this one's
 
     def update(self, ready: bool) -> None:
         if self._path is None or ready == self._present:
@@ -69,11 +74,7 @@ class LiveFile:
         self._path = path
         self._clock = clock
         self._failed = False
-        if path is not None:
-            # A killed predecessor's promise is not this process's.
-            for stale in (path, *path.parent.glob(f".{path.name}.*")):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
+        _remove_stale(path)  # a killed predecessor's promise is not this process's
 
     def renew(self, live: bool) -> None:
         if self._path is None or not live:

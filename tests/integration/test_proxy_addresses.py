@@ -42,21 +42,18 @@ def addresses(ns: str) -> set[str]:
     return {line.split()[3].split("/")[0] for line in out.splitlines()}
 
 
+def local_routes(ns: str, *selector: str) -> set[str]:
+    """The host routes in table local matching ``selector`` (ip route's words), both families."""
+    found = set()
+    for family in ("-4", "-6"):
+        out = run_in(ns, "ip", family, "-o", "route", "show", "table", "local", *selector).stdout
+        found |= {line.split()[1] for line in out.splitlines() if line.startswith("local ")}
+    return found
+
+
 def vip_routes(ns: str) -> set[str]:
-    """The local routes kubeport added (route protocol 0x6b), both families."""
-    found = set()
-    for family in ("-4", "-6"):
-        out = run_in(ns, "ip", family, "-o", "route", "show", "table", "local", "proto", "0x6b").stdout
-        found |= {line.split()[1] for line in out.splitlines()}
-    return found
-
-
-def local_routes(ns: str) -> set[str]:
-    found = set()
-    for family in ("-4", "-6"):
-        out = run_in(ns, "ip", family, "-o", "route", "show", "table", "local", "type", "local").stdout
-        found |= {line.split()[1] for line in out.splitlines()}
-    return found
+    """The local routes kubeport added (route protocol 0x6b)."""
+    return local_routes(ns, "proto", "0x6b")
 
 
 def sync(ns: str, wanted: list[str], step: str) -> list[str]:
@@ -78,7 +75,7 @@ def test_thousands_added_in_batches_marked_ours_and_removed(namespace):
     owned = sync(namespace, wanted[:10], "release")
     assert len(owned) == 9
     assert not vip_routes(namespace)
-    assert "10.100.0.1" in addresses(namespace) and "10.100.0.1" in local_routes(namespace)
+    assert "10.100.0.1" in addresses(namespace) and "10.100.0.1" in local_routes(namespace, "type", "local")
 
 
 SERVE = """
