@@ -64,7 +64,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--metrics-bind-address", metavar="IP[:PORT]",
                      help="/metrics and the status API `kubeport get` reads (default 127.0.0.1:10249). "
                           "Set empty to disable: `kubeport get` then has nothing to talk to.")
-    run.add_argument("--vip-interface", metavar="LINK", help="link that carries service addresses (default lo)")
+    run.add_argument("--vip-interface", metavar="LINK",
+                     help="link the service addresses' local routes go through (default lo)")
     run.add_argument("--conntrack-udp-timeout", metavar="DURATION",
                      help="idle timeout of a UDP flow (default 30s)")
     run.add_argument("--udp-idle-timeout", metavar="DURATION", help="alias of --conntrack-udp-timeout")

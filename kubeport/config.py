@@ -147,7 +147,7 @@ class KubeportConfiguration(_Section):
         "127.0.0.1:10249",
         description="/metrics and the `kubeport get` status API; empty (flag only): no such server.")
     config_sync_period: Duration = Field(900.0, gt=0, description="Full resync period of the API source.")
-    vip_interface: str = Field("lo", description="Link that carries ClusterIP/externalIP/LB addresses.")
+    vip_interface: str = Field("lo", description="Link the local routes of ClusterIP/externalIP/LB addresses go through.")
     conntrack: Conntrack = Field(default_factory=Conntrack)
     shutdown_grace_period: Duration = Field(
         30.0, ge=0, description="How long established connections may drain after SIGTERM."
