@@ -55,7 +55,7 @@ def canonical(address: str) -> str:
 class AddressManager(Protocol):
     async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None: ...
     async def change(self, add: Iterable[str], remove: Iterable[str]) -> None: ...
-    async def interface_addresses(self, *, quick: bool = False) -> tuple[str, ...]: ...
+    async def interface_addresses(self) -> tuple[str, ...]: ...
     async def stop(self, *, release: bool = True) -> None: ...
     async def repair(self, wanted: Iterable[str]) -> list[str]: ...
     @property
@@ -121,7 +121,9 @@ class NetlinkAddresses:
         # Removing the address removes its local route; ours goes in right behind it.
         ops = [op for a in legacy for op in (AddressOp(False, a), RouteOp(True, a))]
         refused = netlink_batch.apply(ops, self._index, ADDRESS_PROTO)
-        problems = [f"{a}: {os.strerror(refused[a])}" for a in legacy if refused.get(a, _EEXIST) != _EEXIST]
+        # EADDRNOTAVAIL: the address went meanwhile; EEXIST: the route is there already
+        problems = [f"{a}: {os.strerror(refused[a])}" for a in legacy
+                    if refused.get(a, _EEXIST) not in (_EEXIST, _EADDRNOTAVAIL)]
         if problems:
             log.warning("replacing the VIP addresses of an earlier version with routes: %s", "; ".join(problems))
         log.info("replaced %d VIP addresses an earlier version left on %s with local routes",
@@ -200,10 +202,9 @@ class NetlinkAddresses:
         """Add ``add`` where missing, remove those of ``remove`` that are ours: costs the change only."""
         await self._call(self._change, frozenset(add), frozenset(remove))
 
-    async def interface_addresses(self, *, quick: bool = False) -> tuple[str, ...]:
-        """Every address on the node's links (the VIPs are routes, not addresses), except
-        those an earlier version added as VIPs. ``quick`` is accepted for the callers that
-        read every 30 s: with no VIP among the addresses, every read is quick."""
+    async def interface_addresses(self) -> tuple[str, ...]:
+        """Every address on the node's links (the VIPs are routes, not addresses: a small dump,
+        read every 30 s), except those an earlier version added as VIPs."""
         return await self._call(self._interface_addresses)
 
     def _interface_addresses(self) -> tuple[str, ...]:
@@ -251,7 +252,7 @@ class FakeAddresses:
             self._owned = wanted
             self.history.append(frozenset(wanted))
 
-    async def interface_addresses(self, *, quick: bool = False) -> tuple[str, ...]:
+    async def interface_addresses(self) -> tuple[str, ...]:
         return self.node_addresses
 
     async def repair(self, wanted: Iterable[str]) -> list[str]:
@@ -285,7 +286,7 @@ class SharedAddresses:
     async def change(self, add: Iterable[str], remove: Iterable[str]) -> None:
         return None
 
-    async def interface_addresses(self, *, quick: bool = False) -> tuple[str, ...]:
+    async def interface_addresses(self) -> tuple[str, ...]:
         return self.node_addresses
 
     async def repair(self, wanted: Iterable[str]) -> list[str]:

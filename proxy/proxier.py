@@ -237,7 +237,7 @@ class Proxier:
         """Re-read the node's own addresses, as kube-proxy at every sync: True if NodePorts moved."""
         if self._addresses is None or self._snapshot is None or self._stopping:
             return False
-        if tuple(await self._addresses.interface_addresses(quick=True)) == self._node.addresses:
+        if tuple(await self._addresses.interface_addresses()) == self._node.addresses:
             return False
         self._node.stale = True
         await self.apply(self._snapshot)
