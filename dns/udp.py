@@ -101,8 +101,8 @@ class UdpListener:
         return send
 
 
-_U64 = struct.Struct("=Q")
-_NAME = struct.Struct("=QI")
+#: a reply's iovec after the ID: address, length
+_BODY = struct.Struct("=QQ")
 
 
 class BatchedUdpListener(UdpListener):
@@ -111,7 +111,8 @@ class BatchedUdpListener(UdpListener):
     def __init__(self, sock: socket.socket, answerer: Answerer, forward: ForwardHandler, stats: DnsStats,
                  *, batch: int = BATCH, slots: int = 64):
         super().__init__(sock, answerer, forward, stats, batch=batch)
-        self.io = mmsg.BatchIO(sock.fileno(), slots)
+        namelen = 16 if sock.family == socket.AF_INET else mmsg.SOCKADDR_SIZE
+        self.io = mmsg.BatchIO(sock.fileno(), slots, namelen)
 
     def drain(self) -> int:
         io = self.io
@@ -130,34 +131,36 @@ class BatchedUdpListener(UdpListener):
 
     def _answer_batch(self, count: int) -> None:
         io = self.io
-        data, replies = io.data_view, io.replies_view
-        to_send, iovecs, names = io.to_send_view, io.send_iovecs_view, io.name_addresses
+        data, iovecs, bodies = io.data_view, io.send_iovecs_view, io.bodies
         fields = iter(io.received_fields(count))
-        answer = self.answerer.answer
-        slot_size = mmsg.SLOT_SIZE
+        cached, build = self.answerer.cached, self.answerer.build
+        slot_size, data_offset = mmsg.SLOT_SIZE, mmsg.BYTES_DATA
         ready = 0
         for i, (name_length, flags, length) in enumerate(zip(fields, fields, fields)):
             if flags & mmsg.MSG_TRUNC:
                 self.stats.dropped += 1  # longer than any real query
                 continue
             start = i * slot_size
+            packet = bytes(data[start : start + length])
             try:
-                reply = answer(bytes(data[start : start + length]))
+                body = cached(packet)
+                skip = 0
+                if body is None:
+                    body = build(packet)
+                    skip = mmsg.ID_SIZE  # a whole reply: the query's ID is already in it
             except Exception:  # a bug costs this query, not the rest of the batch
                 self._failed()
                 continue
-            if reply.__class__ is bytes:
-                size = len(reply)  # type: ignore[arg-type]
-                if size <= slot_size:
-                    at = ready * slot_size
-                    replies[at : at + size] = reply  # type: ignore[index]
-                    _U64.pack_into(iovecs, ready * mmsg.IOVEC_SIZE + 8, size)
-                    _NAME.pack_into(to_send, ready * mmsg.MMSGHDR_SIZE, names[i], name_length)
-                    ready += 1
+            if body.__class__ is bytes:
+                if ready == i:  # reply i answers query i: its address and ID are in place
+                    _BODY.pack_into(iovecs, (2 * i + 1) * mmsg.IOVEC_SIZE, id(body) + data_offset + skip,
+                                    len(body) - skip)  # type: ignore[arg-type]
+                    bodies[i] = body  # type: ignore[assignment]
                 else:
-                    self._sender(self._address(i, name_length))(reply)  # type: ignore[arg-type]
-            elif reply is not None:
-                self.forward(reply, self._sender(self._address(i, name_length)))  # type: ignore[arg-type]
+                    io.place(ready, i, name_length, body, skip)  # type: ignore[arg-type]
+                ready += 1
+            elif body is not None:
+                self.forward(body, self._sender(self._address(i, name_length)))  # type: ignore[arg-type]
         if ready:
             self.stats.send_failed += io.send(ready)
 

@@ -188,7 +188,7 @@ def test_oversized_datagram_is_dropped_and_the_next_answered(loopback: Loopback)
 
 
 @needs_mmsg
-def test_reply_bigger_than_a_slot_is_sent_on_its_own(loopback: Loopback) -> None:
+def test_reply_bigger_than_a_slot_goes_out_whole(loopback: Loopback) -> None:
     loopback.send(0, question(BIG, query_id=5, edns=65000))
     loopback.send(0, question(WEB, query_id=6))
     loopback.listener.drain()
@@ -287,16 +287,40 @@ def test_a_failing_answer_costs_only_its_own_query() -> None:
 
 
 @needs_mmsg
-def test_batched_failing_answer_costs_only_its_own_query(loopback: Loopback) -> None:
-    answer = loopback.listener.answerer.answer
+@pytest.mark.parametrize("step", ["cached", "build"])
+def test_batched_failing_answer_costs_only_its_own_query(loopback: Loopback, step: str) -> None:
+    original = getattr(loopback.listener.answerer, step)
 
     def flaky(packet: bytes, tcp: bool = False):
         if packet[:2] == b"\x00\x01":
             raise RuntimeError("bug")
-        return answer(packet, tcp)
+        return original(packet, tcp)
 
-    loopback.listener.answerer.answer = flaky  # type: ignore[method-assign]
+    setattr(loopback.listener.answerer, step, flaky)
     loopback.send(0, question(WEB, query_id=1))
     loopback.send(0, question(WEB, query_id=2))
     assert loopback.listener.drain() == 2
     assert read_reply(loopback.replies(0, 1)[0]).id == 2 and loopback.stats.dropped == 1
+
+
+@needs_mmsg
+def test_batched_replies_after_a_gap_reach_their_own_clients(loopback: Loopback) -> None:
+    """A query without a reply in the batch (a forward, a truncated datagram) moves the
+    replies after it to other headers; each still reaches its client with its ID, built or
+    kept, and the next batch is answered from the headers as set up."""
+    loopback.send(0, question(WEB, query_id=1))  # built, then kept
+    loopback.send(1, question("www.example.com."))  # forwarded: no reply in the batch
+    loopback.send(1, question(WEB, query_id=3))
+    loopback.send(0, question(WEB, query_id=4) + bytes(mmsg.SLOT_SIZE))  # dropped
+    loopback.send(0, question(f"big.{WEB.split('.', 1)[1]}", query_id=5, edns=65000))  # bigger than a slot
+    loopback.send(1, question(WEB, query_id=6))
+    assert loopback.listener.drain() == 6
+    first = [read_reply(r) for r in loopback.replies(0, 2)]
+    assert [r.id for r in first] == [1, 5] and first[1].records == 300
+    assert [read_reply(r).id for r in loopback.replies(1, 2)] == [3, 6]
+    assert not loopback.listener.io.moved
+    for i in range(4):
+        loopback.send(i % 2, question(WEB, query_id=10 + i))
+    assert loopback.listener.drain() == 4
+    assert sorted(read_reply(r).id for r in loopback.replies(0, 2) + loopback.replies(1, 2)) == [10, 11, 12, 13]
+    assert loopback.stats.dropped == 1 and loopback.stats.send_failed == 0
