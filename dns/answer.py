@@ -88,7 +88,6 @@ class Answerer:
         self._entries = self.cache.entries
         self._turning = self.cache.turning
         self._forwarded = self.forwarded.entries
-        self._hits = self.stats.answer_cache_hits_cell
         self._timer = timer
         self._clock = clock
         self._started = 0.0
@@ -126,9 +125,7 @@ class Answerer:
             return None
         entry = self._entries.get(key)
         if entry is not None:
-            self._hits[0] += 1
             entry[2 + tcp][0] += 1
-            entry[4][0] += 1
             return entry[tcp]
         if key in self._forwarded:
             reply = self.forwarded.get(key, tcp, self._clock())
@@ -136,9 +133,7 @@ class Answerer:
                 return reply
         turning = self._turning.get(key)  # after the forwarded: their hits pay nothing for it
         if turning is not None:
-            self._hits[0] += 1
             turning[1 + tcp][0] += 1
-            turning[3][0] += 1
             return turning[0].reply(tcp)
         return None
 
@@ -207,7 +202,7 @@ class Answerer:
         rcode = RCODE_NAMES.get(result.rcode, str(result.rcode))
         qtype = qtype_name(query.qtype)
         stats = self.stats
-        cells = (stats.request_cell("udp", qtype), stats.request_cell("tcp", qtype), stats.response_cell(rcode))
+        cells = stats.served_cells(qtype, rcode)
         if turning is None:
             entry: Entry | TurningEntry = (udp, full, *cells)
             reply = full if tcp else udp
@@ -307,8 +302,7 @@ class Answerer:
             udp_body, body, [offset - 2 for offset in ttl_offsets[:tcp_records]],
             [ttl for _, ttl in stored.ttls[:tcp_records]], udp_records=udp_records, stored=stored.stored,
             expires=stored.expires,
-            cells=(stats.request_cell("udp", qtype), stats.request_cell("tcp", qtype), stats.response_cell(rcode),
-                   stats.cache_hit_cell("denial" if stored.negative else "success")))
+            cells=stats.served_cells(qtype, rcode, "denial" if stored.negative else "success"))
         if forward.shareable and query.cache_key is not None:
             self.forwarded.put(query.cache_key, entry)
         stats.count("tcp" if forward.tcp else "udp", qtype, rcode)

@@ -14,11 +14,11 @@ from kubeport.endpoints.types import ServiceName
 
 from .rotate import Rotation
 
-#: (UDP reply, TCP reply) without the ID, then the stats cells to count a hit in:
-#: requests (udp, qtype), requests (tcp, qtype), responses (rcode)
-Entry = tuple[bytes, bytes, list[int], list[int], list[int]]
+#: (UDP reply, TCP reply) without the ID, then the stats cells a hit over UDP, over TCP
+#: counts in (DnsStats.served_cells)
+Entry = tuple[bytes, bytes, list[int], list[int]]
 #: the reply's two variants turning, then the same cells
-TurningEntry = tuple[Rotation, list[int], list[int], list[int]]
+TurningEntry = tuple[Rotation, list[int], list[int]]
 
 
 class AnswerCache:

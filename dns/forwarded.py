@@ -28,10 +28,10 @@ class ForwardedReply:
     """One encoded reply, UDP and TCP variants without the 2-byte ID."""
 
     __slots__ = ("stored", "expires", "udp", "tcp", "offsets", "ttls", "udp_offsets", "udp_ttls", "age", "aged",
-                 "requests", "response", "hits")
+                 "served")
 
     def __init__(self, udp: bytes, tcp: bytes, offsets: Sequence[int], ttls: Sequence[int], *, udp_records: int,
-                 stored: float, expires: float, cells: tuple[Cell, Cell, Cell, Cell]):
+                 stored: float, expires: float, cells: tuple[Cell, Cell]):
         self.stored = stored
         self.expires = expires
         self.udp = udp
@@ -45,9 +45,8 @@ class ForwardedReply:
         self.udp_ttls = self.ttls[:udp_records]
         self.age = 0
         self.aged = (udp, tcp)
-        self.requests = (cells[0], cells[1])  # udp, tcp request counters of the qtype
-        self.response = cells[2]
-        self.hits = cells[3]
+        #: where a hit over UDP, over TCP counts (DnsStats.served_cells)
+        self.served = cells
 
     def reply(self, tcp: bool, now: float) -> bytes:
         """The reply without ID, TTLs aged to ``now`` (whole seconds since it was stored)."""
@@ -108,9 +107,7 @@ class ForwardedAnswers:
         if now >= entry.expires or now < entry.stored:
             del self.entries[key]
             return None
-        entry.requests[tcp][0] += 1
-        entry.response[0] += 1
-        entry.hits[0] += 1
+        entry.served[tcp][0] += 1
         return entry.reply(tcp, now)
 
     def put(self, key: bytes, entry: ForwardedReply) -> None:

@@ -2,7 +2,9 @@
 
 Per-query counters are one-element lists ("cells") that cached answers hold directly,
 so counting a cached answer is ``cell[0] += 1`` rather than a Counter update (which
-would cost more than the answer itself). Read them through the properties.
+would cost more than the answer itself). A kept answer holds one cell per protocol, for
+its (qtype, rcode, cache) combination: its hits count once there, and the reads add them to
+the requests, responses and cache hits they are. Read them through the properties.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ class DurationHistogram:
 class DnsStats:
     _requests: dict[tuple[str, str], Cell] = field(default_factory=dict)
     _responses: dict[str, Cell] = field(default_factory=dict)
-    #: cluster-zone answers served pre-encoded / built (CoreDNS has no such cache)
-    answer_cache_hits_cell: Cell = field(default_factory=lambda: [0])
+    #: (proto, qtype, rcode, upstream cache kind or None for a cluster answer) -> queries
+    #: answered from a kept reply: requests, responses and cache hits all at once
+    _served: dict[tuple[str, str, str, str | None], Cell] = field(default_factory=dict)
+    #: cluster-zone answers built (CoreDNS has no such cache; the hits are in _served)
     answer_cache_misses: int = 0
     #: upstream answers from the cache, by "success"|"denial": coredns_cache_hits_total{type}
     _cache_hits: dict[str, Cell] = field(default_factory=dict)
@@ -86,6 +90,12 @@ class DnsStats:
             cell = self._responses[rcode] = [0]
         return cell
 
+    def served_cells(self, qtype: str, rcode: str, cache_kind: str | None = None) -> tuple[Cell, Cell]:
+        """The (UDP, TCP) cells a kept reply counts its hits in; ``cache_kind`` "success" or
+        "denial" for an upstream answer (coredns_cache_hits_total), None for a cluster one."""
+        return tuple(self._served.setdefault((proto, qtype, rcode, cache_kind), [0])  # type: ignore[return-value]
+                     for proto in ("udp", "tcp"))
+
     def cache_hit_cell(self, kind: str) -> Cell:
         cell = self._cache_hits.get(kind)
         if cell is None:
@@ -105,18 +115,31 @@ class DnsStats:
     @property
     def requests(self) -> Counter[tuple[str, str]]:
         """(proto "udp"|"tcp", qtype name) -> count: coredns_dns_requests_total{proto,type}"""
-        return Counter({key: cell[0] for key, cell in self._requests.items() if cell[0]})
+        counts = Counter({key: cell[0] for key, cell in self._requests.items() if cell[0]})
+        for (proto, qtype, _, _), cell in self._served.items():
+            if cell[0]:
+                counts[(proto, qtype)] += cell[0]
+        return counts
 
     @property
     def responses(self) -> Counter[str]:
         """rcode name -> count: coredns_dns_responses_total{rcode}"""
-        return Counter({key: cell[0] for key, cell in self._responses.items() if cell[0]})
+        counts = Counter({key: cell[0] for key, cell in self._responses.items() if cell[0]})
+        for (_, _, rcode, _), cell in self._served.items():
+            if cell[0]:
+                counts[rcode] += cell[0]
+        return counts
 
     @property
     def cache_hits(self) -> Counter[str]:
         """"success"|"denial" -> upstream answers served from the cache"""
-        return Counter({key: cell[0] for key, cell in self._cache_hits.items() if cell[0]})
+        counts = Counter({key: cell[0] for key, cell in self._cache_hits.items() if cell[0]})
+        for (_, _, _, kind), cell in self._served.items():
+            if kind is not None and cell[0]:
+                counts[kind] += cell[0]
+        return counts
 
     @property
     def answer_cache_hits(self) -> int:
-        return self.answer_cache_hits_cell[0]
+        """cluster-zone answers served pre-encoded"""
+        return sum(cell[0] for key, cell in self._served.items() if key[3] is None)

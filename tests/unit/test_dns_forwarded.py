@@ -210,7 +210,7 @@ def test_reconfigure_drops_the_encoded_replies(rig: Rig) -> None:
 
 
 def entry(stored: float = 0.0, expires: float = 100.0) -> ForwardedReply:
-    cells = ([0], [0], [0], [0])
+    cells = ([0], [0])
     return ForwardedReply(b"u", b"t", [], [], stored=stored, expires=expires, udp_records=0, cells=cells)
 
 

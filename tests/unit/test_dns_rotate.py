@@ -239,3 +239,15 @@ def test_externalname_completed_from_upstream_turns_cname_first(answerer: Answer
     answers = [read_reply(answerer.relay(forward, message)).answer for _ in range(3)]
     assert all(answer[0] == f"ext.{ZONE} 5 IN CNAME www.example.com." for answer in answers)
     assert len({answer[1] for answer in answers}) == 3
+
+
+def test_turning_hits_count_as_requests_responses_and_cache_hits(answerer: Answerer) -> None:
+    """A turning reply's hits count once, in its (proto, qtype, rcode) cell, and read back as
+    coredns_dns_requests_total, _responses_total and the answer cache's hits."""
+    for tcp in (False, False, True):
+        answerer.answer(question(H4), tcp)
+    answerer.answer(question(H4, "AAAA"))
+    stats = answerer.stats
+    assert stats.requests == {("udp", "A"): 2, ("tcp", "A"): 1, ("udp", "AAAA"): 1}
+    assert stats.responses == {"NOERROR": 4}
+    assert (stats.answer_cache_hits, stats.answer_cache_misses) == (2, 2)
