@@ -49,6 +49,8 @@ class DnsConfig:
     upstream_timeout: float = 2.0
     #: Forwarded queries in flight; beyond this, REFUSED (CoreDNS forward ``max_concurrent``).
     max_concurrent_forwards: int = 1000
+    #: Seconds an idle TCP connection to an upstream may wait to be reused (CoreDNS forward ``expire``).
+    upstream_expire: float = 10.0
     #: Entries of the upstream answer cache (CoreDNS cache: 9984).
     cache_size: int = 9984
     #: TTL caps of cached upstream answers: positive, and negative (NXDOMAIN/NODATA).
@@ -78,7 +80,7 @@ class DnsConfig:
         object.__setattr__(self, "addresses", tuple(str(ipaddress.ip_address(a)) for a in addresses))
         if not 0 <= self.port <= 65535:
             raise DnsConfigError(f"DnsConfig.port: {self.port} is outside 0..65535")
-        for name in ("tcp_idle_timeout", "upstream_timeout"):
+        for name in ("tcp_idle_timeout", "upstream_timeout", "upstream_expire"):
             if getattr(self, name) <= 0:
                 raise DnsConfigError(f"DnsConfig.{name}: must be > 0")
         for name in ("max_tcp_connections", "max_concurrent_forwards", "answer_cache_size"):

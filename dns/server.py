@@ -69,7 +69,7 @@ class DnsServer:
         cache = UpstreamCache(config.cache_size, config.cache_max_ttl, config.cache_max_negative_ttl)
         return Forwarder(remaining, timeout=config.upstream_timeout, cache=cache, stats=self.stats,
                          max_concurrent=config.max_concurrent_forwards, udp_size=config.edns_udp_size,
-                         clock=self._monotonic)
+                         expire=config.upstream_expire, clock=self._monotonic)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class DnsServer:
 
 def _forwarding(config: DnsConfig) -> tuple[object, ...]:
     return (config.upstreams, config.upstream_timeout, config.cache_size, config.cache_max_ttl,
-            config.cache_max_negative_ttl, config.max_concurrent_forwards, config.edns_udp_size)
+            config.cache_max_negative_ttl, config.max_concurrent_forwards, config.edns_udp_size, config.upstream_expire)
 
 
 class _TcpConnection(asyncio.Protocol):

@@ -21,7 +21,7 @@ from .stats import DnsStats
 from .upstream_cache import MIN_TTL, SERVFAIL_TTL, StoredMessage, UpstreamCache, without_opt
 from .upstream_io import Upstream, UdpChannel, open_udp_channel, upstream_query
 from .upstream_policy import CHECK_INTERVAL, CHECK_TIMEOUT, FORWARD_DEADLINE, Tries, UpstreamHealth, policy_order
-from .upstream_tcp import TcpPool
+from .upstream_tcp import EXPIRE, TcpPool
 from .wire import RCODE_NAMES, TC
 
 __all__ = ["Forwarder", "MIN_TTL", "SERVFAIL_TTL", "StoredMessage", "UpstreamCache", "upstream_query", "without_opt"]
@@ -35,11 +35,11 @@ ROOT_NS = b"\x00\x00\x02\x00\x01"
 class Forwarder:
     def __init__(self, upstreams: tuple[Upstream, ...], *, timeout: float, cache: UpstreamCache,
                  stats: DnsStats, max_concurrent: int, udp_size: int = 1232, deadline: float = FORWARD_DEADLINE,
-                 check_interval: float = CHECK_INTERVAL, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None):
+                 check_interval: float = CHECK_INTERVAL, expire: float = EXPIRE,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None):
         """``timeout``: the longest wait for one try (read_timeout); ``deadline``: for all the
         tries of a query; ``clock``: monotonic seconds, the cache's time; ``rng``: the
-        policy's randomness."""
+        policy's randomness; ``expire``: how long an idle TCP connection may be reused."""
         self.upstreams = upstreams
         self.timeout = timeout
         self.cache = cache
@@ -53,7 +53,7 @@ class Forwarder:
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._channels: dict[Upstream, UdpChannel] = {}
-        self._tcp = TcpPool(clock=clock, counted=self._counted_tcp)
+        self._tcp = TcpPool(expire=expire, clock=clock, counted=self._counted_tcp)
         self._checks: dict[Upstream, asyncio.Task[None]] = {}
         self._stopping: list[asyncio.Task[None]] = []
         self._closed = False

@@ -77,6 +77,8 @@ def dns_config(config: KubeportConfiguration) -> Any:
         cache_size=dns.cache_size,
         cache_max_ttl=int(dns.cache_max_ttl),
         cache_max_negative_ttl=int(dns.cache_max_denial_ttl),
+        upstream_expire=dns.forward_expire,
+        max_concurrent_forwards=dns.max_concurrent_forwards,
     )
 
 

@@ -86,6 +86,8 @@ class DnsSettings(_Section):
     cache_max_ttl: Duration = Field(3600.0, ge=0, alias="cacheMaxTTL", description="Cap on TTLs of cached upstream answers.")
     cache_max_denial_ttl: Duration = Field(1800.0, ge=0, alias="cacheMaxDenialTTL", description="Cap on TTLs of cached negative answers.")
     lame_duck: Duration = Field(5.0, ge=0, description="Keep answering this long after SIGTERM (CoreDNS health lameduck).")
+    forward_expire: Duration = Field(10.0, gt=0, description="How long an idle TCP connection to an upstream may be reused (CoreDNS forward `expire`).")
+    max_concurrent_forwards: int = Field(1000, ge=1, description="Forwarded queries in flight; more are answered REFUSED (CoreDNS forward `max_concurrent`).")
 
     @field_validator("cluster_domain")
     @classmethod

@@ -215,3 +215,35 @@ def test_builtin_errors_show_the_bad_value(tmp_path):
 )
 def test_changed_fields_use_the_files_names(change, expected):
     assert cfg.changed_fields(cfg.build(None, {}), cfg.build(None, change)) == expected
+
+
+@pytest.mark.parametrize(
+    "body, expire, max_concurrent",
+    [
+        pytest.param("", 10.0, 1000, id="coredns_expire_default"),
+        pytest.param("dns:\n  forwardExpire: 30s\n  maxConcurrentForwards: 50\n", 30.0, 50, id="set_in_the_file"),
+    ],
+)
+def test_forward_settings_reach_the_forwarder(tmp_path, body, expire, max_concurrent):
+    from kubeport.components import dns_config
+    from kubeport.dns.server import DnsServer
+
+    settings = dns_config(cfg.build(write(tmp_path, body) if body else None, {})).with_changes(upstreams=())
+    forwarder = DnsServer(settings).forwarder
+    assert (forwarder._tcp.expire, forwarder.max_concurrent) == (expire, max_concurrent)
+
+
+def test_bad_forward_expire_names_the_field(tmp_path):
+    path = write(tmp_path, "dns:\n  forwardExpire: 0s\n")
+    with pytest.raises(cfg.ConfigError, match=r"dns\.forwardExpire: Input should be greater than 0"):
+        cfg.build(path, {})
+
+
+async def test_a_reload_with_a_new_forward_expire_rebuilds_the_forwarder(tmp_path):
+    from kubeport.components import dns_config
+    from kubeport.dns.server import DnsServer
+
+    server = DnsServer(dns_config(cfg.build(None, {})).with_changes(upstreams=()))
+    changed = cfg.build(write(tmp_path, "dns:\n  forwardExpire: 2s\n"), {})
+    await server.reconfigure(dns_config(changed).with_changes(upstreams=()))
+    assert server.forwarder._tcp.expire == 2.0

@@ -100,3 +100,12 @@ def test_stub_only_resolv_conf_falls_back_to_the_systemd_resolved_list(tmp_path,
     if systemd is not None:
         fallback.write_text(systemd)
     assert default_upstreams(str(etc), stub_fallback=str(fallback)) == upstreams
+
+
+@pytest.mark.parametrize("changes", [
+    pytest.param({"upstream_expire": 0}, id="expire_zero"),
+    pytest.param({"max_concurrent_forwards": 0}, id="no_forwards"),
+])
+def test_forward_limits_are_checked(changes: dict) -> None:
+    with pytest.raises(DnsConfigError, match=next(iter(changes))):
+        DnsConfig(**changes)
