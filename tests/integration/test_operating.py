@@ -192,8 +192,8 @@ def test_metrics_count_the_traffic_sent(topology, pods, manifests, tmp_path):
     before = scrape(ns)
     for _ in range(10):
         curl_in(client, http_url(WEB_IP, 80))
-    for i in range(4):
-        udp_request(client, ECHO_IP, 9090, f"m{i}")
+    for i in range(4):  # a flow per client address and port: four ports, never one reused by chance
+        udp_request(client, ECHO_IP, 9090, f"m{i}", source_port=41000 + i)
     for _ in range(7):
         dig_in(client, "+short", "web.demo.svc.cluster.local", server="10.96.0.10")
     after = scrape(ns)
