@@ -29,8 +29,6 @@ from kubeport.mmsg import (  # noqa: F401  (the names dns/udp.py reads through t
 SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and dropped
 ID_SIZE = 2
 
-_U32 = struct.Struct("=I")
-_U64 = struct.Struct("=Q")
 _NAME = struct.Struct("=QI")  # msg_name, msg_namelen
 _REPLY = struct.Struct("=QQQQ")  # the ID's iovec, the rest's
 #: where CPython keeps a bytes object's data, from the object's address (id): found, not assumed
@@ -46,7 +44,6 @@ class BatchIO:
         assert _FUNCTIONS is not None
         self.fd = fd
         self.slots = slots
-        self.namelen = namelen
         self._recvmmsg, self._sendmmsg = _FUNCTIONS
         self.received = ctypes.create_string_buffer(slots * MMSGHDR_SIZE)
         self.to_send = ctypes.create_string_buffer(slots * MMSGHDR_SIZE)
