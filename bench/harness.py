@@ -133,6 +133,10 @@ class Bench:
         return stats_of([s.machine_busy for s in self.samples if s.figure == figure
                          and s.subject == subject and s.machine_busy is not None])
 
+    def machine_steal(self, figure: str, subject: str) -> Stats | None:
+        return stats_of([s.extra["machine_steal"] for s in self.samples if s.figure == figure
+                         and s.subject == subject and s.extra.get("machine_steal") is not None])
+
     def failures(self) -> list[Sample]:
         return [s for s in self.samples if s.value is None]
 
@@ -230,7 +234,8 @@ def run_plan(bench: str, subject: str, round_no: int, progress: "Progress", plan
             with progress.ticking(key, seconds), (profile(key, pid()) if profile else nullcontext()):
                 value, extra = fn()
             cpu = meter.stop()
-            extra = {**extra, "machine_busy": machine.stop()}
+            busy = machine.stop()
+            extra = {**extra, "machine_busy": busy, "machine_steal": machine.stolen}
             return value, cpu, extra
 
         samples.append(measured(bench, key, subject, round_no, progress, run, unit))

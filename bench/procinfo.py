@@ -80,12 +80,13 @@ class CpuMeter:
         return round(end - self._start, 3)
 
 
-def machine_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs from /proc/stat: busy is everything but idle and iowait."""
+def machine_ticks() -> tuple[int, int, int]:
+    """(busy, total, stolen) jiffies of all CPUs from /proc/stat. Busy is everything but idle,
+    iowait and steal; stolen (steal) is time the hypervisor ran other guests on these cores."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    idle = fields[3] + fields[4]
+    idle, stolen = fields[3] + fields[4], fields[7]
     total = sum(fields)
-    return total - idle, total
+    return total - idle - stolen, total, stolen
 
 
 class MachineMeter:
@@ -95,13 +96,18 @@ class MachineMeter:
     near 100 % the figure is bounded by the machine, and only CPU per unit of work can move it."""
 
     def __init__(self) -> None:
-        self._start = (0, 0)
+        self._start = (0, 0, 0)
+        #: percent of all cores' time the hypervisor gave to other guests during the run
+        self.stolen: float | None = None
 
     def start(self) -> "MachineMeter":
         self._start = machine_ticks()
         return self
 
     def stop(self) -> float | None:
-        busy, total = machine_ticks()
+        busy, total, stolen = machine_ticks()
         elapsed = total - self._start[1]
-        return round(100.0 * (busy - self._start[0]) / elapsed, 1) if elapsed > 0 else None
+        if elapsed <= 0:
+            return None
+        self.stolen = round(100.0 * (stolen - self._start[2]) / elapsed, 1)
+        return round(100.0 * (busy - self._start[0]) / elapsed, 1)

@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +40,8 @@ def machine() -> dict:
     return {
         "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_kib / 2**20, 1),
         "kernel": platform.release(), "python": platform.python_version(),
+        # which build runs kubeport matters as much as its version (netns-scripts/setup.sh)
+        "interpreter": os.path.realpath(sys.executable),
         "os": _os_name(), "versions": {name: _first_line(argv) for name, argv in PEER_VERSIONS.items()},
     }
 
@@ -122,6 +125,10 @@ def bench_markdown(bench: Bench, seconds: float | None = None) -> str:
     lines += _subject_table(bench, bench.machine_busy, 0,
                             "Machine busy during each run, % of all cores (load generator, backends and the path "
                             "under test together; near 100 the machine, not the path, sets the figure):")
+    if any((s.extra.get("machine_steal") or 0) >= 1 for s in bench.samples):
+        lines += _subject_table(bench, bench.machine_steal, 1,
+                                "Stolen by the hypervisor during each run, % of all cores (the host ran other "
+                                "guests on them: every figure of such a run is lower and noisier):")
     lines += _cost_table(bench, seconds)
     ratio_rows = bench.ratio_rows()
     if ratio_rows:
@@ -178,11 +185,23 @@ def verdicts(benches: list[Bench]) -> tuple[list[str], list[str], list[str]]:
     return met, missed, unmeasured
 
 
+#: the steal (percent of the cores' time) in one run from which a report warns
+CONTENDED_STEAL = 5.0
+
+
 def markdown(benches: list[Bench], info: dict, chart: Path | None) -> str:
     lines = ["## Performance", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {info['os']}, "
-             f"kernel {info['kernel']}, Python {info['python']}. Started {info.get('started', '?')}, "
+             f"kernel {info['kernel']}, Python {info['python']}"
+             f"{' (' + info['interpreter'] + ')' if info.get('interpreter') else ''}. Started {info.get('started', '?')}, "
              f"{info.get('rounds', '?')} rounds.", ""]
+    stolen = stats_of([s.extra["machine_steal"] for b in benches for s in b.samples
+                       if s.extra.get("machine_steal") is not None])
+    if stolen is not None and stolen.high >= CONTENDED_STEAL:
+        lines += [f"**A contended host:** the hypervisor took {_fmt(stolen.median, 1)}% of the cores' time "
+                  f"in the median run and up to {_fmt(stolen.high, 1)}% in one (steal, /proc/stat). Runs "
+                  "it hit are slower and noisier, unevenly between subjects: read the per-round ratios "
+                  "with that in mind.", ""]
     for bench in benches:
         lines.append(bench_markdown(bench, info.get("seconds_per_run")))
     if chart is not None:
