@@ -86,7 +86,7 @@ class KubeportDaemon:
 
     def wait_at_rest(self, timeout: float) -> float:
         """Until the daemon has given the heap freed by the last change back to the kernel (it
-        does once no change came for a moment: kubeport/heap.py)."""
+        does once no change came for a moment: kubeport/lib/heap.py)."""
         def trimmed() -> bool:
             status = self.status() or {}
             done = (status.get("heap") or {}).get("trimmedGeneration")

@@ -5,8 +5,8 @@ core (names, records, lookup, encode, answer, answer_cache, rotate, forwarded, w
 upstream_cache, upstream_policy) and its I/O shell (server, udp, mmsg, upstream, upstream_io, upstream_tcp).
 """
 
-from .config import DnsConfig, DnsConfigError, default_upstreams, parse_upstream
-from .server import DnsServer
-from .stats import DnsStats
+from kubeport.dns.config import DnsConfig, DnsConfigError, default_upstreams, parse_upstream
+from kubeport.dns.server import DnsServer
+from kubeport.dns.stats import DnsStats
 
 __all__ = ["DnsConfig", "DnsConfigError", "DnsServer", "DnsStats", "default_upstreams", "parse_upstream"]

@@ -12,7 +12,7 @@ from typing import Iterable, Union
 
 from kubeport.endpoints.types import ServiceName
 
-from .rotate import Rotation
+from kubeport.dns.rotate import Rotation
 
 #: (UDP reply, TCP reply) without the ID, then the stats cells a hit over UDP, over TCP
 #: counts in (DnsStats.served_cells)

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from .stats import DURATION_BUCKETS, DnsStats
+from kubeport.dns.stats import DURATION_BUCKETS, DnsStats
 
 if TYPE_CHECKING:
-    from .server import DnsServer
+    from kubeport.dns.server import DnsServer
 
 #: query types that get their own ``type`` label value; every other type is ``other``
 QTYPE_LABELS = frozenset({"A", "AAAA", "SRV", "PTR", "TXT", "CNAME", "NS", "SOA", "MX", "ANY"})

@@ -31,7 +31,7 @@ from kubeport.endpoints.types import (
     Snapshot,
 )
 
-from .names import endpoint_name
+from kubeport.dns.names import endpoint_name
 
 #: Port of a service or slice that declares no ports (CoreDNS's -1 sentinel): it gives
 #: address records but no SRV.

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .wire import read_name, walk_message
+from kubeport.dns.wire import read_name, walk_message
 
 T_A, T_AAAA = 1, 28
 #: type and RDLENGTH of an address record by its size with a 2-byte owner (a pointer):

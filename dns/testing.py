@@ -17,8 +17,8 @@ from kubeport.endpoints import model
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import Snapshot
 
-from .encode import Packer, Record
-from .wire import RCODE_NAMES
+from kubeport.dns.encode import Packer, Record
+from kubeport.dns.wire import RCODE_NAMES
 
 
 def service(name: str, namespace: str = "default", **spec: Any) -> dict[str, Any]:

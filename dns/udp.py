@@ -4,7 +4,7 @@ asyncio's DatagramProtocol costs a callback, an address tuple and a transport ch
 datagram on top of the two system calls. Here one readiness event reads datagrams until
 the socket is empty (EAGAIN) or a batch is done, and answers them in the same callback:
 cached answers never leave this loop. On Linux :class:`BatchedUdpListener` reads a
-batch with one recvmmsg and sends its answers with one sendmmsg (:mod:`.mmsg`);
+batch with one recvmmsg and sends its answers with one sendmmsg (:mod:`.batch_io`);
 :class:`UdpListener` is the portable recvfrom/sendto loop. A batch cap keeps TCP and the
 rest of the event loop served under a flood (the reader is level-triggered: a socket left
 non-empty is reported again at once). Questions that need an upstream go to ``forward``
@@ -19,11 +19,11 @@ import socket
 import struct
 from typing import Callable, Protocol
 
-from kubeport.sockbuf import enlarge_receive_buffer
+from kubeport.lib.sockbuf import enlarge_receive_buffer
 
-from . import mmsg
-from .answer import Answerer, Forward
-from .stats import DnsStats
+from kubeport.dns import batch_io
+from kubeport.dns.answer import Answerer, Forward
+from kubeport.dns.stats import DnsStats
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,13 @@ _BODY = struct.Struct("=QQ")
 
 
 class BatchedUdpListener(UdpListener):
-    """The same answers, read with recvmmsg and sent with sendmmsg (:mod:`.mmsg`)."""
+    """The same answers, read with recvmmsg and sent with sendmmsg (:mod:`.batch_io`)."""
 
     def __init__(self, sock: socket.socket, answerer: Answerer, forward: ForwardHandler, stats: DnsStats,
                  *, batch: int = BATCH, slots: int = 64):
         super().__init__(sock, answerer, forward, stats, batch=batch)
-        namelen = 16 if sock.family == socket.AF_INET else mmsg.SOCKADDR_SIZE
-        self.io = mmsg.BatchIO(sock.fileno(), slots, namelen)
+        namelen = 16 if sock.family == socket.AF_INET else batch_io.SOCKADDR_SIZE
+        self.io = batch_io.BatchIO(sock.fileno(), slots, namelen)
 
     def drain(self) -> int:
         io = self.io
@@ -134,10 +134,10 @@ class BatchedUdpListener(UdpListener):
         data, iovecs, bodies = io.data_view, io.send_iovecs_view, io.bodies
         fields = iter(io.received_fields(count))
         cached, build = self.answerer.cached, self.answerer.build
-        slot_size, data_offset = mmsg.SLOT_SIZE, mmsg.BYTES_DATA
+        slot_size, data_offset = batch_io.SLOT_SIZE, batch_io.BYTES_DATA
         ready = 0
         for i, (name_length, flags, length) in enumerate(zip(fields, fields, fields)):
-            if flags & mmsg.MSG_TRUNC:
+            if flags & batch_io.MSG_TRUNC:
                 self.stats.dropped += 1  # longer than any real query
                 continue
             start = i * slot_size
@@ -147,13 +147,13 @@ class BatchedUdpListener(UdpListener):
                 skip = 0
                 if body is None:
                     body = build(packet)
-                    skip = mmsg.ID_SIZE  # a whole reply: the query's ID is already in it
+                    skip = batch_io.ID_SIZE  # a whole reply: the query's ID is already in it
             except Exception:  # a bug costs this query, not the rest of the batch
                 self._failed()
                 continue
             if body.__class__ is bytes:
                 if ready == i:  # reply i answers query i: its address and ID are in place
-                    _BODY.pack_into(iovecs, (2 * i + 1) * mmsg.IOVEC_SIZE, id(body) + data_offset + skip,
+                    _BODY.pack_into(iovecs, (2 * i + 1) * batch_io.IOVEC_SIZE, id(body) + data_offset + skip,
                                     len(body) - skip)  # type: ignore[arg-type]
                     bodies[i] = body  # type: ignore[assignment]
                 else:
@@ -165,8 +165,8 @@ class BatchedUdpListener(UdpListener):
             self.stats.send_failed += io.send(ready)
 
     def _address(self, slot: int, length: int) -> Address:
-        start = slot * mmsg.SOCKADDR_SIZE
-        return mmsg.address_of(bytes(self.io.names_view[start : start + length]))
+        start = slot * batch_io.SOCKADDR_SIZE
+        return batch_io.address_of(bytes(self.io.names_view[start : start + length]))
 
 
 #: IP_FREEBIND / IPV6_FREEBIND (Linux; Python's socket module names only the first)
@@ -174,7 +174,7 @@ _FREEBIND = {socket.AF_INET: (socket.IPPROTO_IP, 15), socket.AF_INET6: (socket.I
 
 
 def free_bind(sock: socket.socket, family: socket.AddressFamily) -> None:
-    """The DNS addresses are made local by routes (proxy/addresses.py): IPv6 binds such an
+    """The DNS addresses are made local by routes (proxy/host/addresses.py): IPv6 binds such an
     address only with IPV6_FREEBIND."""
     if family == socket.AF_INET6:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -218,7 +218,7 @@ def bind_tcp(address: str, port: int, family: socket.AddressFamily, backlog: int
 def udp_listener(sock: socket.socket, answerer: Answerer, forward: ForwardHandler,
                  stats: DnsStats) -> UdpListener:
     """The batched listener where recvmmsg/sendmmsg are available, else the portable one."""
-    if mmsg.available():
+    if batch_io.available():
         return BatchedUdpListener(sock, answerer, forward, stats)
     return UdpListener(sock, answerer, forward, stats)
 

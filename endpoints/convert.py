@@ -8,8 +8,8 @@ import sys
 from datetime import datetime, timezone
 from typing import TypeVar
 
-from . import model, names
-from .types import (
+from kubeport.endpoints import model, names
+from kubeport.endpoints.types import (
     EndpointInfo,
     EndpointPortInfo,
     NodeInfo,

@@ -45,7 +45,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from .types import EndpointInfo, NodeInfo, ServiceInfo, SliceInfo
+from kubeport.endpoints.types import EndpointInfo, NodeInfo, ServiceInfo, SliceInfo
 
 PREFER_CLOSE = "PreferClose"
 PREFER_SAME_ZONE = "PreferSameZone"

@@ -15,8 +15,8 @@ from collections import Counter
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
-from . import convert, model
-from .types import NodeInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
+from kubeport.endpoints import convert, model
+from kubeport.endpoints.types import NodeInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
 
 log = logging.getLogger(__name__)
 

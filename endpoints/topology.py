@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .types import EndpointInfo, PortEndpoint
+from kubeport.endpoints.types import EndpointInfo, PortEndpoint
 
 #: Topology modes (the values kube-proxy uses internally; "" is "no topology").
 NO_TOPOLOGY = ""

@@ -7,7 +7,7 @@ ValidateNonSpecialIP, ValidateNode, ValidateNamespace) and
 ``pkg/apis/discovery/validation/validation.go`` (ValidateEndpointSlice).
 
 Checks that need the allocators (nodePort inside the node-port range, clusterIP inside
-the service range, already allocated) live in :mod:`kubeport.endpoints.registry`.
+the service range, already allocated) live in :mod:`kubeport.endpoints.registry.registry`.
 Enum fields (type, protocol, sessionAffinity, ...) are checked by the pydantic model.
 
 Service and EndpointSlice port names are DNS-1123 labels, as the API server checks
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from . import model, names
-from .fielderrors import (
+from kubeport.endpoints import model, names
+from kubeport.endpoints.fielderrors import (
     FieldError,
     Invalid,
     duplicate,

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from . import config as config_module
-from .config import ConfigError, KubeportConfiguration
-from .get_client import DEFAULT_SERVER, cmd_get
-from .logs import configure_logging
+from kubeport import __version__
+from kubeport import config as config_module
+from kubeport.config import ConfigError, KubeportConfiguration
+from kubeport.get_client import DEFAULT_SERVER, cmd_get
+from kubeport.lib.logformat import configure_logging
 
 log = logging.getLogger("kubeport")
 
@@ -199,7 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"kubeport: wrote the effective configuration to {args.write_config_to}", file=sys.stderr)
         return 0
     configure_logging(config.log_format, config.verbosity)
-    from .daemon import DaemonError, run
+    from kubeport.daemon import DaemonError, run
 
     try:
         return run(config, config_file=Path(args.config) if args.config else None, flags=flag_values(args))
@@ -213,7 +213,7 @@ def build_configuration(args: argparse.Namespace) -> KubeportConfiguration:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from kubeport.endpoints.manifest_check import check_manifests
+    from kubeport.endpoints.manifests.check import check_manifests
 
     directory = Path(args.directory)
     if not directory.is_dir():

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry
 
 from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 
-from .config import KubeportConfiguration
-from .logs import configure_logging
+from kubeport.config import KubeportConfiguration
+from kubeport.lib.logformat import configure_logging
 
 log = logging.getLogger("kubeport.daemon")
 
@@ -34,7 +34,7 @@ def build_state(config: KubeportConfiguration) -> ClusterState:
 
 def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry) -> Any:
     if config.source_kind != "manifests":
-        from kubeport.endpoints.apiserver import ApiServerSource
+        from kubeport.endpoints.apiserver.source import ApiServerSource
 
         source = ApiServerSource(
             state,
@@ -44,10 +44,10 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
         )
         registry.register(source.collector())
         return source
-    from kubeport.endpoints.allocstore import AllocationStore, StoreError
-    from kubeport.endpoints.manifest_lastgood import LastGoodFiles
-    from kubeport.endpoints.manifests import ManifestSource
-    from kubeport.endpoints.registry import Registry
+    from kubeport.endpoints.registry.store import AllocationStore, StoreError
+    from kubeport.endpoints.manifests.lastgood import LastGoodFiles
+    from kubeport.endpoints.manifests.source import ManifestSource
+    from kubeport.endpoints.registry.registry import Registry
 
     directory = config.manifests
     if directory is None:

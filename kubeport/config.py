@@ -30,7 +30,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from .config_values import (  # noqa: F401 - parse_*/format_duration/split_host_port are used as config.*
+from kubeport.config_values import (  # noqa: F401 - parse_*/format_duration/split_host_port are used as config.*
     CIDRList,
     Duration,
     IPNetwork,

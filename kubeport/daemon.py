@@ -29,15 +29,15 @@ from prometheus_client import disable_created_metrics
 from kubeport.endpoints.types import Snapshot
 from kubeport.proxy.health import HealthResponse
 
-from . import components, handover
-from .config import KubeportConfiguration, changed_fields
-from .fullsync import keep_host_in_sync
-from .heap import keep_heap_trimmed, release_freed_memory
-from .metrics import ProxyMetrics
-from .process import process_registry, raise_open_file_limit
-from .readiness import LiveFile, ReadyFile
-from .reload import Reloader
-from .status import StatusServer, source_status
+from kubeport import components, handover
+from kubeport.config import KubeportConfiguration, changed_fields
+from kubeport.proxy.fullsync import keep_host_in_sync
+from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
+from kubeport.proxy.metrics import ProxyMetrics
+from kubeport.process import process_registry, raise_open_file_limit
+from kubeport.readiness import LiveFile, ReadyFile
+from kubeport.reload import Reloader
+from kubeport.status import StatusServer, source_status
 
 log = logging.getLogger("kubeport.daemon")
 

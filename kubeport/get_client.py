@@ -10,7 +10,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from . import printers
+from kubeport import printers
 
 DEFAULT_SERVER = "http://127.0.0.1:10249"
 

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from . import config as config_module
-from .config import ConfigError, KubeportConfiguration
+from kubeport import config as config_module
+from kubeport.config import ConfigError, KubeportConfiguration
 
 log = logging.getLogger("kubeport.daemon")
 

@@ -26,8 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kubeport.endpoints.types import Snapshot
 from kubeport.proxy.health import HealthResponse
 
-from . import printers
-from .config import split_host_port
+from kubeport import printers
+from kubeport.config import split_host_port
 
 log = logging.getLogger(__name__)
 

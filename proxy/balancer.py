@@ -19,7 +19,7 @@ from typing import Callable, Collection, Iterable, Protocol, Sequence
 
 from kubeport.endpoints.types import PortEndpoint, ServicePortName
 
-from .stats import ServicePortStats
+from kubeport.proxy.stats import ServicePortStats
 
 
 class Affinity(Protocol):
@@ -29,7 +29,7 @@ class Affinity(Protocol):
 
 
 def default_affinity_factory(timeout_seconds: int) -> Affinity:
-    from .affinity import AffinityTable  # helper H6's sans-IO table
+    from kubeport.proxy.affinity import AffinityTable  # helper H6's sans-IO table
 
     return AffinityTable(timeout_seconds)
 

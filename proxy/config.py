@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from .nodeports import parse_nodeport_addresses
+from kubeport.proxy.nodeports import parse_nodeport_addresses
 
 
 class ProxyConfigError(ValueError):

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from kubeport.endpoints.types import ServiceInfo, ServiceName, ServiceState
 
-from .health import JSON_HEADERS, HealthResponse
+from kubeport.proxy.health import JSON_HEADERS, HealthResponse
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Iterable
 
 from kubeport.endpoints.types import NodeInfo
 
-from .nodeports import NodePortSpec, NodePortSelection, nodeport_selection
+from kubeport.proxy.nodeports import NodePortSpec, NodePortSelection, nodeport_selection
 
 log = logging.getLogger(__name__)
 

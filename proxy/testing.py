@@ -106,11 +106,11 @@ class LoopbackRelay:
     """A TcpListener on 127.0.0.1:<ephemeral> in front of the given (ip, port) endpoints."""
 
     def __init__(self, endpoints: list[tuple[str, int]], **config) -> None:
-        from .balancer import Balancer, Route, ServicePortPool
-        from .config import ProxyConfig
-        from .context import RelayContext
-        from .table import Frontend
-        from .tcp import TcpListener
+        from kubeport.proxy.balancer import Balancer, Route, ServicePortPool
+        from kubeport.proxy.config import ProxyConfig
+        from kubeport.proxy.relay.context import RelayContext
+        from kubeport.proxy.table import Frontend
+        from kubeport.proxy.relay.tcp import TcpListener
 
         config.setdefault("seed", 1)
         self.config = ProxyConfig(**config)
@@ -182,10 +182,10 @@ async def start_proxier(*, leftover_addresses=(), capture=True, **config):
     """A started Proxier (ProxyWorkers with ``workers`` > 1) with fake addresses (node: 127.0.0.1,
     ::1; ``leftover_addresses`` as a predecessor left them) and a fake firewall (``capture``:
     with policy routing for externalIPs and LB IPs, see capture.py)."""
-    from .addresses import FakeAddresses
-    from .config import ProxyConfig
-    from .firewall import FakeFirewall
-    from .workers import create_proxier
+    from kubeport.proxy.host.addresses import FakeAddresses
+    from kubeport.proxy.config import ProxyConfig
+    from kubeport.proxy.host.nftables import FakeFirewall
+    from kubeport.proxy.workers import create_proxier
 
     config.setdefault("seed", 1)
     config.setdefault("nodeport_addresses", ("primary", "localhost"))

@@ -20,9 +20,9 @@ import uvloop
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, ServiceState, Snapshot
 
-from .addresses import SharedAddresses
-from .proxier import Proxier
-from .workers import SAME_NODE, receive, send
+from kubeport.proxy.host.addresses import SharedAddresses
+from kubeport.proxy.proxier import Proxier
+from kubeport.proxy.workers import SAME_NODE, receive, send
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ async def _report_failure(proxier: Proxier, writer: asyncio.StreamWriter) -> Non
 def _configure_logging(index: int, json_format: bool, level: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if json_format:
-        from kubeport.logs import JsonFormatter
+        from kubeport.lib.logformat import JsonFormatter
 
         handler.setFormatter(JsonFormatter())
     else:

@@ -37,10 +37,10 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServicePortName, Snapshot
 
-from .config import ProxyConfig
-from .proxier import Proxier
-from .stats import ServicePortStats
-from .table import Frontend, FrontendRule
+from kubeport.proxy.config import ProxyConfig
+from kubeport.proxy.proxier import Proxier
+from kubeport.proxy.stats import ServicePortStats
+from kubeport.proxy.table import Frontend, FrontendRule
 
 log = logging.getLogger(__name__)
 

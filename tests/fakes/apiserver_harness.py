@@ -10,7 +10,7 @@ import pytest
 from fake_apiserver import FakeApiServer
 from fake_tls import TlsFiles, make_tls, write_kubeconfig
 
-from kubeport.endpoints.apiserver import ApiServerSource, BackoffPolicy
+from kubeport.endpoints.apiserver.source import ApiServerSource, BackoffPolicy
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
 

@@ -11,7 +11,7 @@ from test_proxy_support import endpoint_slice, node, service, write
 
 WEB_IP = "10.96.0.50"
 ECHO_IP = "10.96.0.51"
-WEB_EXTERNAL_IP = "192.168.60.50"  # taken by port (proxy/capture.py): the handover must keep it too
+WEB_EXTERNAL_IP = "192.168.60.50"  # taken by port (proxy/host/capture.py): the handover must keep it too
 CLIENT_LOOP = Path(__file__).resolve().parent / "client_loop.py"
 
 

@@ -233,7 +233,7 @@ def test_cut_watch_resumes_with_the_change_it_cut(cluster: Cluster):
 
 
 def test_heap_freed_by_changes_goes_back_to_the_kernel_once_they_stop(cluster: Cluster):
-    # kubeport/heap.py: measured at 10,000 services, 200 changes left ~7 MiB free inside the heap.
+    # kubeport/lib/heap.py: measured at 10,000 services, 200 changes left ~7 MiB free inside the heap.
     cluster.set_web("b1")
     changed = settled_status(cluster.node)["generation"]
     wait_until(lambda: (status(cluster.node)["heap"]["trimmedGeneration"] or 0) >= changed, 10,

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 RUNNER = """
 import asyncio, json, sys
-from kubeport.proxy.addresses import NetlinkAddresses
+from kubeport.proxy.host.addresses import NetlinkAddresses
 wanted = json.loads(sys.argv[1]); step = sys.argv[2]
 async def main():
     manager = NetlinkAddresses("lo")
@@ -101,9 +101,9 @@ def test_a_vip_route_is_served_as_a_node_address(namespace, vip):
 
 LEGACY_ADD = """
 import sys
-from kubeport.proxy import netlink_batch
-ops = [netlink_batch.AddressOp(True, address) for address in sys.argv[1:]]
-assert netlink_batch.apply(ops, netlink_batch.link_index("lo"), 0x6B) == {}
+from kubeport.proxy.host import netlink
+ops = [netlink.AddressOp(True, address) for address in sys.argv[1:]]
+assert netlink.apply(ops, netlink.link_index("lo"), 0x6B) == {}
 """
 
 
@@ -121,7 +121,7 @@ def test_vip_addresses_of_an_earlier_version_become_routes(namespace):
 
 NODE_READ = """
 import asyncio, json, subprocess, sys
-from kubeport.proxy.addresses import NetlinkAddresses
+from kubeport.proxy.host.addresses import NetlinkAddresses
 async def main():
     manager = NetlinkAddresses("lo")
     await manager.sync([f"10.96.0.{i}" for i in range(1, 200)])

@@ -173,7 +173,7 @@ def test_releasing_removes_a_table_this_run_never_wrote(namespace):
     (which writes the table), must go with that instance's release all the same."""
     run_in(namespace, "nft", "add", "table", "inet", "kubeport")
     python_in(namespace, "import asyncio\n"
-                         "from kubeport.proxy.firewall import NftFirewall\n"
+                         "from kubeport.proxy.host.nftables import NftFirewall\n"
                          "async def main():\n"
                          "    firewall = NftFirewall()\n"
                          "    await firewall.start(['10.244.0.0/16'], ['10.96.0.0/12'])\n"

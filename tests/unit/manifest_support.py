@@ -14,10 +14,10 @@ from typing import Callable
 import pytest
 
 from kubeport.endpoints import model
-from kubeport.endpoints.allocstore import AllocationStore
-from kubeport.endpoints.manifest_lastgood import LastGoodFiles
-from kubeport.endpoints.manifests import ManifestSource
-from kubeport.endpoints.registry import Registry
+from kubeport.endpoints.registry.store import AllocationStore
+from kubeport.endpoints.manifests.lastgood import LastGoodFiles
+from kubeport.endpoints.manifests.source import ManifestSource
+from kubeport.endpoints.registry.registry import Registry
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName, Snapshot
 

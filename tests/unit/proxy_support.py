@@ -13,8 +13,8 @@ import socket
 from typing import AsyncIterator, Awaitable, Callable, NamedTuple
 
 from kubeport.endpoints.types import NodeInfo, ServiceState, Snapshot
-from kubeport.proxy.addresses import FakeAddresses
-from kubeport.proxy.firewall import FakeFirewall
+from kubeport.proxy.host.addresses import FakeAddresses
+from kubeport.proxy.host.nftables import FakeFirewall
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.testing import (
     DEADLINE,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kubeport.endpoints import model
-from kubeport.endpoints.allocstore import AllocationStore
-from kubeport.endpoints.registry import Invalid, Registry
+from kubeport.endpoints.registry.store import AllocationStore
+from kubeport.endpoints.registry.registry import Invalid, Registry
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 V4 = "10.96.0.0/12"

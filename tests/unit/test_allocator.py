@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from kubeport.endpoints.allocator import (
+from kubeport.endpoints.registry.allocators import (
     AlreadyAllocated,
     IPAllocator,
     NotInRange,

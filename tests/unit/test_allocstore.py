@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeport.endpoints.allocstore import (
+from kubeport.endpoints.registry.store import (
     FILE_NAME,
     AllocationStore,
     NodePortAllocation,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeport.endpoints.allocstore import FILE_NAME, AllocationStore, ServiceAllocation, StoreError
+from kubeport.endpoints.registry.store import FILE_NAME, AllocationStore, ServiceAllocation, StoreError
 
 
 def allocation(name: str) -> ServiceAllocation:

@@ -12,7 +12,7 @@ import pytest
 
 PROBE = """
 import json, sys
-import kubeport.endpoints.apiclient as apiclient
+import kubeport.endpoints.apiserver.client as apiclient
 {prepare}
 library = apiclient.auth_modules()
 loaded = [name for name in sys.modules if name.startswith("kubernetes_asyncio")]

@@ -13,9 +13,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kubeport.endpoints import apiclient
-from kubeport.endpoints.apiclient import ApiConnection, Credentials
-from kubeport.endpoints.apiserver import ApiServerConfigError, ApiServerSource
+from kubeport.endpoints.apiserver import client as apiclient
+from kubeport.endpoints.apiserver.client import ApiConnection, Credentials
+from kubeport.endpoints.apiserver.source import ApiServerConfigError, ApiServerSource
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
 

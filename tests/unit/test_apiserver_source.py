@@ -12,7 +12,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from kubeport.endpoints.apiserver import BackoffPolicy
+from kubeport.endpoints.apiserver.source import BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))

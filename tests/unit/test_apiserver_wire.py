@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kubeport.endpoints import model
-from kubeport.endpoints.apiclient import ApiStatusError
-from kubeport.endpoints.apiwire import (
+from kubeport.endpoints.apiserver.client import ApiStatusError
+from kubeport.endpoints.apiserver.wire import (
     Applied,
     Bookmarked,
     Deleted,
@@ -21,7 +21,7 @@ from kubeport.endpoints.apiwire import (
     WireParser,
     parse_status,
 )
-from kubeport.endpoints.resources import watched_resources
+from kubeport.endpoints.apiserver.resources import watched_resources
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 import k8s_objects as k8s  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.endpoints.backoff import BackoffPolicy
+from kubeport.endpoints.apiserver.backoff import BackoffPolicy
 
 DEFAULT = BackoffPolicy()
 

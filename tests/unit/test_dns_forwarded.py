@@ -9,11 +9,11 @@ from dnslib import EDNS0, QTYPE, RCODE, RR, SOA, TXT, A, DNSRecord
 
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig
-from kubeport.dns.forwarded import ForwardedAnswers, ForwardedReply
+from kubeport.dns.forward.replies import ForwardedAnswers, ForwardedReply
 from kubeport.dns.records import RecordIndex
 from kubeport.dns.stats import DnsStats
 from kubeport.dns.testing import question, read_reply, service, snapshot_of
-from kubeport.dns.upstream import Forwarder, UpstreamCache, without_opt
+from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache, without_opt
 
 NAME = "www.example.com."
 

@@ -20,8 +20,8 @@ from kubeport.dns.config import DnsConfig
 from kubeport.dns.server import DnsServer
 from kubeport.dns.stats import DnsStats
 from kubeport.dns.testing import LoopbackDnsPort, question, read_reply
-from kubeport.dns.upstream import Forwarder, UpstreamCache
-from kubeport.dns.upstream_policy import MAX_FAILS
+from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache
+from kubeport.dns.forward.policy import MAX_FAILS
 
 Behaviour = Callable[[str, DNSRecord], "bytes | None"]
 WWW = b"\x03www\x07example\x03com\x00\x00\x01\x00\x01"  # www.example.com. A IN
@@ -235,7 +235,7 @@ async def test_first_relayed_answer_keeps_its_whole_ttl(fakes) -> None:
 
 
 async def test_upstream_down_after_failed_checks_is_skipped_until_it_answers__forward_health(fakes, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="kubeport.dns.upstream")
+    caplog.set_level(logging.WARNING, logger="kubeport.dns.forward.forwarder")
     flaky, good = await fakes(silent), await fakes()
     forward = forwarder(flaky.address, good.address, timeout=0.1, check_interval=0.01, seed=3)
     for index in range(20):  # until a query has tried the silent one (the order is random)

@@ -17,7 +17,7 @@ from kubeport.dns.encode import Packer, Record, address_record
 from kubeport.dns.records import RecordIndex
 from kubeport.dns.rotate import Rotation, Run, address_run, rotation
 from kubeport.dns.testing import endpoint_slice, header_only, question, read_reply, service, snapshot_of
-from kubeport.dns.upstream import UpstreamCache, without_opt
+from kubeport.dns.forward.forwarder import UpstreamCache, without_opt
 from kubeport.endpoints.types import ServiceName
 
 HTTP = [{"name": "http", "port": 80}]

@@ -11,7 +11,7 @@ from collections import deque
 
 import pytest
 
-from kubeport.dns import mmsg
+from kubeport.dns import batch_io
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.records import RecordIndex
@@ -125,7 +125,7 @@ def test_a_forward_is_answered_later_to_its_client_unless_closed() -> None:
 
 # --- recvmmsg/sendmmsg on real sockets -----------------------------------------------------------
 
-needs_mmsg = pytest.mark.skipif(not mmsg.available(), reason="recvmmsg/sendmmsg need 64-bit Linux")
+needs_mmsg = pytest.mark.skipif(not batch_io.available(), reason="recvmmsg/sendmmsg need 64-bit Linux")
 
 
 class Loopback:
@@ -181,7 +181,7 @@ def test_batched_drain_reads_several_batches_up_to_the_cap() -> None:
 
 @needs_mmsg
 def test_oversized_datagram_is_dropped_and_the_next_answered(loopback: Loopback) -> None:
-    loopback.send(0, question(WEB, query_id=1) + bytes(mmsg.SLOT_SIZE))
+    loopback.send(0, question(WEB, query_id=1) + bytes(batch_io.SLOT_SIZE))
     loopback.send(0, question(WEB, query_id=2))
     assert loopback.listener.drain() == 2
     assert read_reply(loopback.replies(0, 1)[0]).id == 2 and loopback.stats.dropped == 1
@@ -193,7 +193,7 @@ def test_reply_bigger_than_a_slot_goes_out_whole(loopback: Loopback) -> None:
     loopback.send(0, question(WEB, query_id=6))
     loopback.listener.drain()
     replies = {read_reply(r).id: r for r in loopback.replies(0, 2)}
-    assert len(replies[5]) > mmsg.SLOT_SIZE and read_reply(replies[5]).records == 300
+    assert len(replies[5]) > batch_io.SLOT_SIZE and read_reply(replies[5]).records == 300
     assert read_reply(replies[6]).answer == (f"{WEB[:-1]}. 5 IN A 10.96.0.20",)
 
 
@@ -232,14 +232,14 @@ def test_batched_over_ipv6_loopback() -> None:
                  id="ipv6"),
 ])
 def test_received_sockaddr_as_a_sendto_address(name: bytes, expected: tuple) -> None:
-    assert mmsg.address_of(name) == expected
+    assert batch_io.address_of(name) == expected
 
 
 def test_the_batched_listener_is_chosen_where_available() -> None:
     sock = bind_udp("127.0.0.1", 0, socket.AF_INET)
     try:
         listener = udp_listener(sock, make_answerer(), Forwards(), DnsStats())
-        assert isinstance(listener, BatchedUdpListener) == mmsg.available()
+        assert isinstance(listener, BatchedUdpListener) == batch_io.available()
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1 and not sock.getblocking()
     finally:
         sock.close()
@@ -256,12 +256,12 @@ def test_sendmmsg_skips_a_refused_reply_and_sends_the_rest(results: list[int], f
                                                             calls: list[tuple[int, int]]) -> None:
     sock = bind_udp("127.0.0.1", 0, socket.AF_INET)
     try:
-        io = mmsg.BatchIO(sock.fileno(), 8)
+        io = batch_io.BatchIO(sock.fileno(), 8)
         seen: list[tuple[int, int]] = []
         base = io._to_send_address
 
         def fake_sendmmsg(fd: int, address: int, count: int, flags: int) -> int:
-            seen.append(((address - base) // mmsg.MMSGHDR_SIZE, count))
+            seen.append(((address - base) // batch_io.MMSGHDR_SIZE, count))
             return results[len(seen) - 1]
 
         io._sendmmsg = fake_sendmmsg
@@ -311,7 +311,7 @@ def test_batched_replies_after_a_gap_reach_their_own_clients(loopback: Loopback)
     loopback.send(0, question(WEB, query_id=1))  # built, then kept
     loopback.send(1, question("www.example.com."))  # forwarded: no reply in the batch
     loopback.send(1, question(WEB, query_id=3))
-    loopback.send(0, question(WEB, query_id=4) + bytes(mmsg.SLOT_SIZE))  # dropped
+    loopback.send(0, question(WEB, query_id=4) + bytes(batch_io.SLOT_SIZE))  # dropped
     loopback.send(0, question(f"big.{WEB.split('.', 1)[1]}", query_id=5, edns=65000))  # bigger than a slot
     loopback.send(1, question(WEB, query_id=6))
     assert loopback.listener.drain() == 6

@@ -10,7 +10,7 @@ from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.records import RecordIndex
 from kubeport.dns.testing import header_only, question, read_reply, service, snapshot_of
-from kubeport.dns.upstream import UpstreamCache, without_opt
+from kubeport.dns.forward.forwarder import UpstreamCache, without_opt
 from kubeport.dns.wire import parse_query
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from kubeport.dns.upstream_policy import FORWARD_DEADLINE, MAX_FAILS, Tries, UpstreamHealth, policy_order
+from kubeport.dns.forward.policy import FORWARD_DEADLINE, MAX_FAILS, Tries, UpstreamHealth, policy_order
 
 U = ["u0", "u1", "u2"]
 

@@ -12,8 +12,8 @@ from typing import Callable
 import pytest
 
 from kubeport.dns.stats import DnsStats
-from kubeport.dns.upstream import Forwarder, UpstreamCache
-from kubeport.dns.upstream_tcp import EXPIRE, TcpPool
+from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache
+from kubeport.dns.forward.tcp import EXPIRE, TcpPool
 
 WWW = b"\x03www\x07example\x03com\x00\x00\x01\x00\x01"  # www.example.com. A IN
 

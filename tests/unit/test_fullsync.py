@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from kubeport import fullsync
-from kubeport.proxy import addresses as addresses_module
-from kubeport.proxy.addresses import ADDRESS_PROTO, NetlinkAddresses
-from kubeport.proxy.firewall import FirewallError, NftFirewall
+from kubeport.proxy import fullsync
+from kubeport.proxy.host import addresses as addresses_module
+from kubeport.proxy.host.addresses import ADDRESS_PROTO, NetlinkAddresses
+from kubeport.proxy.host.nftables import FirewallError, NftFirewall
 from kubeport.proxy.table import Frontend
 
 DROPPED = Frontend("10.96.0.20", 80, "TCP")
@@ -122,7 +122,7 @@ def test_repair_keeps_what_this_run_added_and_adds_back_what_vanished(monkeypatc
         applied.extend((op.add, op.address) for op in operations)
         return {}
 
-    monkeypatch.setattr(addresses_module.netlink_batch, "apply", apply)
+    monkeypatch.setattr(addresses_module.netlink, "apply", apply)
     added_back = manager._repair(frozenset({"10.96.0.1", "10.96.0.2"}))
     assert added_back == ["10.96.0.2"]
     assert applied == [(True, "10.96.0.2")]

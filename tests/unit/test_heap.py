@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from kubeport.heap import keep_heap_trimmed, release_freed_memory
-from kubeport.quiet import quiet_moment
+from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
+from kubeport.lib.quiet import quiet_moment
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> None:

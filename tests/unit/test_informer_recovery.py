@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeport.endpoints.apiserver import BackoffPolicy
+from kubeport.endpoints.apiserver.source import BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))

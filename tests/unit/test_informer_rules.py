@@ -1,4 +1,4 @@
-"""client-go's reflector rules (endpoints/reflector.py), table-driven: the resourceVersion a
+"""client-go's reflector rules (endpoints/apiserver/reflector.py), table-driven: the resourceVersion a
 list asks for, its paging, and what an error status means for the next attempt.
 
 Sources: k8s.io/client-go/tools/cache/reflector.go (relistResourceVersion,
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.endpoints.apiwire import Status, StatusCause, StatusDetails, is_too_large_resource_version
-from kubeport.endpoints.reflector import (
+from kubeport.endpoints.apiserver.wire import Status, StatusCause, StatusDetails, is_too_large_resource_version
+from kubeport.endpoints.apiserver.reflector import (
     Reaction,
     list_params,
     list_resource_version,

@@ -160,7 +160,7 @@ async def test_apply_live(change, applied, kept):
 
 
 def config_module_reset():
-    from kubeport.logs import configure_logging
+    from kubeport.lib.logformat import configure_logging
 
     configure_logging("text", 0)
 
@@ -205,7 +205,7 @@ def test_handover_works_on_uvloop_too():
 def test_library_debug_only_from_klog_level_6(verbosity, library_level):
     import logging
 
-    from kubeport.logs import configure_logging
+    from kubeport.lib.logformat import configure_logging
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level, logging.getLogger("asyncio").level

@@ -7,7 +7,7 @@ import gc
 import threading
 import time
 
-from kubeport.endpoints.manifest_batch import YIELD_AFTER_S, Inline, collector_paused, drive, run_sync
+from kubeport.endpoints.manifests.batch import YIELD_AFTER_S, Inline, collector_paused, drive, run_sync
 
 
 def batch(works, results):

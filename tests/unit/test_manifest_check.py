@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeport.endpoints.manifest_holders import Holders
-from kubeport.endpoints.manifest_check import check_directory
+from kubeport.endpoints.manifests.holders import Holders
+from kubeport.endpoints.manifests.check import check_directory
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.endpoints.manifest_files import Claim, parse_manifest
+from kubeport.endpoints.manifests.parse import Claim, parse_manifest
 
 WEB = ("Service", "demo", "web")
 SLICE = ("EndpointSlice", "demo", "web-a")

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from kubeport.endpoints.manifest_fields import SCHEMAS, ListOf, Schema, unknown_fields
-from kubeport.endpoints.manifest_files import parse_manifest
+from kubeport.endpoints.manifests.unknown_fields import SCHEMAS, ListOf, Schema, unknown_fields
+from kubeport.endpoints.manifests.parse import parse_manifest
 
 SLICE = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
          "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}]}
@@ -97,6 +97,6 @@ def test_field_lists_are_those_of_k8s_io_api(kind):
 
 def _model(name: str) -> type:
     """A generated model class, from its own module (the daemon may have imported the package
-    without its models: see endpoints/apiclient.py)."""
+    without its models: see endpoints/apiserver/client.py)."""
     module = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
     return getattr(importlib.import_module(f"kubernetes_asyncio.client.models.{module}"), name)

@@ -7,8 +7,8 @@ import textwrap
 import pytest
 
 from kubeport.endpoints import model
-from kubeport.endpoints.manifest_files import ParsedFile, describe, field_path, parse_manifest
-from kubeport.endpoints.manifest_reader import list_manifest_files
+from kubeport.endpoints.manifests.parse import ParsedFile, describe, field_path, parse_manifest
+from kubeport.endpoints.manifests.read import list_manifest_files
 
 SERVICE = """\
 apiVersion: v1

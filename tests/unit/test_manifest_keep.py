@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kubeport.endpoints.manifest_check import SKIPPED, check_manifests
+from kubeport.endpoints.manifests.check import SKIPPED, check_manifests
 from kubeport.endpoints.types import ServiceName
 
 from manifest_support import manifests  # noqa: F401  (a fixture)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kubeport.endpoints.allocstore import AllocationStore
-from kubeport.endpoints.manifest_lastgood import DIRECTORY_NAME, LastGoodFiles
-from kubeport.endpoints.manifest_reader import content_digest
+from kubeport.endpoints.registry.store import AllocationStore
+from kubeport.endpoints.manifests.lastgood import DIRECTORY_NAME, LastGoodFiles
+from kubeport.endpoints.manifests.read import content_digest
 from kubeport.endpoints.types import ServiceName
 
 from manifest_support import manifests  # noqa: F401  (a fixture)

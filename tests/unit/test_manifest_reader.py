@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.endpoints.manifest_docs import check_syntax
-from kubeport.endpoints.manifest_files import CHUNK_OBJECTS, iter_manifest, parse_manifest
-from kubeport.endpoints.manifest_reader import (
+from kubeport.endpoints.manifests.documents import check_syntax
+from kubeport.endpoints.manifests.parse import CHUNK_OBJECTS, iter_manifest, parse_manifest
+from kubeport.endpoints.manifests.read import (
     STREAM_ABOVE_BYTES,
     decode,
     is_manifest_path,
@@ -88,9 +88,9 @@ def test_decode(data, text, problem):
 def test_yaml_values_match_safe_loader(text):
     import yaml
 
-    from kubeport.endpoints import manifest_yaml
+    from kubeport.endpoints.manifests import yaml_nodes
 
-    built = [manifest_yaml.build(node) for node in manifest_yaml.compose_documents(text)]
+    built = [yaml_nodes.build(node) for node in yaml_nodes.compose_documents(text)]
     assert built == list(yaml.load_all(text, Loader=yaml.SafeLoader))
 
 

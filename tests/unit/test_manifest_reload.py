@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kubeport.endpoints.manifest_reader import STREAM_ABOVE_BYTES
+from kubeport.endpoints.manifests.read import STREAM_ABOVE_BYTES
 from kubeport.endpoints.types import ServiceName
 
 from manifest_support import manifests  # noqa: F401  (a fixture)
@@ -188,7 +188,7 @@ async def test_each_problem_is_logged_once(manifests, caplog):
 
 
 def test_other_kinds_are_logged_at_debug(manifests, caplog):
-    caplog.set_level("DEBUG", logger="kubeport.endpoints.manifests")
+    caplog.set_level("DEBUG", logger="kubeport.endpoints.manifests.source")
     harness = Harness(manifests)
     harness.write("app.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n---\n" + service())
     harness.source.load()

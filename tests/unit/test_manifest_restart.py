@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from kubeport.endpoints.allocstore import AllocationStore
-from kubeport.endpoints.manifest_holders import Holders
-from kubeport.endpoints.manifest_lastgood import DIRECTORY_NAME, HOLDERS_NAME, INDEX_NAME, LastGoodFiles, merged_copy
-from kubeport.endpoints.manifest_reader import content_digest
+from kubeport.endpoints.registry.store import AllocationStore
+from kubeport.endpoints.manifests.holders import Holders
+from kubeport.endpoints.manifests.lastgood import DIRECTORY_NAME, HOLDERS_NAME, INDEX_NAME, LastGoodFiles, merged_copy
+from kubeport.endpoints.manifests.read import content_digest
 from kubeport.endpoints.types import ServiceName
 
 from manifest_support import manifests  # noqa: F401  (a fixture)

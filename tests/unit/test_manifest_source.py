@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from kubeport.endpoints.allocstore import AllocationStore, ServiceAllocation
+from kubeport.endpoints.registry.store import AllocationStore, ServiceAllocation
 from kubeport.endpoints.types import ServiceName
 
 from manifest_support import manifests  # noqa: F401  (a fixture)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeport.endpoints.manifest_watch import (
+from kubeport.endpoints.manifests.watch import (
     IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.proxy.firewall import CAPTURE_CHAINS, RULES, FakeFirewall, render_changes, render_setup
+from kubeport.proxy.host.nftables import CAPTURE_CHAINS, RULES, FakeFirewall, render_changes, render_setup
 from kubeport.proxy.table import Frontend
 
 CIP = Frontend("10.96.0.20", 80, "TCP")

@@ -13,7 +13,7 @@ from kubeport.endpoints import model
 from kubeport.endpoints.convert import TRIGGER_TIME_ANNOTATION, slice_info
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceState
-from kubeport.metrics import ProxyMetrics, RelayCollector, programming_starts
+from kubeport.proxy.metrics import ProxyMetrics, RelayCollector, programming_starts
 from kubeport.proxy.testing import endpoint, endpoint_slice, port, service, snapshot
 
 def _snapshot_with(services, node="node-a", changed_at=None):
@@ -174,7 +174,7 @@ class FakeProxier:
 
 
 def test_relay_series_are_capped(monkeypatch):
-    import kubeport.metrics as metrics_module
+    import kubeport.proxy.metrics as metrics_module
 
     monkeypatch.setattr(metrics_module, "MAX_SERVICE_PORT_SERIES", 3)
     registry = CollectorRegistry()

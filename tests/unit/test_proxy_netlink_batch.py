@@ -9,8 +9,8 @@ import pytest
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from kubeport.proxy import netlink_batch
-from kubeport.proxy.netlink_batch import AddressOp, RouteOp
+from kubeport.proxy.host import netlink
+from kubeport.proxy.host.netlink import AddressOp, RouteOp
 
 
 def decode(data: bytes) -> ifaddrmsg:
@@ -22,17 +22,17 @@ def decode(data: bytes) -> ifaddrmsg:
 @pytest.mark.parametrize(
     "op, family, prefixlen, kind, flags, attrs",
     [
-        pytest.param(AddressOp(True, "10.96.0.20"), socket.AF_INET, 32, netlink_batch.RTM_NEWADDR, 0,
+        pytest.param(AddressOp(True, "10.96.0.20"), socket.AF_INET, 32, netlink.RTM_NEWADDR, 0,
                      {"IFA_LOCAL": "10.96.0.20", "IFA_ADDRESS": "10.96.0.20", "IFA_PROTO": 0x6B}, id="add_ipv4"),
-        pytest.param(AddressOp(True, "fd00:10:96::20"), socket.AF_INET6, 128, netlink_batch.RTM_NEWADDR,
-                     netlink_batch.IFA_F_NODAD, {"IFA_ADDRESS": "fd00:10:96::20", "IFA_PROTO": 0x6B},
+        pytest.param(AddressOp(True, "fd00:10:96::20"), socket.AF_INET6, 128, netlink.RTM_NEWADDR,
+                     netlink.IFA_F_NODAD, {"IFA_ADDRESS": "fd00:10:96::20", "IFA_PROTO": 0x6B},
                      id="add_ipv6_nodad"),
-        pytest.param(AddressOp(False, "10.96.0.20"), socket.AF_INET, 32, netlink_batch.RTM_DELADDR, 0,
+        pytest.param(AddressOp(False, "10.96.0.20"), socket.AF_INET, 32, netlink.RTM_DELADDR, 0,
                      {"IFA_LOCAL": "10.96.0.20", "IFA_ADDRESS": "10.96.0.20"}, id="delete_ipv4"),
     ],
 )
 def test_encoded_message_decodes_like_pyroute2(op, family, prefixlen, kind, flags, attrs):
-    msg = decode(netlink_batch.encode(op, index=1, proto=0x6B, sequence=7))
+    msg = decode(netlink.encode(op, index=1, proto=0x6B, sequence=7))
     assert (msg["family"], msg["prefixlen"], msg["index"], msg["flags"]) == (family, prefixlen, 1, flags)
     assert (msg["header"]["type"], msg["header"]["sequence_number"]) == (kind, 7)
     assert {name: msg.get_attr(name) for name in attrs} == attrs
@@ -41,39 +41,39 @@ def test_encoded_message_decodes_like_pyroute2(op, family, prefixlen, kind, flag
 
 
 def test_nothing_to_do_opens_no_socket():
-    assert netlink_batch.apply([], index=1, proto=0x6B) == {}
+    assert netlink.apply([], index=1, proto=0x6B) == {}
 
 
 @pytest.mark.parametrize(
     "op, family, dst_len, kind, scope, flags",
     [
-        pytest.param(RouteOp(True, "10.96.0.20"), socket.AF_INET, 32, netlink_batch.RTM_NEWROUTE,
-                     netlink_batch.RT_SCOPE_HOST, 0x605, id="add_ipv4__create_excl"),
-        pytest.param(RouteOp(True, "fd00:10:96::20"), socket.AF_INET6, 128, netlink_batch.RTM_NEWROUTE,
-                     netlink_batch.RT_SCOPE_HOST, 0x605, id="add_ipv6"),
-        pytest.param(RouteOp(False, "10.96.0.20"), socket.AF_INET, 32, netlink_batch.RTM_DELROUTE,
-                     netlink_batch.RT_SCOPE_NOWHERE, 0x5, id="delete_ipv4__any_scope_ours_only"),
+        pytest.param(RouteOp(True, "10.96.0.20"), socket.AF_INET, 32, netlink.RTM_NEWROUTE,
+                     netlink.RT_SCOPE_HOST, 0x605, id="add_ipv4__create_excl"),
+        pytest.param(RouteOp(True, "fd00:10:96::20"), socket.AF_INET6, 128, netlink.RTM_NEWROUTE,
+                     netlink.RT_SCOPE_HOST, 0x605, id="add_ipv6"),
+        pytest.param(RouteOp(False, "10.96.0.20"), socket.AF_INET, 32, netlink.RTM_DELROUTE,
+                     netlink.RT_SCOPE_NOWHERE, 0x5, id="delete_ipv4__any_scope_ours_only"),
     ],
 )
 def test_route_message_is_a_local_host_route_in_table_local_with_our_protocol(op, family, dst_len, kind,
                                                                                 scope, flags):
     """ip route add local <VIP>/32 dev <link 3> table local proto 0x6b"""
-    msg = rtmsg(netlink_batch.encode_route(op, index=3, proto=0x6B, sequence=9))
+    msg = rtmsg(netlink.encode_route(op, index=3, proto=0x6B, sequence=9))
     msg.decode()
     assert (msg["family"], msg["dst_len"], msg["table"], msg["proto"], msg["scope"], msg["type"]) == (
-        family, dst_len, 255, 0x6B, scope, netlink_batch.RTN_LOCAL)
+        family, dst_len, 255, 0x6B, scope, netlink.RTN_LOCAL)
     assert (msg["header"]["type"], msg["header"]["flags"], msg["header"]["sequence_number"]) == (kind, flags, 9)
     assert (msg.get_attr("RTA_DST"), msg.get_attr("RTA_OIF")) == (op.address, 3)
-    assert netlink_batch.parse_local_route(netlink_batch.encode_route(op, 3, 0x6B, 9)[16:]) == (op.address, 3, 0x6B)
+    assert netlink.parse_local_route(netlink.encode_route(op, 3, 0x6B, 9)[16:]) == (op.address, 3, 0x6B)
 
 
 @pytest.mark.parametrize("payload", [
-    pytest.param(netlink_batch._RTMSG.pack(socket.AF_INET, 8, 0, 0, 255, 2, 254, 2, 0)
-                 + netlink_batch._attribute(netlink_batch.RTA_DST, socket.inet_aton("127.0.0.0")), id="not_a_host"),
-    pytest.param(netlink_batch._RTMSG.pack(socket.AF_INET, 32, 0, 0, 255, 2, 253, 3, 0)
-                 + netlink_batch._attribute(netlink_batch.RTA_DST, socket.inet_aton("10.0.0.255")), id="broadcast"),
-    pytest.param(netlink_batch._RTMSG.pack(socket.AF_INET, 32, 0, 0, 254, 4, 0, 1, 0)
-                 + netlink_batch._attribute(netlink_batch.RTA_DST, socket.inet_aton("10.0.0.9")), id="unicast_main"),
+    pytest.param(netlink._RTMSG.pack(socket.AF_INET, 8, 0, 0, 255, 2, 254, 2, 0)
+                 + netlink._attribute(netlink.RTA_DST, socket.inet_aton("127.0.0.0")), id="not_a_host"),
+    pytest.param(netlink._RTMSG.pack(socket.AF_INET, 32, 0, 0, 255, 2, 253, 3, 0)
+                 + netlink._attribute(netlink.RTA_DST, socket.inet_aton("10.0.0.255")), id="broadcast"),
+    pytest.param(netlink._RTMSG.pack(socket.AF_INET, 32, 0, 0, 254, 4, 0, 1, 0)
+                 + netlink._attribute(netlink.RTA_DST, socket.inet_aton("10.0.0.9")), id="unicast_main"),
 ])
 def test_route_dump_keeps_local_host_routes_only(payload):
-    assert netlink_batch.parse_local_route(payload) is None
+    assert netlink.parse_local_route(payload) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from kubeport.proxy.poller import EPOLLIN, EdgePoller
+from kubeport.proxy.relay.poller import EPOLLIN, EdgePoller
 from kubeport.proxy.testing import on_uvloop, until
 
 

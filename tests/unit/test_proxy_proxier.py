@@ -13,9 +13,9 @@ import socket
 import pytest
 
 from kubeport.endpoints.types import ServiceName, ServiceState
-from kubeport.proxy.context import LocalClients
+from kubeport.proxy.relay.context import LocalClients
 from kubeport.proxy.healthcheck import HealthCheckServers
-from kubeport.proxy.kernel import sctp_supported
+from kubeport.proxy.host.kernel import sctp_supported
 from kubeport.proxy.table import Frontend
 from kubeport.proxy.testing import DEADLINE, endpoint, endpoint_slice, on_uvloop, port, service, until
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from kubeport.proxy import steering
+from kubeport.proxy.relay import steering
 
 
 def group(family: int, kind: int, size: int) -> list[socket.socket]:

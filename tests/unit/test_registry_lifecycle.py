@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kubeport.endpoints import model
-from kubeport.endpoints.allocstore import AllocationStore, ServiceAllocation, StoreError
+from kubeport.endpoints.registry.store import AllocationStore, ServiceAllocation, StoreError
 
 from registry_support import T0, V4, V6, make_registry, node_port_service, refused, service, snapshot  # noqa: F401
 

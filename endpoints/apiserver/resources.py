@@ -1,0 +1,103 @@
+"""The API resources kubeport watches, their counters, and how failures read to an operator.
+
+No label selectors on Services and EndpointSlices. kube-proxy's informers exclude
+Services labelled ``service.kubernetes.io/service-proxy-name`` and objects labelled
+``service.kubernetes.io/headless``; the DNS server needs both (headless Services and
+their slices are the A records of the pods; a Service handled by another proxy still
+has a name). The proxy drops them itself through ``ServiceInfo.proxied`` and
+``SliceInfo.proxied``. The Node watch
+is limited to this node by a field selector, as kube-proxy does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubeport.endpoints.apiserver.client import ApiStatusError
+from kubeport.endpoints.model import ApiModel, EndpointSlice, Namespace, Node, Service
+
+#: The permission every watched resource needs (deploy/rbac.yaml grants exactly these).
+VERBS = ("get", "list", "watch")
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    kind: str
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    model: type[ApiModel]
+    field_selector: str | None = None
+
+    @property
+    def path(self) -> str:
+        if self.group:
+            return f"/apis/{self.group}/{self.version}/{self.plural}"
+        return f"/api/{self.version}/{self.plural}"
+
+    @property
+    def qualified(self) -> str:
+        """'endpointslices.discovery.k8s.io', as the API server names it in errors."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def rbac_rule(self) -> str:
+        verbs = ", ".join(f'"{v}"' for v in VERBS)
+        return f'{{apiGroups: ["{self.group}"], resources: ["{self.plural}"], verbs: [{verbs}]}}'
+
+    def forbidden_problem(self, error: ApiStatusError) -> str:
+        """An operator-facing line for a 401/403/404: what is missing and how to fix it."""
+        if error.code == 401:
+            return (f"{self.kind}: {error.verb} {self.plural}: 401 Unauthorized: the API server rejects "
+                    f"kubeport's credentials ({error.message or 'no message'}); check the token or "
+                    "client certificate of the kubeconfig / service account")
+        if error.code == 404:
+            return (f"{self.kind}: {error.verb} {self.path}: 404 NotFound: the API server does not serve "
+                    f"{self.group or 'core'}/{self.version} {self.plural}")
+        denied = f'cannot {error.verb} resource "{self.plural}" in API group "{self.group}" at the cluster scope'
+        message = error.message or f"{self.qualified} is forbidden: {denied}"
+        if denied not in message:
+            message = f"{message} ({denied})"
+        return (f"{self.kind}: {message}; add the rule {self.rbac_rule()} to kubeport's ClusterRole "
+                "(deploy/rbac.yaml)")
+
+
+def watched_resources(node_name: str) -> tuple[Resource, ...]:
+    """Services and EndpointSlices (all namespaces), this node's Node, Namespaces."""
+    return (
+        Resource("Service", "", "v1", "services", Service),
+        Resource("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices", EndpointSlice),
+        Resource("Node", "", "v1", "nodes", Node, field_selector=f"metadata.name={node_name}"),
+        Resource("Namespace", "", "v1", "namespaces", Namespace),
+    )
+
+
+@dataclass
+class ResourceStats:
+    """Counters of one informer, for /metrics and `kubeport get`."""
+
+    kind: str
+    lists: int = 0
+    relists: int = 0
+    watches: int = 0
+    watch_restarts: int = 0
+    restart_reasons: Counter[str] = field(default_factory=Counter)
+    events: Counter[str] = field(default_factory=Counter)
+    #: failed requests by HTTP code or error type
+    failures: Counter[str] = field(default_factory=Counter)
+    last_sync: float | None = None
+    last_event: float | None = None
+    resource_version: str = ""
+    synced: bool = False
+    #: True: streaming list in use; False: the server rejected it; None: not tried.
+    watch_list: bool | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "lists": self.lists, "relists": self.relists, "watches": self.watches,
+            "watchRestarts": self.watch_restarts, "restartReasons": dict(self.restart_reasons),
+            "events": dict(self.events), "failures": dict(self.failures), "lastSync": self.last_sync,
+            "lastEvent": self.last_event, "resourceVersion": self.resource_version, "synced": self.synced,
+            "watchList": self.watch_list,
+        }

@@ -1,0 +1,121 @@
+"""The live listeners, one per frontend that needs one, reconciled change by change."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Callable
+
+from kubeport.proxy.relay import steering
+from kubeport.proxy.balancer import Route
+from kubeport.proxy.relay.context import RelayContext
+from kubeport.proxy.table import Frontend, FrontendKind, FrontendRule, RuleChange
+from kubeport.proxy.relay.tcp import TcpListener
+from kubeport.proxy.relay.udp import UdpListener
+
+log = logging.getLogger(__name__)
+
+RouteFor = Callable[[FrontendRule], Route]
+
+
+class Listeners:
+    def __init__(self, ctx: RelayContext, *, sctp: bool, steer_affinity: bool = False) -> None:
+        self._ctx = ctx
+        self._sctp = sctp
+        #: several workers share the sockets: steer affinity frontends by client address (steering.py).
+        self._steer_affinity = steer_affinity
+        self._open: dict[Frontend, tuple[TcpListener | UdpListener, FrontendRule]] = {}
+        #: frontends whose listener could not be opened: (rule, error), retried on every apply.
+        self._failed: dict[Frontend, tuple[FrontendRule, str]] = {}
+        self._unsupported: set[Frontend] = set()
+
+    def open_frontends(self) -> frozenset[Frontend]:
+        return frozenset(self._open)
+
+    def listener(self, frontend: Frontend) -> TcpListener | UdpListener | None:
+        held = self._open.get(frontend)
+        return held[0] if held else None
+
+    def problems(self) -> list[str]:
+        found = [f"{f} ({rule.port_name}): cannot listen: {err}" for f, (rule, err) in sorted(self._failed.items())]
+        found += [f"{f}: SCTP is not supported by this kernel; not served" for f in sorted(self._unsupported)]
+        return found
+
+    def apply(self, change: RuleChange, route_for: RouteFor) -> None:
+        frontend, new = change.frontend, change.new
+        self._failed.pop(frontend, None)
+        self._unsupported.discard(frontend)
+        held = self._open.get(frontend)
+        wanted = new is not None and new.needs_listener
+        if wanted and frontend.protocol == "SCTP" and not self._sctp:
+            self._unsupported.add(frontend)
+            wanted = False
+        if held is not None and wanted and held[1].port_name == new.port_name:
+            listener, old = held
+            listener.route = route_for(new)  # endpoints swapped; socket and connections untouched
+            self._open[frontend] = (listener, new)
+            if bool(old.affinity_timeout) != bool(new.affinity_timeout):
+                self._steer(listener, new)
+            return
+        if held is not None:
+            held[0].close()
+            del self._open[frontend]
+            log.debug("closed %s", frontend)
+        if wanted:
+            self._start(frontend, new, route_for)
+
+    def retry_failed(self, route_for: RouteFor) -> None:
+        for frontend, (rule, _) in list(self._failed.items()):
+            del self._failed[frontend]
+            self._start(frontend, rule, route_for)
+
+    def _start(self, frontend: Frontend, rule: FrontendRule, route_for: RouteFor) -> None:
+        route = route_for(rule)
+        transparent = rule.kind in (FrontendKind.EXTERNAL_IP, FrontendKind.LOAD_BALANCER)
+        if frontend.protocol == "UDP":
+            listener: TcpListener | UdpListener = UdpListener(self._ctx, frontend, route, transparent)
+        elif frontend.protocol == "SCTP":
+            listener = TcpListener(self._ctx, frontend, route, proto=socket.IPPROTO_SCTP, transparent=transparent)
+        else:
+            listener = TcpListener(self._ctx, frontend, route, transparent=transparent)
+        try:
+            listener.open()
+        except OSError as exc:
+            log.error("%s (%s): cannot listen: %s", frontend, rule.port_name, exc)
+            self._failed[frontend] = (rule, str(exc))
+            return
+        self._open[frontend] = (listener, rule)
+        if rule.affinity_timeout:
+            self._steer(listener, rule)
+        log.debug("listening on %s for %s", frontend, rule.port_name)
+
+    def _steer(self, listener: TcpListener | UdpListener, rule: FrontendRule) -> None:
+        if not self._steer_affinity or listener.sock is None:
+            return
+        if not rule.affinity_timeout:
+            steering.detach(listener.sock)
+            return
+        try:
+            steering.attach(listener.sock, listener.frontend.family, self._ctx.config.workers)
+        except OSError as exc:  # affinity then holds per worker only
+            log.warning("%s: cannot steer clients to workers by address: %s", listener.frontend, exc)
+
+    def stop_accepting(self, *, hand_over: bool = False, accept_queued: bool = True) -> None:
+        """Shutdown: TCP and SCTP listeners close now (``accept_queued``: after taking what the
+        kernel queued); UDP ones drain (``hand_over``: new datagrams go to the successor's
+        sockets, see UdpListener.drain)."""
+        for frontend, (listener, _) in list(self._open.items()):
+            if isinstance(listener, UdpListener):
+                listener.drain(hand_over=hand_over)
+            else:
+                listener.close(accept_queued=accept_queued)
+            del self._open[frontend]
+        self._failed.clear()
+
+    def close_all(self) -> None:
+        for listener, _ in self._open.values():
+            listener.close()
+        self._open.clear()
+        self._failed.clear()
+        for listener in list(self._ctx.draining):
+            listener.close()

@@ -1,0 +1,397 @@
+"""TCP (and SCTP stream) frontends: accept, connect with retry, then relay.
+
+Per connection: one accept, one non-blocking connect, two registrations in the edge
+poller, two Directions (relay.py); pooled pipes only once a direction turns bulk. No
+task or coroutine objects.
+A connect that fails (refused, unreachable, timed out) is counted against the
+endpoint (ejection) and retried on another endpoint, up to ``connect_attempts``.
+A backend reset is passed on to the client as a reset (SO_LINGER 0), and vice versa.
+"""
+
+from __future__ import annotations
+
+import _socket
+import errno
+import logging
+import os
+import socket
+import struct
+
+from kubeport.proxy.host import capture
+from kubeport.proxy.balancer import EndpointState, Route
+from kubeport.proxy.relay.context import RelayContext
+from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
+from kubeport.proxy.relay.direction import Direction
+from kubeport.proxy.table import Frontend
+
+log = logging.getLogger(__name__)
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
+_SOL_SOCKET = socket.SOL_SOCKET
+_SO_LINGER = socket.SO_LINGER
+_SO_ERROR = socket.SO_ERROR
+_IPPROTO_TCP = socket.IPPROTO_TCP
+_TCP_NODELAY = socket.TCP_NODELAY
+_STREAM_NONBLOCK = socket.SOCK_STREAM | socket.SOCK_NONBLOCK
+#: relayed sockets are the C type: socket.socket's Python layer (__init__, close, io refs) costs
+#: microseconds per connection and gives nothing here.
+RawSocket = _socket.socket
+_STREAM = int(socket.SOCK_STREAM)
+_AF_INET, _AF_INET6 = int(socket.AF_INET), int(socket.AF_INET6)
+_ACCEPT_BATCH = 64
+#: the descriptor or memory shortage errors: pause accepting, then retry (trio's list).
+_ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: the client went away between SYN and accept, or a firewall refused it: next one.
+_ACCEPT_SKIP = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR}
+
+CONNECTING, RELAYING, CLOSED = 0, 1, 2
+_INPUT = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP
+_CLOSED = EPOLLERR | EPOLLHUP | EPOLLRDHUP
+_OUTPUT = EPOLLOUT | EPOLLERR | EPOLLHUP
+
+
+def reset(sock: RawSocket) -> None:
+    """Close with an RST instead of a FIN."""
+    try:
+        sock.setsockopt(_SOL_SOCKET, _SO_LINGER, _LINGER_RESET)
+    except OSError:
+        pass
+    sock.close()
+
+
+class Conn:
+    """One client connection: connect (with retries), then two Directions, all on edge callbacks."""
+
+    __slots__ = (
+        "ctx", "route", "stats", "client", "client_fd", "client_ip", "candidates", "keys", "backend",
+        "backend_fd", "endpoint", "tried", "attempt", "state", "up", "down", "proto", "early_events",
+        "timeout_token", "client_nonblocking", "client_output",
+    )
+
+    def __init__(self, ctx: RelayContext, route: Route, client: RawSocket, client_ip: str,
+                 candidates, keys, proto: int = 0) -> None:
+        self.ctx = ctx
+        self.proto = proto
+        self.route = route
+        self.stats = route.stats
+        self.client = client
+        self.client_fd = client.fileno()
+        self.client_ip = client_ip
+        self.candidates = candidates
+        self.keys = keys
+        self.backend: RawSocket | None = None
+        self.backend_fd = -1
+        self.endpoint: EndpointState | None = None
+        self.tried: list[EndpointState] = []
+        self.attempt = 0
+        self.state = CONNECTING
+        self.up: Direction | None = None
+        self.down: Direction | None = None
+        #: client edges seen while connecting (a FIN flagged then must not be forgotten).
+        self.early_events = 0
+        self.timeout_token = 0
+        self.client_nonblocking = False
+        self.client_output = False
+        ctx.conns.add(self)
+        ctx.poller.register(self.client_fd, self._on_client, EDGE_INPUT)
+
+    # --- connecting -------------------------------------------------------------------
+
+    def connect(self, endpoint: EndpointState) -> None:
+        self.endpoint = endpoint
+        self.attempt += 1
+        try:
+            family = _AF_INET6 if endpoint.family == 6 else _AF_INET
+            backend = RawSocket(family, _STREAM_NONBLOCK, self.proto)
+        except OSError as exc:
+            log.warning("no socket for a connection to %s: %s", endpoint.key, exc)
+            self._give_up()
+            return
+        self.backend = backend
+        self.backend_fd = backend.fileno()
+        if not self.proto:
+            # Relayed bytes go out as they come; the client side inherits this from the listener.
+            backend.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)
+        err = backend.connect_ex(endpoint.sockaddr)
+        if err == errno.EINPROGRESS:
+            self.ctx.poller.register(self.backend_fd, self._on_backend)
+            self.timeout_token = self.ctx.timeouts.add(self)
+        elif err == 0:
+            self.ctx.poller.register(self.backend_fd, self._on_backend)
+            self._connected(EPOLLIN)
+        else:
+            self._connect_failed(err)
+
+    def connect_timed_out(self) -> None:
+        self.timeout_token = 0
+        if self.state == CONNECTING:
+            self._connect_failed(errno.ETIMEDOUT)
+
+    def _connect_failed(self, err: int) -> None:
+        ctx = self.ctx
+        endpoint = self.endpoint
+        now = ctx.clock()
+        balancer = self.route.balancer
+        if balancer.connect_failed(endpoint, now):
+            log.info("%s: endpoint %s ejected after connect failures (last: %s)",
+                     self.route.pool.name, endpoint.key, os.strerror(err))
+        self._drop_backend()
+        self.tried.append(endpoint)
+        if self.attempt < ctx.config.connect_attempts:
+            retry = balancer.pick(self.candidates, self.keys, self.client_ip, now, self.tried)
+            if retry is not None:
+                self.connect(retry)
+                return
+        log.debug("%s: no endpoint reachable for %s (last: %s)", self.route.pool.name, self.client_ip,
+                  os.strerror(err))
+        self._give_up()
+
+    def _drop_backend(self) -> None:
+        if self.timeout_token:
+            self.ctx.timeouts.cancel(self.timeout_token)
+            self.timeout_token = 0
+        if self.backend is not None:
+            self.ctx.poller.forget(self.backend_fd)
+            self.backend.close()
+            self.backend = None
+
+    def _give_up(self) -> None:
+        self.stats.connect_giveups += 1
+        self.state = CLOSED
+        self._drop_backend()
+        self.ctx.poller.forget(self.client_fd)
+        reset(self.client)
+        self.ctx.conn_closed(self)
+
+    def _connected(self, backend_events: int) -> None:
+        self.state = RELAYING
+        if self.timeout_token:
+            self.ctx.timeouts.cancel(self.timeout_token)
+            self.timeout_token = 0
+        endpoint = self.endpoint
+        self.route.balancer.connect_succeeded(endpoint)
+        endpoint.active += 1
+        if self.ctx.track_endpoint_conns:
+            endpoint.connections.add(self)
+        self.stats.active += 1
+        client, backend = self.client, self.backend
+        self.up = Direction(self, client, backend, True)
+        self.down = Direction(self, backend, client, False)
+        self._closed_edge(self.up, self.early_events)
+        self.down.readable = bool(backend_events & _INPUT)
+        self._closed_edge(self.down, backend_events)
+        # The client has usually sent its request already: move it now.
+        self.up.pump()
+        if self.down.readable and self.state == RELAYING:
+            self.down.pump()
+
+    # --- edges ------------------------------------------------------------------------
+
+    def _on_client(self, events: int) -> None:
+        if self.state != RELAYING:
+            self.early_events |= events  # input waits in the socket; the first pump reads it
+            return
+        if events & _INPUT:
+            up = self.up
+            up.readable = True
+            if events & _CLOSED:
+                self._closed_edge(up, events)
+            up.pump()
+        if events & _OUTPUT and self.state == RELAYING:
+            down = self.down
+            if not down.writable:  # only a blocked direction has anything to resume
+                down.writable = True
+                down.pump()
+
+    def _on_backend(self, events: int) -> None:
+        state = self.state
+        if state == CONNECTING:
+            if events & (EPOLLERR | EPOLLHUP):
+                err = self.backend.getsockopt(_SOL_SOCKET, _SO_ERROR)
+                if err:
+                    self._connect_failed(err)
+                # else: a stale event of a closed socket whose descriptor number this one reuses
+            elif events & EPOLLOUT:
+                self._connected(events)
+            return
+        if state != RELAYING:
+            return
+        if events & _INPUT:
+            down = self.down
+            down.readable = True
+            if events & _CLOSED:
+                self._closed_edge(down, events)
+            down.pump()
+        if events & _OUTPUT and self.state == RELAYING:
+            # Input edges come with EPOLLOUT set whenever the socket has room: most are not news.
+            up = self.up
+            if not up.writable:
+                up.writable = True
+                up.pump()
+
+    def _closed_edge(self, direction: Direction, events: int) -> None:
+        """The source reported a FIN or an error; a clean TCP FIN lets a short read end it."""
+        if events & _CLOSED:
+            direction.peer_closed = True
+            direction.fin_clean = not (events & EPOLLERR) and not self.proto
+
+    # --- relaying (called by the directions) -----------------------------------------
+
+    def watch_client_output(self) -> None:
+        if not self.client_output:
+            self.client_output = True
+            self.ctx.poller.watch_output(self.client_fd)
+
+    def direction_done(self, direction: Direction) -> bool:
+        """One direction ended cleanly; True when that closed the connection."""
+        other = self.down if direction is self.up else self.up
+        if other.done:
+            self._close(reset_both=False)
+            return True
+        return False
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Tear down with resets, so the error reaches both peers (RST propagation)."""
+        if self.state == CLOSED:
+            return
+        if self.state == CONNECTING:
+            self._give_up()
+            return
+        self._close(reset_both=True)
+
+    def _close(self, *, reset_both: bool) -> None:
+        self.state = CLOSED
+        ctx = self.ctx
+        pipes = ctx.pipes
+        self.up.release_pipe(pipes)
+        self.down.release_pipe(pipes)
+        ctx.poller.forget(self.client_fd)
+        ctx.poller.forget(self.backend_fd)
+        if reset_both:
+            reset(self.client)
+            reset(self.backend)
+        else:
+            self.client.close()
+            self.backend.close()
+        endpoint = self.endpoint
+        endpoint.active -= 1
+        if ctx.track_endpoint_conns:
+            endpoint.connections.discard(self)
+        self.stats.active -= 1
+        self.up = self.down = None  # no cycles left: freed by reference counting, not the GC
+        ctx.conn_closed(self)
+
+
+class TcpListener:
+    """A listening socket on one frontend; ``route`` is swapped whole on endpoint changes."""
+
+    def __init__(self, ctx: RelayContext, frontend: Frontend, route: Route, proto: int = 0,
+                 transparent: bool = False) -> None:
+        self.ctx = ctx
+        self.frontend = frontend
+        self.route = route
+        self.proto = proto
+        #: an externalIP or LB frontend: its address may not be the node's (capture.py).
+        self.transparent = transparent
+        self.sock: socket.socket | None = None
+        self._fd = -1
+        self._paused: object | None = None
+        self._family = int(socket.AF_INET)
+        #: times accepting paused for lack of descriptors or memory.
+        self.accept_pauses = 0
+
+    def open(self) -> None:
+        family = socket.AF_INET6 if self.frontend.family == 6 else socket.AF_INET
+        self._family = int(family)
+        sock = socket.socket(family, _STREAM_NONBLOCK, self.proto)
+        try:
+            sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEPORT, 1)  # workers share listeners
+            capture.bind_anywhere(sock, family == socket.AF_INET6, self.transparent)  # inherited by accepted ones
+            if not self.proto:
+                sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)  # inherited by accepted sockets
+            sock.bind((self.frontend.ip, self.frontend.port))
+            sock.listen(self.ctx.config.backlog)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+        self._fd = sock.fileno()
+        self.ctx.loop.add_reader(self._fd, self._on_acceptable)
+
+    def close(self, *, accept_queued: bool = False) -> None:
+        """Stop accepting; established connections are not touched.
+
+        ``accept_queued``: first take the connections the kernel already queued (shutdown):
+        their clients completed the handshake and expect service, not a reset.
+        """
+        if self.sock is None:
+            return
+        if self._paused is not None:
+            self._paused.cancel()
+            self._paused = None
+        else:
+            self.ctx.loop.remove_reader(self._fd)
+        if accept_queued:
+            while self.sock is not None and self._on_acceptable():
+                pass
+            if self._paused is not None:  # out of descriptors: the rest get reset
+                self._paused.cancel()
+                self._paused = None
+            if self.sock is None:
+                return  # an accept error closed it
+        self.sock.close()
+        self.sock = None
+
+    def _on_acceptable(self) -> bool:
+        """Accept one batch; True when the batch was full (more may be queued)."""
+        # _accept() + the C socket type is socket.accept() without its Python layer. The accepted
+        # socket stays blocking (accept4 without SOCK_NONBLOCK; an ioctl would cost a syscall):
+        # the relay passes MSG_DONTWAIT, and makes it non-blocking only to splice.
+        accept = self.sock._accept
+        family, proto = self._family, self.proto
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                fd, address = accept()
+            except BlockingIOError:
+                return False
+            except OSError as exc:
+                if exc.errno in _ACCEPT_SKIP:
+                    continue
+                if exc.errno in _ACCEPT_PAUSE:
+                    self._pause(exc)
+                    return False
+                self._fail(exc)
+                return False
+            self._place(RawSocket(family, _STREAM, proto, fd), address[0])
+        return True
+
+    def _place(self, client: RawSocket, client_ip: str) -> None:
+        ctx = self.ctx
+        route = self.route
+        route.stats.total += 1
+        candidates, keys = route.candidates, route.keys
+        if route.local_candidates is not None and ctx.local_clients(client_ip):
+            candidates, keys = route.local_candidates, route.local_keys
+        endpoint = route.balancer.pick(candidates, keys, client_ip, ctx.clock())
+        if endpoint is None:
+            route.stats.connect_giveups += 1
+            reset(client)
+            return
+        Conn(ctx, route, client, client_ip, candidates, keys, self.proto).connect(endpoint)
+
+    def _pause(self, exc: OSError) -> None:
+        self.accept_pauses += 1
+        log.warning("%s: accept failed (%s); pausing %.2fs", self.frontend, exc, self.ctx.config.accept_pause)
+        self.ctx.loop.remove_reader(self._fd)
+        self._paused = self.ctx.loop.call_later(self.ctx.config.accept_pause, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = None
+        if self.sock is not None:
+            self.ctx.loop.add_reader(self._fd, self._on_acceptable)
+
+    def _fail(self, exc: OSError) -> None:
+        log.error("%s: accept failed: %s", self.frontend, exc)
+        self.close()
+        self.ctx.on_fatal(exc)
