@@ -22,7 +22,7 @@ from typing import Callable
 from dnslib import RR, DNSRecord
 from dnslib.label import DNSBuffer
 
-from kubeport.dns.answer_cache import AnswerCache, Entry, TurningEntry
+from kubeport.dns.answer_cache import AnswerCache, CachedAnswer, TurningAnswer
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer, Record
 from kubeport.dns.forward.replies import ForwardedAnswers, ForwardedReply, TurningReply
@@ -125,16 +125,19 @@ class Answerer:
             return None
         entry = self._entries.get(key)
         if entry is not None:
-            entry[2 + tcp][0] += 1
-            return entry[tcp]
+            if tcp:
+                entry.tcp_hits[0] += 1
+                return entry.tcp
+            entry.udp_hits[0] += 1
+            return entry.udp
         if key in self._forwarded:
             reply = self.forwarded.get(key, tcp, self._clock())
             if reply is not None:
                 return reply
         turning = self._turning.get(key)  # after the forwarded: their hits pay nothing for it
         if turning is not None:
-            turning[1 + tcp][0] += 1
-            return turning[0].reply(tcp)
+            (turning.tcp_hits if tcp else turning.udp_hits)[0] += 1
+            return turning.rotation.reply(tcp)
         return None
 
     def invalidate(self, change: IndexChange) -> None:
@@ -204,10 +207,10 @@ class Answerer:
         stats = self.stats
         cells = stats.served_cells(qtype, rcode)
         if turning is None:
-            entry: Entry | TurningEntry = (udp, full, *cells)
+            entry: CachedAnswer | TurningAnswer = CachedAnswer(udp, full, *cells)
             reply = full if tcp else udp
         else:
-            entry = (turning, *cells)
+            entry = TurningAnswer(turning, *cells)
             reply = turning.reply(tcp) if query.cache_key is not None else self._once(turning, tcp)
         if query.cache_key is not None:
             self.cache.put(query.cache_key, entry, result.deps)

@@ -8,17 +8,36 @@ rotation existed; only a multi-address answer pays a second lookup and a splice.
 
 from __future__ import annotations
 
-from typing import Iterable, Union
+from typing import Iterable
 
 from kubeport.endpoints.types import ServiceName
 
 from kubeport.dns.rotate import Rotation
 
-#: (UDP reply, TCP reply) without the ID, then the stats cells a hit over UDP, over TCP
-#: counts in (DnsStats.served_cells)
-Entry = tuple[bytes, bytes, list[int], list[int]]
-#: the reply's two variants turning, then the same cells
-TurningEntry = tuple[Rotation, list[int], list[int]]
+
+
+class CachedAnswer:
+    """One question's replies without their ID, and the stats cells a hit counts in
+    (:meth:`DnsStats.served_cells`: one-element lists shared with the metrics)."""
+
+    __slots__ = ("udp", "tcp", "udp_hits", "tcp_hits")
+
+    def __init__(self, udp: bytes, tcp: bytes, udp_hits: list[int], tcp_hits: list[int]) -> None:
+        self.udp = udp
+        self.tcp = tcp
+        self.udp_hits = udp_hits
+        self.tcp_hits = tcp_hits
+
+
+class TurningAnswer:
+    """A question whose address records turn per reply (:mod:`.rotate`), and its stats cells."""
+
+    __slots__ = ("rotation", "udp_hits", "tcp_hits")
+
+    def __init__(self, rotation: Rotation, udp_hits: list[int], tcp_hits: list[int]) -> None:
+        self.rotation = rotation
+        self.udp_hits = udp_hits
+        self.tcp_hits = tcp_hits
 
 
 class AnswerCache:
@@ -27,21 +46,21 @@ class AnswerCache:
     __slots__ = ("entries", "turning", "capacity", "_volatile", "_by_service")
 
     def __init__(self, capacity: int):
-        self.entries: dict[bytes, Entry] = {}
-        self.turning: dict[bytes, TurningEntry] = {}
+        self.entries: dict[bytes, CachedAnswer] = {}
+        self.turning: dict[bytes, TurningAnswer] = {}
         self.capacity = capacity
         self._volatile: set[bytes] = set()
         self._by_service: dict[ServiceName, set[bytes]] = {}
 
-    def put(self, key: bytes, entry: Union[Entry, TurningEntry], deps: Iterable[ServiceName] | None) -> None:
+    def put(self, key: bytes, entry: CachedAnswer | TurningAnswer, deps: Iterable[ServiceName] | None) -> None:
         if len(self) >= self.capacity:
             self.clear()
-        if entry[0].__class__ is Rotation:
+        if isinstance(entry, TurningAnswer):
             self.entries.pop(key, None)
-            self.turning[key] = entry  # type: ignore[assignment]
+            self.turning[key] = entry
         else:
             self.turning.pop(key, None)
-            self.entries[key] = entry  # type: ignore[assignment]
+            self.entries[key] = entry
         if deps is None:
             self._volatile.add(key)
         else:

@@ -39,6 +39,10 @@ PORT_ATTEMPTS = 20
 
 
 class DnsServer:
+    """The node's cluster DNS server, a :class:`~kubeport.endpoints.interfaces.Consumer` of snapshots."""
+
+    name = "dns"
+
     def __init__(self, config: DnsConfig, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic):
         self.config = config
@@ -160,6 +164,22 @@ class DnsServer:
         change = self._index.apply(snapshot, changed, now=self._clock())
         self._snapshot = snapshot
         self.answerer.invalidate(change)
+
+    def snapshot_queued(self, snapshot: Snapshot) -> None:
+        """Nothing to do before the apply: answers change when the index does."""
+
+    async def apply_snapshot(self, snapshot: Snapshot) -> None:
+        """:meth:`apply`, then listen if not listening yet: beside a predecessor (a rollout)
+        DNS listens only once it knows the cluster, since the kernel spreads queries over
+        both instances' sockets and an unsynced one would answer cluster names SERVFAIL."""
+        self.apply(snapshot)
+        if not self._listening:
+            await self.start()
+
+    @property
+    def problems(self) -> list[str]:
+        """None: a name it cannot answer is an answer (SERVFAIL, NXDOMAIN), not a problem."""
+        return []
 
     @property
     def synced(self) -> bool:

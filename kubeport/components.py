@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from kubeport.endpoints.interfaces import Source
 from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
+
+if TYPE_CHECKING:  # the parts are imported when built: `kubeport check` needs neither
+    from kubeport.dns.config import DnsConfig
+    from kubeport.dns.server import DnsServer
+    from kubeport.proxy.service import ProxyService
 
 from kubeport.config import KubeportConfiguration
 from kubeport.lib.logformat import configure_logging
@@ -32,7 +38,7 @@ def build_state(config: KubeportConfiguration) -> ClusterState:
                         slice_transform=transform, required_kinds=required)
 
 
-def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry) -> Any:
+def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry) -> Source:
     if config.source_kind != "manifests":
         from kubeport.endpoints.apiserver.source import ApiServerSource
 
@@ -62,7 +68,7 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
     return ManifestSource(directory, registry_, state, last_good=LastGoodFiles.in_state_dir(config.state_dir))
 
 
-def dns_config(config: KubeportConfiguration) -> Any:
+def dns_config(config: KubeportConfiguration) -> DnsConfig:
     from kubeport.dns.config import DnsConfig, parse_upstream
 
     dns = config.dns
@@ -82,7 +88,7 @@ def dns_config(config: KubeportConfiguration) -> Any:
     )
 
 
-def build_dns(config: KubeportConfiguration, registry: CollectorRegistry) -> Any:
+def build_dns(config: KubeportConfiguration, registry: CollectorRegistry) -> DnsServer:
     from kubeport.dns.metrics import DnsCollector
     from kubeport.dns.server import DnsServer
 
@@ -91,24 +97,24 @@ def build_dns(config: KubeportConfiguration, registry: CollectorRegistry) -> Any
     return server
 
 
-def build_proxier(config: KubeportConfiguration) -> Any:
+def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry) -> ProxyService:
     from kubeport.proxy.config import ProxyConfig
-    from kubeport.proxy.workers import create_proxier
+    from kubeport.proxy.service import ProxyService
 
     reserved = {(ip, config.dns.port, proto) for ip in config.dns_addresses for proto in ("UDP", "TCP")}
-    return create_proxier(
-        ProxyConfig(
-            nodeport_addresses=tuple(config.node_port_addresses),
-            cluster_cidrs=tuple(str(cidr) for cidr in config.cluster_cidr),
-            service_cidrs=tuple(str(cidr) for cidr in config.service_cluster_ip_range),
-            vip_interface=config.vip_interface,
-            udp_idle_timeout=config.conntrack.udp_timeout,
-            udp_stream_timeout=config.conntrack.udp_stream_timeout,
-            reserved_frontends=frozenset(reserved),
-            workers=config.workers,
-        ),
-        node_name=config.hostname_override,
+    proxy_config = ProxyConfig(
+        nodeport_addresses=tuple(config.node_port_addresses),
+        cluster_cidrs=tuple(str(cidr) for cidr in config.cluster_cidr),
+        service_cidrs=tuple(str(cidr) for cidr in config.service_cluster_ip_range),
+        vip_interface=config.vip_interface,
+        udp_idle_timeout=config.conntrack.udp_timeout,
+        udp_stream_timeout=config.conntrack.udp_stream_timeout,
+        reserved_frontends=frozenset(reserved),
+        workers=config.workers,
     )
+    # Manifest mode may have no Node object at all: then the node counts as eligible.
+    return ProxyService(proxy_config, config.hostname_override, registry,
+                        families=proxier_families(config), require_node=config.source_kind != "manifests")
 
 
 #: What a SIGHUP can change without a restart.
@@ -116,12 +122,14 @@ LIVE_FIELDS = ("dns", "log_format", "verbosity")
 
 
 async def apply_live(
-    running: KubeportConfiguration, new: KubeportConfiguration, dns_server: Any
+    running: KubeportConfiguration, new: KubeportConfiguration, dns_server: DnsServer | None
 ) -> tuple[dict[str, Any], list[str]]:
-    """Apply what can change live; returns (fields applied, names of fields that need a restart)."""
+    """Apply what can change live; returns (fields applied, names of fields that need a restart).
+    Without a DNS server yet (not started), the new settings are only taken."""
     applied: dict[str, Any] = {}
     if new.dns != running.dns:
-        await dns_server.reconfigure(dns_config(new))
+        if dns_server is not None:
+            await dns_server.reconfigure(dns_config(new))
         applied["dns"] = new.dns
         log.info("configuration: dns settings applied (ttl %d, pods %s)", new.dns.ttl, new.dns.pods)
     if (new.log_format, new.verbosity) != (running.log_format, running.verbosity):
@@ -143,10 +151,3 @@ def proxier_families(config: KubeportConfiguration) -> tuple[str, ...]:
     from kubeport.proxy.health import IPV4, IPV6
 
     return tuple(IPV6 if network.version == 6 else IPV4 for network in config.service_cluster_ip_range)
-
-
-def build_proxy_health(config: KubeportConfiguration) -> Any:
-    from kubeport.proxy.health import ProxyHealth
-
-    # Manifest mode may have no Node object at all: then the node counts as eligible.
-    return ProxyHealth(families=proxier_families(config), require_node=config.source_kind != "manifests")

@@ -19,28 +19,26 @@ import asyncio
 import gc
 import logging
 import signal
-import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable
 
 import uvloop
 from prometheus_client import disable_created_metrics
 
-from kubeport.endpoints.types import Snapshot
-from kubeport.proxy.health import HealthResponse
-
 from kubeport import components, handover
 from kubeport.config import KubeportConfiguration, changed_fields
-from kubeport.proxy.fullsync import keep_host_in_sync
+from kubeport.dns.server import DnsServer
+from kubeport.endpoints.interfaces import Consumer, Source
+from kubeport.endpoints.types import Snapshot
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
-from kubeport.proxy.metrics import ProxyMetrics
 from kubeport.process import process_registry, raise_open_file_limit
+from kubeport.proxy.health import HealthResponse
+from kubeport.proxy.service import ProxyService
 from kubeport.readiness import LiveFile, ReadyFile
 from kubeport.reload import Reloader
-from kubeport.status import StatusServer, source_status
+from kubeport.status import StatusServer
 
 log = logging.getLogger("kubeport.daemon")
-
 
 
 class DaemonError(Exception):
@@ -59,11 +57,10 @@ class Daemon:
         flags: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
-        self.manifest_mode = config.source_kind == "manifests"
         self.registry = process_registry()
         self.state = components.build_state(self.config)
-        self.metrics = ProxyMetrics(self.registry, config.hostname_override)
         self._reloader = Reloader(config_file, flags or {})
+        #: consumer name -> the generation it applied last
         self._applied: dict[str, int] = {}
         self._ready = asyncio.Event()
         #: set when a change was applied: the freed heap goes back to the kernel in a quiet moment
@@ -73,16 +70,12 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
         self._signalled = asyncio.Event()
-        self._resync = asyncio.Event()
         self._handing_over = False
         self._ready_file = ReadyFile(config.ready_file)
         self._live_file = LiveFile(config.live_file)
-        self._source: Any = None
-        self._proxier: Any = None
-        self._dns: Any = None
-        self._health: Any = None
-        self._healthchecks: Any = None
-        self._health_desired: dict = {}
+        self._source: Source | None = None
+        self._proxy: ProxyService | None = None
+        self._dns: DnsServer | None = None
         self._instance = handover.Instance(config.hostname_override, self._on_takeover,
                                            config.handover_generation)
 
@@ -99,22 +92,21 @@ class Daemon:
             pending.append("handover: the previous instance still serves this node")
         if not self.state.snapshot.synced:
             pending.append("source: first list not complete")
-        for consumer in ("proxy", "dns"):
-            if consumer not in self._applied:
-                pending.append(f"{consumer}: first snapshot not applied")
+        for consumer in self._consumers():
+            if consumer.name not in self._applied:
+                pending.append(f"{consumer.name}: first snapshot not applied")
         return pending
 
     def problems(self) -> list[str]:
         found = list(self._source.problems) if self._source is not None else []
-        if self._proxier is not None:
-            found += [f"proxy: {problem}" for problem in self._proxier.problems]
-        if self._healthchecks is not None:
-            found += [f"proxy: {problem}" for _, problem in sorted(self._healthchecks.failures.items())]
+        for consumer in self._consumers():
+            found += [f"{consumer.name}: {problem}" for problem in consumer.problems]
         return found
 
     def status(self) -> dict[str, Any]:
         """What `kubeport get status` prints: the source's progress and what is being served."""
         snapshot = self.state.snapshot
+        source = self._source.status() if self._source is not None else {}
         return {
             "node": self.config.hostname_override,
             "zone": snapshot.node.zone if snapshot.node else None,
@@ -123,8 +115,8 @@ class Daemon:
             "synced": snapshot.synced,
             "services": len(snapshot.services),
             "endpoints": sum(len(s.endpoints) for st in snapshot.services.values() for s in st.slices),
-            "source": source_status(self.config.source_kind, self._source, len(self.problems())),
-            "proxy": {"listeners": len(self._proxier.listening) if self._proxier else 0,
+            "source": {"kind": self.config.source_kind, **source, "problems": len(self.problems())},
+            "proxy": {**(self._proxy.status() if self._proxy is not None else {"listeners": 0}),
                       "appliedGeneration": self._applied.get("proxy")},
             "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
             "heap": {"trimmedGeneration": self._heap_trimmed_generation},
@@ -132,24 +124,26 @@ class Daemon:
         }
 
     def proxy_health(self, path: str) -> HealthResponse:
-        self._health.sync_node(self.state.snapshot.node)
-        now = time.time()
-        return self._health.healthz(now) if path == "healthz" else self._health.livez(now)
+        assert self._proxy is not None
+        return self._proxy.health_response(path, self.state.snapshot.node)
 
     # --- construction -------------------------------------------------------------------
 
-    def _build(self) -> None:
-        from kubeport.proxy.healthcheck import HealthCheckServers
-
+    def _build(self) -> tuple[Source, ProxyService, DnsServer]:
         try:
             self._source = components.build_source(self.config, self.state, self.registry)
         except components.ComponentError as exc:
             raise DaemonError(str(exc)) from exc
-        self._proxier = components.build_proxier(self.config)
+        self._proxy = components.build_proxy(self.config, self.registry)
         self._dns = components.build_dns(self.config, self.registry)
-        self._health = components.build_proxy_health(self.config)
-        self._healthchecks = HealthCheckServers(lambda: self._health.healthy(time.time()))
-        self.metrics.attach_proxier(self._proxier)
+        return self._source, self._proxy, self._dns
+
+    def _consumers(self) -> tuple[Consumer, ...]:
+        # DNS first: its apply is quick and synchronous, so it never waits for the proxy's
+        # listeners and netlink work on the same loop.
+        if self._dns is None or self._proxy is None:
+            return ()
+        return (self._dns, self._proxy)
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -158,9 +152,9 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal)
         loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
-        self._build()
+        source, proxy, dns = self._build()
         # Not in the task group: a handed-over process waiting for its SIGTERM is alive too.
-        self._live_task = asyncio.create_task(self._live_file.keep(self._health.healthy), name="live-file")
+        self._live_task = asyncio.create_task(self._live_file.keep(proxy.health.healthy), name="live-file")
         primary = await self._instance.claim()
         if not primary:
             log.info("another kubeport instance runs on node %s in this network namespace: "
@@ -172,13 +166,13 @@ class Daemon:
             healthz_bind=self.config.healthz_bind_address,
             metrics_bind=self.config.metrics_bind_address,
             registry=self.registry,
-            on_request=self.metrics.health_request,
+            on_request=proxy.metrics.health_request,
         )
         try:
             await status.start()
-            await self._proxier.start(extra_addresses=self.config.dns_addresses)
+            await proxy.start(extra_addresses=self.config.dns_addresses)
             if primary:
-                await self._dns.start()
+                await dns.start()
         except OSError as exc:
             await self._shutdown(status)
             raise DaemonError(f"cannot start: {exc}") from exc
@@ -186,21 +180,16 @@ class Daemon:
                  self.config.source_kind)
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._source.run(), name="source")
-                # DNS first: its apply is quick and synchronous, so it never waits for the
-                # proxy's listeners and netlink work on the same loop.
-                tasks.create_task(self._follow("dns", self._apply_dns), name="dns")
-                tasks.create_task(self._follow("proxy", self._apply_proxy), name="proxy")
-                tasks.create_task(self._proxier.wait_failed(), name="proxy-failure")
-                tasks.create_task(self._healthchecks.keep_retrying(), name="healthcheck-retry")
+                tasks.create_task(source.run(), name="source")
+                for consumer in self._consumers():
+                    tasks.create_task(self._follow(consumer), name=consumer.name)
+                tasks.create_task(proxy.run(may_resync=self._alone), name="proxy-host")
                 tasks.create_task(self._reloader.run(self._reload), name="reload")
                 tasks.create_task(self._reloader.watch(), name="reload-watch")
                 tasks.create_task(keep_heap_trimmed(self._heap_changed, self._heap_trimmed), name="heap")
                 tasks.create_task(self._stop_when_asked(), name="stop")
-                tasks.create_task(keep_host_in_sync(self._proxier, self._resync, self._may_resync,
-                                                    self._sync_health_checks), name="host-resync")
                 if not primary:
-                    tasks.create_task(self._take_over(), name="takeover")
+                    tasks.create_task(self._take_over(dns), name="takeover")
         except* _Stop:
             pass
         finally:
@@ -228,26 +217,26 @@ class Daemon:
 
     def _on_hangup(self) -> None:
         self._reloader.request()
-        self._resync.set()
+        if self._proxy is not None:
+            self._proxy.request_resync()
 
-    def _may_resync(self) -> bool:
+    def _alone(self) -> bool:
         # Beside another instance the addresses and table are shared: a full sync here would
         # remove what the other one added.
-        alone = not (self._instance.predecessor or self._instance.successors or self._handing_over)
-        return alone and "proxy" in self._applied
+        return not (self._instance.predecessor or self._instance.successors or self._handing_over)
 
     async def _on_takeover(self) -> None:
         self._handing_over = True
         self._ready_file.update(False)
         self._stopping.set()
 
-    async def _take_over(self) -> None:
+    async def _take_over(self, dns: DnsServer) -> None:
         await self._instance.take_over_once(self._ready)
         log.info("handover: this instance now serves node %s", self.config.hostname_override)
-        if not self._dns.listening:
+        if not dns.listening:
             # The predecessor left before this instance synced: external names are still
             # forwarded, cluster names SERVFAIL until the sync (a primary's start).
-            await self._dns.start()
+            await dns.start()
         self._ready_file.update(not self.pending())
 
     async def _stop_when_asked(self) -> None:
@@ -269,10 +258,8 @@ class Daemon:
         # The name is held until here: an instance started meanwhile is a successor, and
         # waits (DNS off) instead of answering beside this one unsynced. It takes the node now.
         self._instance.leave()
-        if self._healthchecks is not None:
-            await self._healthchecks.close()
-        if self._proxier is not None:
-            await self._proxier.stop(
+        if self._proxy is not None:
+            await self._proxy.stop(
                 grace=config.shutdown_grace_period, abort=self._forced, release=not self._handing_over,
                 hand_over=self._handing_over, keep_if=self._instance.another_serves_the_node)
         if dns_stopped is not None:
@@ -291,67 +278,39 @@ class Daemon:
 
     # --- following the snapshots ----------------------------------------------------------
 
-    async def _apply_proxy(self, snapshot: Snapshot) -> None:
-        from kubeport.proxy.healthcheck import update_health_checks
-
-        started = time.monotonic()
-        await self._proxier.apply(snapshot)
-        self._health_desired = update_health_checks(
-            self._health_desired, snapshot.services, snapshot.changed_since(self._last_proxy_snapshot),
-            self.config.hostname_override)
-        self._last_proxy_snapshot = snapshot
-        await self._sync_health_checks()
-        self.metrics.synced(snapshot, time.monotonic() - started)
-
-    async def _sync_health_checks(self) -> None:
-        await self._healthchecks.sync(self._health_desired, self._proxier.health_check_addresses)
-
-    _last_proxy_snapshot: Snapshot | None = None
-
-    async def _apply_dns(self, snapshot: Snapshot) -> None:
-        self._dns.apply(snapshot)
-        if not self._dns.listening:
-            # Beside a predecessor, DNS listens only once it knows the cluster: the kernel
-            # spreads queries over both instances' sockets, and an unsynced one would answer
-            # cluster names SERVFAIL.
-            await self._dns.start()
-
-    async def _follow(self, consumer: str, apply: Callable[[Snapshot], Awaitable[None]]) -> None:
+    async def _follow(self, consumer: Consumer) -> None:
         """Apply every new synced snapshot; on error keep the last good state and retry."""
+        name = consumer.name
         generation = 0
         while True:
             snapshot = await self.state.wait_newer(generation)
-            if consumer == "proxy":
-                self._health.queued_update(time.time())
-                self.metrics.queued(snapshot)
+            consumer.snapshot_queued(snapshot)
             if not snapshot.synced:
                 generation = snapshot.generation
                 continue
             try:
-                await apply(snapshot)
+                await consumer.apply_snapshot(snapshot)
             except Exception:
                 log.exception("%s: applying snapshot %d failed; keeping the last good state, retrying",
-                              consumer, snapshot.generation)
+                              name, snapshot.generation)
                 await asyncio.sleep(1.0)
                 continue
             generation = snapshot.generation
-            if consumer == "proxy":
-                self._health.updated(time.time())
-            if consumer not in self._applied:
+            if name not in self._applied:
                 log.info("%s: first snapshot applied (generation %d, %d services)",
-                         consumer, generation, len(snapshot.services))
+                         name, generation, len(snapshot.services))
             elif snapshot.changed:
                 # Debug, as kube-proxy logs each sync only from -v=2: with endpoint churn a line
                 # per change per consumer floods the log, and costs ~0.1 ms each on the path
                 # of the change (measured at 10,000 services).
                 log.debug("%s: applied generation %d (%d services changed)",
-                          consumer, generation, len(snapshot.changed))
-            self._applied[consumer] = generation
+                          name, generation, len(snapshot.changed))
+            self._applied[name] = generation
             self._ready_file.update(not self.pending())  # also retries a write that failed
             if self._ready.is_set():
                 if snapshot.changed:
                     self._heap_changed.set()
-            elif len(self._applied) == 2:
+            elif len(self._applied) == len(self._consumers()):
                 # Everything built for the first view lives long: keep it out of the
                 # collector's generations so later collections stay cheap.
                 gc.freeze()

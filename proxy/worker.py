@@ -22,7 +22,9 @@ from kubeport.endpoints.types import ServiceName, ServicePortName, ServiceState,
 
 from kubeport.proxy.host.addresses import SharedAddresses
 from kubeport.proxy.proxier import Proxier
-from kubeport.proxy.workers import SAME_NODE, receive, send
+from kubeport.proxy.worker_messages import (
+    SAME_NODE, Abort, Applied, Apply, Failed, Start, Started, Stats, Stop, Stopped, receive, send,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class SnapshotMirror:
         self.generation = 0
 
     def update(self, synced: bool, node, states: dict) -> Snapshot:
-        node_changed = node != SAME_NODE
+        node_changed = node is not SAME_NODE
         if node_changed:
             self.node = node
         for name, state in states.items():
@@ -76,17 +78,17 @@ async def serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_connection(sock=sock)
     start = await receive(reader)
-    if start is None:
+    if not isinstance(start, Start):
         return
-    _, config, node_name, extra, reserved, index, (json_format, level) = start
-    _configure_logging(index, json_format, level)
+    _configure_logging(start.index, start.log_json, start.log_level)
+    config = start.config
     shared = SharedAddresses()
-    proxier = Proxier(config, node_name, addresses=shared, firewall=None)
+    proxier = Proxier(config, start.node_name, addresses=shared, firewall=None)
     startup = logging.getLogger("kubeport.proxy.proxier")
     startup.setLevel(logging.ERROR)  # what start() has to say (SCTP support), the parent said
-    await proxier.start(extra, reserved)
+    await proxier.start(start.extra_addresses, start.reserved_frontends)
     startup.setLevel(logging.NOTSET)
-    await send(writer, ("started",))
+    await send(writer, Started())
     mirror = SnapshotMirror()
     abort = asyncio.Event()
     tasks = [
@@ -96,18 +98,17 @@ async def serve(fd: int) -> None:
     stopping: asyncio.Task | None = None
     try:
         while (message := await receive(reader)) is not None:
-            kind = message[0]
-            if kind == "apply":
-                _, seq, synced, node, states, addresses = message
-                if addresses is not None:
-                    shared.node_addresses = tuple(addresses)
-                    proxier.invalidate_node_addresses()
-                await proxier.apply(mirror.update(synced, node, states))
-                await send(writer, ("applied", seq, proxier.problems))
-            elif kind == "stop" and stopping is None:
-                stopping = asyncio.create_task(_stop(proxier, writer, message[1], abort, message[2]))
-            elif kind == "abort":
-                abort.set()
+            match message:
+                case Apply(seq, synced, node, states, addresses):
+                    if addresses is not None:
+                        shared.node_addresses = tuple(addresses)
+                        proxier.invalidate_node_addresses()
+                    await proxier.apply(mirror.update(synced, node, states))
+                    await send(writer, Applied(seq, proxier.problems))
+                case Stop(grace, hand_over) if stopping is None:
+                    stopping = asyncio.create_task(_stop(proxier, writer, grace, abort, hand_over))
+                case Abort():
+                    abort.set()
         abort.set()  # the parent is gone: reset what is left at once
         if stopping is None:
             stopping = asyncio.create_task(_stop(proxier, writer, 0.0, abort, False))
@@ -123,7 +124,7 @@ async def _stop(proxier: Proxier, writer: asyncio.StreamWriter, grace: float, ab
     # A child holds no addresses or table of its own (the parent does): never a release here.
     await proxier.stop(grace, abort=abort, release=False, hand_over=hand_over)
     try:
-        await send(writer, ("stopped",))
+        await send(writer, Stopped())
     except (ConnectionError, RuntimeError):
         pass
 
@@ -134,14 +135,14 @@ async def _report_stats(proxier: Proxier, writer: asyncio.StreamWriter, interval
         await asyncio.sleep(interval)
         changes = reporter.changes()
         if changes is not None:
-            await send(writer, ("stats", *changes))
+            await send(writer, Stats(*changes))
 
 
 async def _report_failure(proxier: Proxier, writer: asyncio.StreamWriter) -> None:
     try:
         await proxier.wait_failed()
     except Exception as exc:  # the parent decides what a failure means
-        await send(writer, ("failed", f"{type(exc).__name__}: {exc}"))
+        await send(writer, Failed(f"{type(exc).__name__}: {exc}"))
 
 
 def _configure_logging(index: int, json_format: bool, level: int) -> None:

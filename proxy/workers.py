@@ -9,13 +9,7 @@ their Proxier has no address manager of its own and no firewall.
 
 The children are started fresh (``python -P -m kubeport.proxy.worker FD``), not forked
 from a process with threads and an event loop. Each talks to this process over a
-socketpair, length-prefixed pickles of the slim types:
-
-    parent -> child   ("start", config, node, extra addresses, reserved frontends, index, log)
-                      ("apply", seq, synced, node, {service: state or None}, node addresses)
-                      ("stop", grace, hand_over) | ("abort",)
-    child -> parent   ("started",) | ("applied", seq, problems) | ("stats", changed, gone)
-                      ("failed", message) | ("stopped",)
+socketpair, in the messages of :mod:`.worker_messages`.
 
 ``apply`` sends only the services that changed since the last snapshot sent, and
 returns once every child has applied it. Statistics come back every
@@ -28,9 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import pickle
 import socket
-import struct
 import sys
 from types import MappingProxyType
 from typing import Any, Awaitable, Callable, Iterable, Mapping
@@ -41,31 +33,14 @@ from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import Frontend, FrontendRule
+from kubeport.proxy.worker_messages import (
+    SAME_NODE, Abort, Applied, Apply, Failed, Start, Started, Stats, Stop, Stopped, ToWorker, receive, send,
+)
 
 log = logging.getLogger(__name__)
 
-_HEADER = struct.Struct("!I")
-#: "the node did not change since the last message" (None is a valid node: no Node object).
-SAME_NODE = "same"
-
-
 class ProxyWorkerError(RuntimeError):
     """A worker process failed or exited; the message names it."""
-
-
-async def send(writer: asyncio.StreamWriter, message: tuple) -> None:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    writer.write(_HEADER.pack(len(payload)) + payload)
-    await writer.drain()
-
-
-async def receive(reader: asyncio.StreamReader) -> tuple | None:
-    """The next message; None at EOF (the other process is gone)."""
-    try:
-        header = await reader.readexactly(_HEADER.size)
-        return pickle.loads(await reader.readexactly(_HEADER.unpack(header)[0]))
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
 
 
 def create_proxier(config: ProxyConfig, node_name: str, **kwargs: Any) -> "Proxier | ProxyWorkers":
@@ -126,8 +101,8 @@ class ProxyWorkers:
             self._children.append(child)
             seed = None if self.config.seed is None else self.config.seed + index  # not in lockstep
             child_config = dataclasses.replace(self.config, manage_addresses=False, firewall=False, seed=seed)
-            await send(child.writer, ("start", child_config, self.node_name, extra,
-                                      tuple(self._local.reserved_frontends), index, (json_format, level)))
+            await send(child.writer, Start(child_config, self.node_name, extra,
+                                           tuple(self._local.reserved_frontends), index, json_format, level))
         try:
             await asyncio.gather(*(child.started for child in self._children))
         except ProxyWorkerError:
@@ -151,22 +126,22 @@ class ProxyWorkers:
 
     async def _read(self, child: _Child) -> None:
         while (message := await receive(child.reader)) is not None:
-            kind = message[0]
-            if kind == "stats":
-                child.stats.update(message[1])
-                for name in message[2]:
-                    child.stats.pop(name, None)
-            elif kind == "applied":
-                child.problems = message[2]
-                waiter = child.applied.pop(message[1], None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)
-            elif kind == "started":
-                child.started.set_result(None)
-            elif kind == "stopped":
-                child.stopped.set_result(None)
-            elif kind == "failed":
-                self._fail(ProxyWorkerError(f"proxy worker {child.index}: {message[1]}"))
+            match message:
+                case Stats(changed, gone):
+                    child.stats.update(changed)
+                    for name in gone:
+                        child.stats.pop(name, None)
+                case Applied(seq, problems):
+                    child.problems = problems
+                    waiter = child.applied.pop(seq, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
+                case Started():
+                    child.started.set_result(None)
+                case Stopped():
+                    child.stopped.set_result(None)
+                case Failed(reason):
+                    self._fail(ProxyWorkerError(f"proxy worker {child.index}: {reason}"))
         if not child.stopped.done():
             error = ProxyWorkerError(f"proxy worker {child.index} (pid {child.process.pid}) exited")
             for future in (child.started, *child.applied.values()):
@@ -185,7 +160,7 @@ class ProxyWorkers:
         """As Proxier.stop, in every process; the children are gone when it returns."""
         live = [c for c in self._children if not c.stopped.done()]
         for child in live:
-            await _send_quietly(child, ("stop", grace, not release if hand_over is None else hand_over))
+            await _send_quietly(child, Stop(grace, not release if hand_over is None else hand_over))
         if abort is not None and live:
             self._abort_forwarder = asyncio.create_task(self._forward_abort(abort, live))
         try:
@@ -200,7 +175,7 @@ class ProxyWorkers:
     async def _forward_abort(self, abort: asyncio.Event, children: list[_Child]) -> None:
         await abort.wait()
         for child in children:
-            await _send_quietly(child, ("abort",))
+            await _send_quietly(child, Abort())
 
     async def _reap(self) -> None:
         for child in self._children:
@@ -245,25 +220,25 @@ class ProxyWorkers:
             waiters = []
             for child in self._children:
                 waiter = asyncio.get_running_loop().create_future()
-                child.applied[message[1]] = waiter
+                child.applied[message.seq] = waiter
                 waiters.append(waiter)
                 await send(child.writer, message)
             await asyncio.gather(*waiters)
         self._ready.set()
 
-    def _delta(self, snapshot: Snapshot) -> tuple | None:
+    def _delta(self, snapshot: Snapshot) -> Apply | None:
         sent = self._sent
         changed = snapshot.changed_since(sent)
         node = SAME_NODE if sent is not None and snapshot.node is sent.node else snapshot.node
         addresses = self._local.node_addresses
         if addresses == self._sent_addresses:
             addresses = None
-        if not changed and node == SAME_NODE and addresses is None and sent is not None:
+        if not changed and node is SAME_NODE and addresses is None and sent is not None:
             return None
         self._sent, self._sent_addresses = snapshot, self._local.node_addresses
         self._seq += 1
         states = {name: snapshot.services.get(name) for name in changed}
-        return ("apply", self._seq, snapshot.synced, node, states, addresses)
+        return Apply(self._seq, snapshot.synced, node, states, addresses)
 
     # --- views ------------------------------------------------------------------------------
 
@@ -333,7 +308,7 @@ class ProxyWorkers:
         return 1 + sum(1 for c in self._children if not c.stopped.done())
 
 
-async def _send_quietly(child: _Child, message: tuple) -> None:
+async def _send_quietly(child: _Child, message: ToWorker) -> None:
     try:
         await send(child.writer, message)
     except (ConnectionError, RuntimeError):

@@ -23,7 +23,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Awaitable, Callable, Iterator, Mapping
+from typing import Any, Awaitable, Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -40,6 +40,10 @@ __all__ = ["ApiServerConfigError", "ApiServerSource", "BackoffPolicy"]
 
 
 class ApiServerSource:
+    """A kube-apiserver, list and watch per resource, as a :class:`~kubeport.endpoints.interfaces.Source`."""
+
+    kind = "apiserver"
+
     def __init__(
         self,
         state: Sink,
@@ -141,6 +145,9 @@ class ApiServerSource:
 
     def stats_dict(self) -> dict[str, dict]:
         return {kind: stats.as_dict() for kind, stats in self._stats.items()}
+
+    def status(self) -> dict[str, Any]:
+        return {"resources": self.stats_dict()}
 
     def collector(self) -> Collector:
         """A Prometheus collector of ``stats`` (read at scrape time, no bookkeeping)."""

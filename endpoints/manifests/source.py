@@ -74,6 +74,10 @@ class _FileRecord:
 
 
 class ManifestSource:
+    """The manifest directory as a :class:`~kubeport.endpoints.interfaces.Source`."""
+
+    kind = "manifests"
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -134,6 +138,9 @@ class ManifestSource:
     def objects_loaded(self) -> int:
         """Objects from the directory currently in the cluster state."""
         return len(self._objects.applied)
+
+    def status(self) -> dict[str, int]:
+        return {"files": self.files_loaded, "objects": self.objects_loaded}
 
     @property
     def batches(self) -> int:

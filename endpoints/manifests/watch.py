@@ -6,7 +6,7 @@ waits one to two steps (measured: 50 ms steps, 80 ms; 5 ms steps, 9 ms; 1 ms ste
 2.4 % of a core spent idling). Here the inotify descriptor is a reader of the event loop: an
 event is seen when it happens, and an idle daemon does nothing.
 
-The core (:func:`parse_events`, :class:`Burst`) is pure, with time passed in. A burst ends
+The core (:class:`Burst`, and :func:`~kubeport.lib.inotify.parse_events`) is pure, with time passed in. A burst ends
 - ``quiet`` after its last event when it only created or rewrote manifest files (an atomic
   rename, a write that was closed): the common edit is applied within milliseconds;
 - ``settle`` after its last event when a manifest file disappeared (an editor that renames
@@ -23,28 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import logging
 import os
 import stat
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 from kubeport.endpoints.manifests.read import is_manifest_path
+from kubeport.lib import inotify
+from kubeport.lib.inotify import (
+    IN_ATTRIB, IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_IGNORED, IN_ISDIR, IN_MODIFY,
+    IN_MOVE_SELF, IN_MOVED_FROM, IN_MOVED_TO, IN_ONLYDIR, IN_Q_OVERFLOW, RawEvent, parse_events,
+)
 
 log = logging.getLogger(__name__)
 
-IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
-IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
-IN_DELETE_SELF, IN_MOVE_SELF = 0x400, 0x800
-IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_ISDIR = 0x4000, 0x8000, 0x1000000, 0x40000000
 _WATCH_MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
                | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR)
 _GONE = IN_DELETE | IN_MOVED_FROM
-_HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 
 #: With no event for this long, the directory is rescanned by stat (missed or remote changes).
 RESCAN_INTERVAL_MS = 5_000
@@ -53,24 +50,6 @@ RESCAN_INTERVAL_MS = 5_000
 SETTLE_MS = 50
 #: A burst is applied at the latest this long after its first event.
 MAX_DELAY_MS = 1_000
-
-
-class RawEvent(NamedTuple):
-    wd: int
-    mask: int
-    name: str
-
-
-def parse_events(buffer: bytes) -> list[RawEvent]:
-    """The events of one read of an inotify descriptor."""
-    events, offset = [], 0
-    while offset + _HEADER.size <= len(buffer):
-        wd, mask, _cookie, length = _HEADER.unpack_from(buffer, offset)
-        offset += _HEADER.size
-        name = buffer[offset : offset + length].split(b"\0", 1)[0]
-        offset += length
-        events.append(RawEvent(wd, mask, os.fsdecode(name)))
-    return events
 
 
 class Changes(NamedTuple):
@@ -158,7 +137,7 @@ class DirectoryWatch:
         """Watch the tree; call before the first scan so that no edit falls in between."""
         self._loop = asyncio.get_running_loop()
         try:
-            self._fd = _inotify_init()
+            self._fd = inotify.init()
             self._watch_tree("")
             if not self._dirs:
                 raise FileNotFoundError(errno.ENOENT, "no such directory")
@@ -206,7 +185,7 @@ class DirectoryWatch:
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             path = Path(root).relative_to(self.directory).as_posix()
             try:
-                wd = _inotify_add_watch(self._fd, root, _WATCH_MASK)  # type: ignore[arg-type]
+                wd = inotify.add_watch(self._fd, root, _WATCH_MASK)  # type: ignore[arg-type]
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                     continue  # gone meanwhile: its removal is an event of its parent
@@ -226,7 +205,7 @@ class DirectoryWatch:
                         self.directory, exc.strerror or exc, self._rescan_interval)
         for wd in before.keys() - self._dirs.keys():
             with contextlib.suppress(OSError):  # already gone with its directory
-                _call("inotify_rm_watch", self._fd, wd)
+                inotify.rm_watch(self._fd, wd)
 
     def _on_readable(self) -> None:
         now = self._loop.time()  # type: ignore[union-attr]
@@ -277,30 +256,3 @@ class DirectoryWatch:
             return stat.S_ISLNK(os.lstat(self.directory / relative).st_mode)
         except OSError:
             return False
-
-
-# --- libc ------------------------------------------------------------------------------------
-
-_libc: ctypes.CDLL | None = None
-
-
-def _call(name: str, *args: object) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    function = getattr(_libc, name, None)
-    if function is None:
-        raise OSError(errno.ENOSYS, f"{name} is not in the C library")
-    result = function(*args)
-    if result < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-    return result
-
-
-def _inotify_init() -> int:
-    return _call("inotify_init1", os.O_NONBLOCK | os.O_CLOEXEC)
-
-
-def _inotify_add_watch(fd: int, path: str, mask: int) -> int:
-    return _call("inotify_add_watch", fd, os.fsencode(path), ctypes.c_uint32(mask))

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import struct
+from enum import Enum
 
 from kubeport.proxy.host import capture
 from kubeport.proxy.balancer import EndpointState, Route
@@ -44,7 +45,18 @@ _ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: the client went away between SYN and accept, or a firewall refused it: next one.
 _ACCEPT_SKIP = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR}
 
-CONNECTING, RELAYING, CLOSED = 0, 1, 2
+
+
+class ConnState(Enum):
+    """Where a relayed connection is: choosing and connecting a backend, relaying, or closed."""
+
+    CONNECTING = "connecting"
+    RELAYING = "relaying"
+    CLOSED = "closed"
+
+
+# Module globals, compared with `is`: a global load and an identity test on the hot path.
+CONNECTING, RELAYING, CLOSED = ConnState.CONNECTING, ConnState.RELAYING, ConnState.CLOSED
 _INPUT = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP
 _CLOSED = EPOLLERR | EPOLLHUP | EPOLLRDHUP
 _OUTPUT = EPOLLOUT | EPOLLERR | EPOLLHUP
@@ -124,7 +136,7 @@ class Conn:
 
     def connect_timed_out(self) -> None:
         self.timeout_token = 0
-        if self.state == CONNECTING:
+        if self.state is CONNECTING:
             self._connect_failed(errno.ETIMEDOUT)
 
     def _connect_failed(self, err: int) -> None:
@@ -182,13 +194,13 @@ class Conn:
         self._closed_edge(self.down, backend_events)
         # The client has usually sent its request already: move it now.
         self.up.pump()
-        if self.down.readable and self.state == RELAYING:
+        if self.down.readable and self.state is RELAYING:
             self.down.pump()
 
     # --- edges ------------------------------------------------------------------------
 
     def _on_client(self, events: int) -> None:
-        if self.state != RELAYING:
+        if self.state is not RELAYING:
             self.early_events |= events  # input waits in the socket; the first pump reads it
             return
         if events & _INPUT:
@@ -197,7 +209,7 @@ class Conn:
             if events & _CLOSED:
                 self._closed_edge(up, events)
             up.pump()
-        if events & _OUTPUT and self.state == RELAYING:
+        if events & _OUTPUT and self.state is RELAYING:
             down = self.down
             if not down.writable:  # only a blocked direction has anything to resume
                 down.writable = True
@@ -205,7 +217,7 @@ class Conn:
 
     def _on_backend(self, events: int) -> None:
         state = self.state
-        if state == CONNECTING:
+        if state is CONNECTING:
             if events & (EPOLLERR | EPOLLHUP):
                 err = self.backend.getsockopt(_SOL_SOCKET, _SO_ERROR)
                 if err:
@@ -214,7 +226,7 @@ class Conn:
             elif events & EPOLLOUT:
                 self._connected(events)
             return
-        if state != RELAYING:
+        if state is not RELAYING:
             return
         if events & _INPUT:
             down = self.down
@@ -222,7 +234,7 @@ class Conn:
             if events & _CLOSED:
                 self._closed_edge(down, events)
             down.pump()
-        if events & _OUTPUT and self.state == RELAYING:
+        if events & _OUTPUT and self.state is RELAYING:
             # Input edges come with EPOLLOUT set whenever the socket has room: most are not news.
             up = self.up
             if not up.writable:
@@ -252,9 +264,9 @@ class Conn:
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Tear down with resets, so the error reaches both peers (RST propagation)."""
-        if self.state == CLOSED:
+        if self.state is CLOSED:
             return
-        if self.state == CONNECTING:
+        if self.state is CONNECTING:
             self._give_up()
             return
         self._close(reset_both=True)

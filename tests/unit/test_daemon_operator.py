@@ -8,13 +8,13 @@ import socket
 
 import prometheus_client
 import pytest
-from prometheus_client import Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from kubeport import components
 from kubeport import config as cfg
 from kubeport.daemon import Daemon
 from kubeport.process import process_registry
 from kubeport.endpoints.types import ServiceName
-from kubeport.proxy.healthcheck import HealthCheckServers
 
 BASE = {"hostnameOverride": "node-a"}
 
@@ -36,21 +36,22 @@ async def test_sighup_restart_warning_uses_the_files_field_names(caplog, change,
 
 
 async def test_health_check_port_failures_are_problems():
-    daemon = Daemon(cfg.build(None, BASE))
-    daemon._healthchecks = HealthCheckServers(lambda: True)
+    """kube-proxy's service_health.go syncs the servers on every sync and logs a port that
+    fails to open; here it is a problem line of the proxy until a retry opens it."""
+    proxy = components.build_proxy(cfg.build(None, BASE), CollectorRegistry())
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     port = blocker.getsockname()[1]
     try:
-        await daemon._healthchecks.sync({port: (ServiceName("default", "web"), 1)}, ["127.0.0.1"])
+        await proxy.health_checks.sync({port: (ServiceName("default", "web"), 1)}, ["127.0.0.1"])
     finally:
         blocker.close()
-    [problem] = daemon.problems()
-    assert problem.startswith(f"proxy: failed to start healthcheck 'default/web' on port {port}: ")
-    assert await daemon._healthchecks.retry_failed() == {}
-    assert daemon.problems() == []
-    await daemon._healthchecks.close()
+    [problem] = proxy.problems
+    assert problem.startswith(f"failed to start healthcheck 'default/web' on port {port}: ")
+    assert await proxy.health_checks.retry_failed() == {}
+    assert proxy.problems == []
+    await proxy.health_checks.close()
 
 
 @pytest.fixture

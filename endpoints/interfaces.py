@@ -1,0 +1,59 @@
+"""The two seams of the data flow: a Source feeds the ClusterState, a Consumer follows its snapshots.
+
+    Source (manifests | kube-apiserver) -> ClusterState -> Snapshot -> Consumer (proxy | dns)
+
+The daemon wires one source and two consumers through these protocols only: it never
+asks which source or consumer it holds. Implementations:
+
+- :class:`~kubeport.endpoints.manifests.source.ManifestSource`,
+  :class:`~kubeport.endpoints.apiserver.source.ApiServerSource`;
+- :class:`~kubeport.proxy.service.ProxyService`, :class:`~kubeport.dns.server.DnsServer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from kubeport.endpoints.types import Snapshot
+
+
+class Source(Protocol):
+    """Writes what it reads into a ClusterState (upsert, delete, mark synced, commit)."""
+
+    #: "manifests" or "apiserver": the ``kind`` of ``kubeport get status``'s source section
+    kind: str
+
+    async def run(self) -> None:
+        """Load everything, commit the first synced snapshot, then follow changes until cancelled.
+        Raises only for what no retry can fix (a configuration that cannot work)."""
+        ...
+
+    @property
+    def problems(self) -> list[str]:
+        """Every current problem, one line each, naming the file or object and the field."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """Progress for ``kubeport get status`` (JSON values): what was read, per resource or file."""
+        ...
+
+
+class Consumer(Protocol):
+    """Turns snapshots into a data plane. Each consumer follows on its own task, so a slow one
+    never delays the other; a failed apply is retried, the last good state kept meanwhile."""
+
+    #: "proxy" or "dns": log lines, readiness lines and status keys
+    name: str
+
+    def snapshot_queued(self, snapshot: Snapshot) -> None:
+        """A newer snapshot exists and will be applied next (kube-proxy's "sync queued")."""
+        ...
+
+    async def apply_snapshot(self, snapshot: Snapshot) -> None:
+        """Make the data plane serve ``snapshot`` (synced); raises to have it retried."""
+        ...
+
+    @property
+    def problems(self) -> list[str]:
+        """What the consumer cannot serve as asked, one line each."""
+        ...

@@ -1,0 +1,125 @@
+"""The service proxy as the daemon sees it: one object that applies snapshots and owns the
+proxy's health, its health-check node ports, its full syncs and its metrics.
+
+Inside: a :class:`~kubeport.proxy.proxier.Proxier` (or
+:class:`~kubeport.proxy.workers.ProxyWorkers` with ``--workers N``) for listeners, VIPs and
+nftables; :class:`~kubeport.proxy.health.ProxyHealth` for kube-proxy's ``/healthz`` and
+``/livez``; :class:`~kubeport.proxy.healthcheck.HealthCheckServers` for the
+``healthCheckNodePort`` of each ``externalTrafficPolicy: Local`` LoadBalancer; the full-sync
+loop (:mod:`.fullsync`); and the kube-proxy metrics (:mod:`.metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry
+
+from kubeport.endpoints.types import NodeInfo, Snapshot
+from kubeport.proxy.config import ProxyConfig
+from kubeport.proxy.fullsync import keep_host_in_sync
+from kubeport.proxy.health import HealthResponse, ProxyHealth
+from kubeport.proxy.healthcheck import DesiredHealthChecks, HealthCheckServers, update_health_checks
+from kubeport.proxy.metrics import ProxyMetrics
+from kubeport.proxy.proxier import Proxier
+from kubeport.proxy.workers import ProxyWorkers, create_proxier
+
+
+class ProxyService:
+    """A :class:`~kubeport.endpoints.interfaces.Consumer` of snapshots: the node's service proxy."""
+
+    name = "proxy"
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        node_name: str,
+        registry: CollectorRegistry,
+        *,
+        families: tuple[str, ...],
+        require_node: bool,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """
+        :param families: the IP families proxied, primary first (one /healthz entry each).
+        :param require_node: the Node object is needed for /healthz to be eligible (with an
+            API server; manifest mode may have none).
+        """
+        self.node_name = node_name
+        self.relays: Proxier | ProxyWorkers = create_proxier(config, node_name)
+        self.health = ProxyHealth(families=families, require_node=require_node)
+        self.health_checks = HealthCheckServers(lambda: self.health.healthy(clock()))
+        self.metrics = ProxyMetrics(registry, node_name)
+        self.metrics.attach_proxier(self.relays)
+        self._clock = clock
+        self._desired_health_checks: DesiredHealthChecks = {}
+        self._applied: Snapshot | None = None
+        #: SIGHUP: the node's addresses and nftables table are put right in full
+        self._resync = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, extra_addresses: Iterable[str] = ()) -> None:
+        """Listeners come with snapshots; this takes the VIP link and the nftables table,
+        and ``extra_addresses`` (the DNS addresses) are made local at once."""
+        await self.relays.start(extra_addresses=extra_addresses)
+
+    async def run(self, may_resync: Callable[[], bool]) -> None:
+        """Until cancelled: health-check ports retried, full syncs (when ``may_resync()``), and
+        a relay failure raised (the daemon cannot serve without its relays)."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.relays.wait_failed(), name="proxy-failure")
+            tasks.create_task(self.health_checks.keep_retrying(), name="healthcheck-retry")
+            tasks.create_task(
+                keep_host_in_sync(self.relays, self._resync, lambda: self._applied is not None and may_resync(),
+                                  self._sync_health_checks), name="host-resync")
+
+    def request_resync(self) -> None:
+        self._resync.set()
+
+    async def stop(self, *, grace: float, abort: asyncio.Event, release: bool, hand_over: bool,
+                   keep_if: Callable[[], bool]) -> None:
+        """Health-check ports close, then the relays stop accepting and drain up to ``grace``
+        seconds (``abort`` ends the drain); see :meth:`Proxier.stop` for the rest."""
+        await self.health_checks.close()
+        await self.relays.stop(grace=grace, abort=abort, release=release, hand_over=hand_over, keep_if=keep_if)
+
+    # --- following the snapshots ----------------------------------------------------------
+
+    def snapshot_queued(self, snapshot: Snapshot) -> None:
+        self.health.queued_update(self._clock())
+        self.metrics.queued(snapshot)
+
+    async def apply_snapshot(self, snapshot: Snapshot) -> None:
+        started = time.monotonic()
+        await self.relays.apply(snapshot)
+        self._desired_health_checks = update_health_checks(
+            self._desired_health_checks, snapshot.services, snapshot.changed_since(self._applied), self.node_name)
+        self._applied = snapshot
+        await self._sync_health_checks()
+        self.metrics.synced(snapshot, time.monotonic() - started)
+        self.health.updated(self._clock())
+
+    async def _sync_health_checks(self) -> None:
+        await self.health_checks.sync(self._desired_health_checks, self.relays.health_check_addresses)
+
+    # --- what the daemon reports ------------------------------------------------------------
+
+    @property
+    def problems(self) -> list[str]:
+        return self.relays.problems + [problem for _, problem in sorted(self.health_checks.failures.items())]
+
+    def healthy(self) -> bool:
+        """kube-proxy's /livez verdict now (the pod's liveness file follows it)."""
+        return self.health.healthy(self._clock())
+
+    def health_response(self, path: str, node: NodeInfo | None) -> HealthResponse:
+        """kube-proxy's ``/healthz`` (``path == "healthz"``) or ``/livez`` for ``node`` as it is now."""
+        self.health.sync_node(node)
+        now = self._clock()
+        return self.health.healthz(now) if path == "healthz" else self.health.livez(now)
+
+    def status(self) -> dict[str, int]:
+        return {"listeners": len(self.relays.listening)}
