@@ -29,6 +29,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from kubeport.endpoints.manifests.read import is_manifest_path
 from kubeport.lib import inotify
