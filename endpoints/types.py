@@ -227,10 +227,6 @@ class NodeInfo:
     #: labelled node-role.kubernetes.io/control-plane or .../master.
     control_plane: bool = False
 
-    @property
-    def internal_ips(self) -> tuple[str, ...]:
-        return tuple(address for kind, address in self.addresses if kind == "InternalIP")
-
     def primary_ips(self) -> tuple[str, ...]:
         """The node's IP per family, kube-proxy's node IPs (GetNodeHostIPs): the first
         InternalIP of the family, else its first ExternalIP. A loopback one is kept here;

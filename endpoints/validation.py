@@ -355,7 +355,3 @@ def validate_node(node: model.Node) -> list[FieldError]:
 def validate_namespace(namespace: model.Namespace) -> list[FieldError]:
     return _validate_meta(namespace.metadata, names.is_dns1123_label, namespaced=False)
 
-
-def raise_if_invalid(obj: model.KubeObject, errors: list[FieldError]) -> None:
-    if errors:
-        raise Invalid(obj.kind, obj.metadata.name, errors)

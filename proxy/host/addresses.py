@@ -32,16 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Protocol
 
 from kubeport.proxy.host import netlink
-from kubeport.proxy.host.netlink import AddressOp, RouteOp
+from kubeport.proxy.host.netlink import RouteOp
 
 log = logging.getLogger(__name__)
 
-#: The route protocol marking VIP routes kubeport added (and IFA_PROTO of its older addresses).
+#: The route protocol marking the VIP routes kubeport added (``ip route show table local proto 0x6b``).
 ADDRESS_PROTO = 0x6B
 _EEXIST = 17
 _ENOENT = 2
 _ESRCH = 3
-_EADDRNOTAVAIL = 99
 
 
 class AddressError(RuntimeError):
@@ -102,32 +101,14 @@ class NetlinkAddresses:
         return {a for a, (index, proto) in present.items() if index == self._index and proto == ADDRESS_PROTO}
 
     def _scan(self) -> dict[str, tuple[int, int]]:
-        """Once per run: what is local now; a previous run's routes on our link become ours,
-        its addresses (an earlier version's) routes."""
+        """Once per run: what is local now; a previous run's routes on our link become ours."""
         self._link()
         if self._scanned:
             return {}
-        self._migrate_addresses()
         present = self._present()
         self._owned |= self._ours(present)
         self._scanned = True
         return present
-
-    def _migrate_addresses(self) -> None:
-        legacy = sorted(a for a, index, proto in netlink.dump_addresses()
-                        if index == self._index and proto == ADDRESS_PROTO)
-        if not legacy:
-            return
-        # Removing the address removes its local route; ours goes in right behind it.
-        ops = [op for a in legacy for op in (AddressOp(False, a), RouteOp(True, a))]
-        refused = netlink.apply(ops, self._index, ADDRESS_PROTO)
-        # EADDRNOTAVAIL: the address went meanwhile; EEXIST: the route is there already
-        problems = [f"{a}: {os.strerror(refused[a])}" for a in legacy
-                    if refused.get(a, _EEXIST) not in (_EEXIST, _EADDRNOTAVAIL)]
-        if problems:
-            log.warning("replacing the VIP addresses of an earlier version with routes: %s", "; ".join(problems))
-        log.info("replaced %d VIP addresses an earlier version left on %s with local routes",
-                 len(legacy) - len(problems), self.interface)
 
     def _apply(self, wanted: frozenset[str], prune: bool = True) -> None:
         present = self._scan()
@@ -203,13 +184,12 @@ class NetlinkAddresses:
         await self._call(self._change, frozenset(add), frozenset(remove))
 
     async def interface_addresses(self) -> tuple[str, ...]:
-        """Every address on the node's links (the VIPs are routes, not addresses: a small dump,
-        read every 30 s), except those an earlier version added as VIPs."""
+        """Every address on the node's links (the VIPs are routes, not addresses: a small dump)."""
         return await self._call(self._interface_addresses)
 
     def _interface_addresses(self) -> tuple[str, ...]:
         self._link()
-        return tuple(sorted({a for a, _, proto in netlink.dump_addresses() if proto != ADDRESS_PROTO}))
+        return tuple(sorted({a for a, _, _ in netlink.dump_addresses()}))
 
     async def repair(self, wanted: Iterable[str]) -> list[str]:
         """Re-read table local and restore ``wanted`` (kube-proxy rewrites its rules in full at

@@ -1,9 +1,9 @@
 """The few rtnetlink requests the proxy makes, encoded by hand: batches of local routes (the
-VIPs) and of address removals, a route dump, an address dump, a link lookup.
+VIPs), a route dump, an address dump, a link lookup.
 
-pyroute2 encodes an RTM_NEWADDR in ~400 us (measured: 2,000 adds took 0.8 s to compile),
-about seven times what the kernel needs to apply it, so 10,000 ClusterIPs cost seconds
-at cold start. The messages are three fixed attributes; encoding them here and sending
+pyroute2 encodes a netlink request in ~400 us (measured: 2,000 address adds took 0.8 s to
+compile), about seven times what the kernel needs to apply it, so 10,000 ClusterIPs cost
+seconds at cold start. The messages are three fixed attributes; encoding them here and sending
 them in batches, one ack per message, brings an add to ~60 us. The dump and the link
 lookup are a few fixed structs too; doing them here keeps pyroute2 (+8 MiB RSS, ~110 ms
 to import; its dump of 10,000 addresses builds an object per attribute) out of the daemon.
@@ -22,7 +22,6 @@ from typing import Iterable
 RTM_NEWLINK = 16
 RTM_GETLINK = 18
 RTM_NEWADDR = 20
-RTM_DELADDR = 21
 RTM_GETADDR = 22
 RTM_NEWROUTE = 24
 RTM_DELROUTE = 25
@@ -38,7 +37,6 @@ NLM_F_CREATE = 0x400
 IFA_ADDRESS = 1
 IFA_LOCAL = 2
 IFA_PROTO = 11
-IFA_F_NODAD = 0x02
 IFLA_IFNAME = 3
 IFF_UP = 0x1
 RTA_DST = 1
@@ -61,15 +59,6 @@ BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)
-class AddressOp:
-    """Add or remove a host address (/32, /128) on a link: only removals are sent now (the
-    addresses earlier versions added, see addresses.py)."""
-
-    add: bool
-    address: str
-
-
-@dataclass(frozen=True, slots=True)
 class RouteOp:
     """Add or remove the local route of one host address (/32, /128) in table local."""
 
@@ -80,23 +69,6 @@ class RouteOp:
 def _attribute(kind: int, payload: bytes) -> bytes:
     length = _RTATTR.size + len(payload)
     return _RTATTR.pack(length, kind) + payload + b"\0" * (-length % 4)
-
-
-def encode(op: AddressOp, index: int, proto: int, sequence: int) -> bytes:
-    """One RTM_NEWADDR/RTM_DELADDR for a host address (/32, /128) on link ``index``."""
-    v6 = ":" in op.address
-    family = socket.AF_INET6 if v6 else socket.AF_INET
-    packed = socket.inet_pton(family, op.address)  # ~10x faster than ipaddress, same bytes
-    body = _IFADDRMSG.pack(family, 128 if v6 else 32, IFA_F_NODAD if v6 else 0, 0, index)
-    if not v6:
-        body += _attribute(IFA_LOCAL, packed)
-    body += _attribute(IFA_ADDRESS, packed)
-    if op.add:
-        body += _attribute(IFA_PROTO, bytes([proto]))
-        kind, msg_flags = RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-    else:
-        kind, msg_flags = RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK
-    return _HEADER.pack(_HEADER.size + len(body), kind, msg_flags, sequence, 0) + body
 
 
 def encode_route(op: RouteOp, index: int, proto: int, sequence: int) -> bytes:
@@ -115,13 +87,7 @@ def encode_route(op: RouteOp, index: int, proto: int, sequence: int) -> bytes:
     return _HEADER.pack(_HEADER.size + len(body), kind, msg_flags, sequence, 0) + body
 
 
-def _encode_any(op: AddressOp | RouteOp, index: int, proto: int, sequence: int) -> bytes:
-    if op.__class__ is RouteOp:
-        return encode_route(op, index, proto, sequence)  # type: ignore[arg-type]
-    return encode(op, index, proto, sequence)  # type: ignore[arg-type]
-
-
-def apply(ops: Iterable[AddressOp | RouteOp], index: int, proto: int) -> dict[str, int]:
+def apply(ops: Iterable[RouteOp], index: int, proto: int) -> dict[str, int]:
     """Send the operations, in order; returns {address: errno} for those the kernel refused
     (an address named twice, removed then added, reports the last refusal)."""
     pending = list(ops)
@@ -133,7 +99,7 @@ def apply(ops: Iterable[AddressOp | RouteOp], index: int, proto: int) -> dict[st
         for start in range(0, len(pending), BATCH):
             chunk = pending[start:start + BATCH]
             by_sequence = {start + i + 1: op.address for i, op in enumerate(chunk)}
-            sock.sendall(b"".join(_encode_any(op, index, proto, seq) for seq, op in
+            sock.sendall(b"".join(encode_route(op, index, proto, seq) for seq, op in
                                   zip(by_sequence, chunk)))
             failures.update(_read_acks(sock, by_sequence))
     return failures

@@ -70,11 +70,6 @@ class HostState:
         return self._extra | frozenset(self._vip_frontends)
 
     @property
-    def vips(self) -> frozenset[str]:
-        """The addresses last accepted by the address manager."""
-        return frozenset(self._held)
-
-    @property
     def capturing(self) -> bool:
         """externalIPs and LB IPs are taken by port, not made local addresses (capture.py)."""
         return self._firewall is not None and self._firewall.capturing

@@ -20,13 +20,9 @@ import ctypes
 import ctypes.util
 import errno
 import mmap
-import socket
 import struct
-import sys
 
-from kubeport.lib.mmsg import (  # noqa: F401  (proxy/relay/udp.py reads available, address_of here)
-    _FUNCTIONS, IOVEC_SIZE, MMSGHDR_SIZE, MSG_DONTWAIT, MSG_TRUNC, SOCKADDR_SIZE, address_of, available,
-)
+from kubeport.lib.mmsg import _FUNCTIONS, IOVEC_SIZE, MMSGHDR_SIZE, MSG_DONTWAIT, MSG_TRUNC, SOCKADDR_SIZE
 
 #: one slot per datagram: the largest UDP payload (65,507 bytes over IPv4) fits.
 SLOT_SIZE = 65536
@@ -37,16 +33,6 @@ _IOV_LEN = struct.Struct("=Q")
 _AGAIN = (errno.EAGAIN, errno.EINTR)
 _FULL = (errno.EAGAIN, errno.ENOBUFS)
 
-
-
-def sockaddr_of(address: tuple) -> bytes:
-    """The sockaddr a ``(host, port[, flowinfo, scope])`` tuple stands for (the inverse of address_of)."""
-    if len(address) == 2:
-        return (socket.AF_INET.to_bytes(2, sys.byteorder) + address[1].to_bytes(2, "big")
-                + socket.inet_pton(socket.AF_INET, address[0]) + bytes(8))
-    host, port, flowinfo, scope = address
-    return (socket.AF_INET6.to_bytes(2, sys.byteorder) + port.to_bytes(2, "big") + flowinfo.to_bytes(4, "big")
-            + socket.inet_pton(socket.AF_INET6, host) + scope.to_bytes(4, sys.byteorder))
 
 
 def buffer_address(name: bytes) -> int:

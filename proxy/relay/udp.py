@@ -26,6 +26,7 @@ import socket
 from kubeport.lib.sockbuf import enlarge_receive_buffer
 
 from kubeport.proxy.host import capture
+from kubeport.lib import mmsg
 from kubeport.proxy.relay import datagrams
 from kubeport.proxy.balancer import Route
 from kubeport.proxy.relay.context import RelayContext
@@ -102,7 +103,7 @@ def _batches(ctx: RelayContext) -> tuple[datagrams.Inbound, ReplyBatch]:
     """The context's datagram buffers, made by the first UDP frontend (TCP-only relays have none)."""
     batches = ctx.udp_batches
     if batches is None:
-        if not datagrams.available():
+        if not mmsg.available():
             raise OSError(errno.ENOSYS, "the UDP relay needs recvmmsg/sendmmsg (64-bit Linux)")
         batches = ctx.udp_batches = (datagrams.Inbound(BATCH), ReplyBatch(ctx))
     return batches
@@ -236,7 +237,7 @@ class UdpListener:
 
     def _new_flow(self, name: bytes, now: float) -> Flow | None:
         route = self._route
-        client = datagrams.address_of(name)
+        client = mmsg.address_of(name)
         client_ip = client[0]
         admission = self.flows.admit(client_ip)
         if admission is not Admission.OK:
@@ -299,7 +300,7 @@ class UdpListener:
     def _endpoint_failed(self, flow: Flow, exc: OSError) -> None:
         """The endpoint answered with an ICMP error: count it, let the next datagram pick again."""
         if exc.errno not in _ENDPOINT_ERRORS:
-            log.warning("%s: UDP flow %s -> %s: %s", self.frontend, datagrams.address_of(flow.client),
+            log.warning("%s: UDP flow %s -> %s: %s", self.frontend, mmsg.address_of(flow.client),
                         flow.endpoint.key, exc)
         self._route.balancer.connect_failed(flow.endpoint, self.ctx.clock())
         if self.flows.remove(flow):

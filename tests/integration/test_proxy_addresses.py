@@ -99,26 +99,6 @@ def test_a_vip_route_is_served_as_a_node_address(namespace, vip):
     assert local == vip and (peer == vip or ":" in vip)
 
 
-LEGACY_ADD = """
-import sys
-from kubeport.proxy.host import netlink
-ops = [netlink.AddressOp(True, address) for address in sys.argv[1:]]
-assert netlink.apply(ops, netlink.link_index("lo"), 0x6B) == {}
-"""
-
-
-def test_vip_addresses_of_an_earlier_version_become_routes(namespace):
-    """Versions before the routes added VIPs as addresses tagged IFA_PROTO 0x6b: a handover from
-    one leaves them; this run replaces them with its routes and keeps them local throughout."""
-    # as those versions added them (this machine's `ip addr add` knows no `proto`)
-    run_in(namespace, sys.executable, "-I", "-c", LEGACY_ADD, "10.100.5.5", "10.100.5.6")
-    assert {"10.100.5.5", "10.100.5.6"} <= addresses(namespace)
-    owned = sync(namespace, ["10.100.5.5"], "keep")
-    assert owned == ["10.100.5.5"]
-    assert vip_routes(namespace) == {"10.100.5.5"}
-    assert addresses(namespace) == {"127.0.0.1", "::1"}
-
-
 NODE_READ = """
 import asyncio, json, subprocess, sys
 from kubeport.proxy.host.addresses import NetlinkAddresses
