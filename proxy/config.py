@@ -64,8 +64,6 @@ class ProxyConfig:
     seed: int | None = None
     #: manage the nftables table ``inet kubeport`` (DROP for Local policies without local endpoints).
     firewall: bool = True
-    #: add VIP addresses to ``vip_interface`` (off when something else owns the addresses).
-    manage_addresses: bool = True
     #: (ip, port, protocol) never proxied: the DNS server's own listeners. Empty: port 53 TCP
     #: and UDP on every extra address given to ``Proxier.start``.
     reserved_frontends: frozenset[tuple[str, int, str]] = frozenset()

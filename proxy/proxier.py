@@ -58,9 +58,8 @@ class Proxier:
     ) -> None:
         self.config = config
         self.node_name = node_name
-        self._addresses = addresses if addresses is not None else (
-            NetlinkAddresses(config.vip_interface) if config.manage_addresses else None
-        )
+        self._addresses: AddressManager = addresses if addresses is not None else NetlinkAddresses(
+            config.vip_interface)
         if firewall is None and config.firewall:
             firewall = NftFirewall()
         self._host = HostState(self._addresses, firewall)
@@ -235,7 +234,7 @@ class Proxier:
 
     async def refresh_node_addresses(self) -> bool:
         """Re-read the node's own addresses, as kube-proxy at every sync: True if NodePorts moved."""
-        if self._addresses is None or self._snapshot is None or self._stopping:
+        if self._snapshot is None or self._stopping:
             return False
         if tuple(await self._addresses.interface_addresses()) == self._node.addresses:
             return False
@@ -294,9 +293,7 @@ class Proxier:
                 and not self._node.stale):
             return previous
         primary = node.primary_ips() if node is not None else ()
-        local = await self._addresses.interface_addresses() if self._addresses is not None else ()
-        if self._addresses is None:
-            local = (*primary, "127.0.0.1", "::1")  # tests: the node's own addresses stand in for its links
+        local = await self._addresses.interface_addresses()
         selection = self._node.select(node, local)
         self._ctx.local_clients.set_node_addresses(local)
         return TableContext(

@@ -5,7 +5,8 @@ on every frontend and the kernel spreads new connections and UDP clients over th
 (by the 4-tuple; by the client address for affinity frontends, see steering.py).
 This process keeps the control plane (source, ClusterState, DNS) and everything that
 exists once per node: VIP addresses and the nftables table. The children only relay:
-their Proxier has no address manager of its own and no firewall.
+their Proxier has no firewall, and its address manager (SharedAddresses) only reads the
+node addresses this process sends.
 
 The children are started fresh (``python -P -m kubeport.proxy.worker FD``), not forked
 from a process with threads and an event loop. Each talks to this process over a
@@ -100,7 +101,7 @@ class ProxyWorkers:
             child = await self._spawn(index)
             self._children.append(child)
             seed = None if self.config.seed is None else self.config.seed + index  # not in lockstep
-            child_config = dataclasses.replace(self.config, manage_addresses=False, firewall=False, seed=seed)
+            child_config = dataclasses.replace(self.config, firewall=False, seed=seed)
             await send(child.writer, Start(child_config, self.node_name, extra,
                                            tuple(self._local.reserved_frontends), index, json_format, level))
         try:

@@ -26,7 +26,7 @@ _CAPTURED_KINDS = (FrontendKind.EXTERNAL_IP, FrontendKind.LOAD_BALANCER)
 
 
 class HostState:
-    def __init__(self, addresses: AddressManager | None, firewall: Firewall | None) -> None:
+    def __init__(self, addresses: AddressManager, firewall: Firewall | None) -> None:
         self._addresses = addresses
         self._firewall = firewall
         self._extra: frozenset[str] = frozenset()
@@ -125,8 +125,7 @@ class HostState:
         await self.wait_added()
         if self._firewall is not None:
             await self._firewall.stop(release=release)
-        if self._addresses is not None:
-            await self._addresses.stop(release=release)
+        await self._addresses.stop(release=release)
 
     def _filter(self, frontend: Frontend, rule: FrontendRule | None, sign: int) -> None:
         if rule is None:
@@ -188,7 +187,7 @@ class HostState:
             else:
                 self.problems.pop("capture", None)
             await self._sync_firewall()
-        if self._addresses is not None and self._pruned:
+        if self._pruned:
             wanted = self.wanted
             try:
                 restored = await self._addresses.repair(wanted)
@@ -212,7 +211,7 @@ class HostState:
         self._to_add.clear()
         self._in_flight |= adding
         try:
-            added = self._addresses is None or await self._address_call(self._addresses.change, adding, ())
+            added = await self._address_call(self._addresses.change, adding, ())
         finally:
             self._in_flight -= adding
         if added:
@@ -222,13 +221,13 @@ class HostState:
 
     async def _remove_addresses(self) -> None:
         removing = frozenset(self._to_remove)
-        if self._addresses is None or await self._address_call(self._addresses.change, (), removing):
+        if await self._address_call(self._addresses.change, (), removing):
             self._held -= removing
             self._to_remove -= removing
 
     async def _prune_addresses(self) -> None:
         wanted = self.wanted
-        if self._addresses is None or await self._address_call(self._addresses.sync, wanted):
+        if await self._address_call(self._addresses.sync, wanted):
             self._held = set(wanted)
             self._to_add.clear()
             self._to_remove.clear()
