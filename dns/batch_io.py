@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import errno
 import struct
+from typing import Callable
 
 from kubeport.lib.mmsg import (  # noqa: F401  (the names dns/udp.py reads through this module)
     _FUNCTIONS, FLAGS, IOV, IOVEC_SIZE, IOVLEN, LENGTH, MMSGHDR_SIZE, MSG_DONTWAIT, MSG_TRUNC, NAME, NAMELEN,
@@ -39,12 +40,17 @@ BYTES_DATA = ctypes.cast(ctypes.c_char_p(_PROBE), ctypes.c_void_p).value - id(_P
 class BatchIO:
     """Preallocated recvmmsg/sendmmsg buffers for one socket."""
 
-    def __init__(self, fd: int, slots: int, namelen: int = SOCKADDR_SIZE):
-        """``namelen``: the size of the socket's sockaddrs (16 for IPv4, 28 for IPv6)."""
+    def __init__(self, fd: int, slots: int, namelen: int = SOCKADDR_SIZE,
+                 sendmmsg: Callable[[int, int, int, int], int] | None = None):
+        """``namelen``: the size of the socket's sockaddrs (16 for IPv4, 28 for IPv6).
+        ``sendmmsg``: libc's by default; a stand-in sees (fd, address of the first mmsghdr,
+        count, flags) and returns what the kernel would (a count, or -1 with errno)."""
         assert _FUNCTIONS is not None
         self.fd = fd
         self.slots = slots
         self._recvmmsg, self._sendmmsg = _FUNCTIONS
+        if sendmmsg is not None:
+            self._sendmmsg = sendmmsg
         self.received = ctypes.create_string_buffer(slots * MMSGHDR_SIZE)
         self.to_send = ctypes.create_string_buffer(slots * MMSGHDR_SIZE)
         self.names = ctypes.create_string_buffer(slots * SOCKADDR_SIZE)

@@ -44,7 +44,7 @@ import asyncio
 import ipaddress
 import logging
 import shutil
-from typing import Iterable, Mapping, Protocol
+from typing import Awaitable, Callable, Iterable, Mapping, Protocol
 
 from kubeport.proxy.host import capture
 from kubeport.proxy.table import Frontend
@@ -231,8 +231,11 @@ class Firewall(Protocol):
 class NftFirewall:
     """The real one: runs ``nft -f -`` in the daemon's network namespace."""
 
-    def __init__(self, nft: str = "nft") -> None:
+    def __init__(self, nft: str = "nft", run: Callable[[str], Awaitable[None]] | None = None) -> None:
+        """:param run: feeds a script to ``nft -f -`` (raising FirewallError on failure); by
+            default a subprocess of ``nft``."""
         self._nft = nft
+        self._run = run or self._run_nft
         self._cluster_cidrs: tuple[str, ...] = ()
         self._service_cidrs: tuple[str, ...] = ()
         #: what the kernel holds; None until this run has written the table (the first sync).
@@ -240,7 +243,7 @@ class NftFirewall:
         self.enabled = False
         self.capturing = False
 
-    async def _run(self, script: str) -> None:
+    async def _run_nft(self, script: str) -> None:
         proc = await asyncio.create_subprocess_exec(
             self._nft, "-f", "-",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

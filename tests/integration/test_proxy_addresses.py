@@ -122,3 +122,31 @@ def test_node_addresses_never_include_vips_and_see_a_late_address(namespace):
     full, later = json.loads(out)
     assert full == ["127.0.0.1", "::1"]
     assert later == ["10.77.0.5", "127.0.0.1", "::1"]
+
+
+REPAIR = """
+import asyncio, json, subprocess, sys
+from kubeport.proxy.host.addresses import NetlinkAddresses
+async def main():
+    manager = NetlinkAddresses("lo")
+    await manager.sync(["10.96.0.1", "10.96.0.2", "10.96.0.3"])
+    # Behind its back: one of its routes removed, one replaced by a kernel route of another protocol.
+    subprocess.run(["ip", "route", "del", "local", "10.96.0.2", "dev", "lo", "table", "local"], check=True)
+    subprocess.run(["ip", "route", "del", "local", "10.96.0.3", "dev", "lo", "table", "local"], check=True)
+    subprocess.run(["ip", "route", "add", "local", "10.96.0.3", "dev", "lo", "table", "local", "proto", "kernel"],
+                   check=True)
+    added_back = await manager.repair(["10.96.0.1", "10.96.0.2", "10.96.0.3"])
+    print(json.dumps([added_back, sorted(manager.owned)]))
+    await manager.stop(release=True)
+asyncio.run(main())
+"""
+
+
+def test_repair_adds_back_what_vanished_and_never_takes_a_route_of_another_protocol(namespace):
+    """kube-proxy rewrites its rules in full at least hourly (proxyutil.FullSyncPeriod): a VIP route
+    removed by hand comes back; a local route of another protocol stays the kernel's."""
+    added_back, owned = json.loads(run_in(namespace, sys.executable, "-c", REPAIR, timeout=60).stdout)
+    assert added_back == ["10.96.0.2"]
+    assert owned == ["10.96.0.1", "10.96.0.2"]
+    assert vip_routes(namespace) == set()  # released: only its own routes went
+    assert "10.96.0.3" in local_routes(namespace, "proto", "kernel")

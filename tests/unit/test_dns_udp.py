@@ -256,16 +256,19 @@ def test_sendmmsg_skips_a_refused_reply_and_sends_the_rest(results: list[int], f
                                                             calls: list[tuple[int, int]]) -> None:
     sock = bind_udp("127.0.0.1", 0, socket.AF_INET)
     try:
-        io = batch_io.BatchIO(sock.fileno(), 8)
         seen: list[tuple[int, int]] = []
-        base = io._to_send_address
+        addresses: list[int] = []
 
         def fake_sendmmsg(fd: int, address: int, count: int, flags: int) -> int:
-            seen.append(((address - base) // batch_io.MMSGHDR_SIZE, count))
+            addresses.append(address)
+            seen.append((count, results[len(seen)]))
             return results[len(seen) - 1]
 
-        io._sendmmsg = fake_sendmmsg
-        assert io.send(5) == failed and seen == calls
+        io = batch_io.BatchIO(sock.fileno(), 8, sendmmsg=fake_sendmmsg)
+        assert io.send(5) == failed
+        # Each call starts where the previous one stopped: after the sent replies and the refused one.
+        starts = [(address - addresses[0]) // batch_io.MMSGHDR_SIZE for address in addresses]
+        assert list(zip(starts, (count for count, _ in seen))) == calls
     finally:
         sock.close()
 

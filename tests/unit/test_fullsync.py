@@ -9,8 +9,6 @@ import asyncio
 import pytest
 
 from kubeport.proxy import fullsync
-from kubeport.proxy.host import addresses as addresses_module
-from kubeport.proxy.host.addresses import ADDRESS_PROTO, NetlinkAddresses
 from kubeport.proxy.host.nftables import FirewallError, NftFirewall
 from kubeport.proxy.table import Frontend
 
@@ -84,46 +82,24 @@ async def test_a_failed_full_sync_is_logged_and_retried_not_fatal(caplog):
     assert proxier.resyncs >= 2 and "full sync" in caplog.text
 
 
-async def test_a_failed_incremental_nft_batch_makes_the_next_one_whole(monkeypatch):
+async def test_a_failed_incremental_nft_batch_makes_the_next_one_whole():
     """kube-proxy: a failed sync sets needFullSync. A delta against a table deleted by hand
     fails every time; the whole table does not."""
-    firewall = NftFirewall()
-    firewall.enabled = True
     scripts: list[str] = []
-    failing = [True]
+    failing: list[bool] = []
 
     async def run(script: str) -> None:
         scripts.append(script)
-        if failing.pop() if failing else False:
+        if failing and failing.pop():
             raise FirewallError("No such file or directory")
 
-    monkeypatch.setattr(firewall, "_run", run)
-    firewall._current = ({}, {}, {})  # what it wrote before the table was deleted
+    firewall = NftFirewall(run=run)
+    firewall.enabled = True
+    await firewall.sync({})  # the first sync writes the whole table
+    assert "delete table" in scripts[-1]
+    failing.append(True)  # ...which is then deleted by hand
     with pytest.raises(FirewallError):
         await firewall.sync({DROPPED: False})  # a delta: add one element
-    assert "delete table" not in scripts[-1] and firewall._current is None
+    assert "delete table" not in scripts[-1]
     await firewall.sync({DROPPED: False})
     assert "delete table" in scripts[-1]  # the whole table, replacing whatever is there
-
-
-@pytest.mark.parametrize(("dumped_proto", "owned_after"), [
-    pytest.param(ADDRESS_PROTO, {"10.96.0.1", "10.96.0.2"}, id="ours__by_route_protocol"),
-    pytest.param(2, {"10.96.0.2"}, id="a_kernel_route_is_never_ours"),
-])
-def test_repair_keeps_what_this_run_added_and_adds_back_what_vanished(monkeypatch, dumped_proto, owned_after):
-    manager = NetlinkAddresses("lo")
-    manager._index = 1
-    manager._owned = {"10.96.0.1", "10.96.0.2"}
-    monkeypatch.setattr(manager, "_link", lambda: setattr(manager, "_index", 1) or 1)  # lo is link 1
-    monkeypatch.setattr(manager, "_present", lambda: {"10.96.0.1": (1, dumped_proto), "192.168.0.5": (2, 2)})
-    applied: list[tuple[bool, str]] = []
-
-    def apply(operations, index, proto):
-        applied.extend((op.add, op.address) for op in operations)
-        return {}
-
-    monkeypatch.setattr(addresses_module.netlink, "apply", apply)
-    added_back = manager._repair(frozenset({"10.96.0.1", "10.96.0.2"}))
-    assert added_back == ["10.96.0.2"]
-    assert applied == [(True, "10.96.0.2")]
-    assert manager._owned == owned_after

@@ -45,12 +45,13 @@ async def until(condition) -> None:
             await asyncio.sleep(0.01)
 
 
-async def announced(on_takeover=lambda: None) -> tuple[str, handover.Instance, handover.Instance]:
+async def announced(on_takeover=lambda: None, successor_on_takeover=lambda: None,
+                    ) -> tuple[str, handover.Instance, handover.Instance]:
     """A running instance and a successor that has announced itself to it."""
     node = unique_node()
     first = handover.Instance(node, on_takeover)
     assert await first.claim()
-    second = handover.Instance(node, lambda: None)
+    second = handover.Instance(node, successor_on_takeover)
     assert not await second.claim()
     await second.announce()
     await until(lambda: first.successors == 1)
@@ -331,8 +332,7 @@ async def test_two_successors__the_later_one_takes_the_node_from_the_first_to_ta
     """A third instance started during a handover: the predecessor acknowledges it too, but the
     name is held by then; it follows the new holder instead of failing."""
     left = [asyncio.Event(), asyncio.Event()]
-    node, first, second = await announced(left[0].set)
-    second._on_takeover = left[1].set
+    node, first, second = await announced(left[0].set, successor_on_takeover=left[1].set)
     third = handover.Instance(node, lambda: None)
     assert not await third.claim()
     await third.announce()

@@ -101,14 +101,16 @@ def test_removed_port_releases_its_node_port_and_others_keep_theirs() -> None:
     kept, dropped = (p.node_port for p in first.spec.ports)
     after = registry.admit(service("web", type="NodePort", ports=[{"name": "p0", "port": 80}]))
     assert after.spec.ports[0].node_port == kept
-    registry.admit(node_port_service("api", dropped))
+    api = registry.admit(node_port_service("api", dropped))  # the dropped port was released
+    assert api.spec.ports[0].node_port == dropped
 
 
 def test_explicit_node_port_change_releases_the_old_value() -> None:
     registry = make_registry()
     registry.admit(node_port_service("web", 30080))
     registry.admit(node_port_service("web", 30090))
-    registry.admit(node_port_service("api", 30080))
+    api = registry.admit(node_port_service("api", 30080))  # free again: no "provided port is already allocated"
+    assert api.spec.ports[0].node_port == 30080
 
 
 def test_explicit_cluster_ip_change_releases_the_old_ip() -> None:
