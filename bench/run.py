@@ -120,7 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def idle_connection_count(quick: bool) -> int:
-    """10,000 as the issue asks, unless the hard descriptor limit cannot hold 2 per connection."""
+    """10,000 as the target asks, unless the hard descriptor limit cannot hold 2 per connection."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     wanted = 2000 if quick else 10000
     return min(wanted, (hard - 2000) // 2 // 1000 * 1000)

@@ -1,4 +1,4 @@
-"""Manifest builders and clients shared by the traffic-policy integration tests (issue #4; no tests here).
+"""Manifest builders and clients shared by the traffic-policy integration tests (no tests here).
 
 Endpoints are written with explicit conditions, nodes and zones, so a test can state a kube-proxy
 rule's input directly (a serving-terminating pod, a pod declared on another node). Clients run

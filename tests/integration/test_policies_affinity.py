@@ -1,4 +1,4 @@
-"""ClientIP session affinity through the daemon on node-a, TCP and UDP (issue #4; reference C).
+"""ClientIP session affinity through the daemon on node-a, TCP and UDP (reference C).
 
 How the "moves after the timeout" assertions stay deterministic: those services have two
 endpoints, and the client keeps one connection (or UDP flow) open to the pod it is pinned to.

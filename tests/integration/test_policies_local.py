@@ -1,5 +1,5 @@
 """internalTrafficPolicy and externalTrafficPolicy Local, and the health-check node port, through
-the daemons of both nodes (issue #4; reference A.5, A.6, F.1, K.1, K.3).
+the daemons of both nodes (reference A.5, A.6, F.1, K.1, K.3).
 
 What a client sees, kube-proxy's way: no usable endpoint anywhere -> refused (curl exits 7);
 a Local policy with endpoints only on other nodes -> dropped (curl --connect-timeout 1 exits 28);

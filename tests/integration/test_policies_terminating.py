@@ -1,4 +1,4 @@
-"""Terminating endpoints through the daemon on node-a, conditions edited live (issue #4; KEP-1669,
+"""Terminating endpoints through the daemon on node-a, conditions edited live (KEP-1669,
 reference A.3 step 2.3, A.5, K.1).
 
 A pod being deleted has ready=false, terminating=true, and serving=its readiness. kube-proxy uses

@@ -1,5 +1,5 @@
-"""trafficDistribution and topology-aware routing through the daemons of both nodes (issue #4;
-reference A.4, B.2, B.3).
+"""trafficDistribution and topology-aware routing through the daemons of both nodes
+(reference A.4, B.2, B.3).
 
 Manifest mode: no EndpointSlice controller runs, so the daemons fill the hints the controller
 would write (endpoints/hints.py) and kube-proxy's rule uses them: hints count only when every

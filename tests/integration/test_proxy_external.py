@@ -1,5 +1,5 @@
 """NodePorts, externalIPs and LoadBalancer IPs from outside the cluster (the client namespace),
-through the real daemon on node-a (issue #3; reference A.6, E.1-E.3).
+through the real daemon on node-a (reference A.6, E.1-E.3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seamless restart at Proxier level (issue 8): instance B starts on the same frontends, instance A
+"""Seamless restart at Proxier level: instance B starts on the same frontends, instance A
 stops with release=False, and clients see no failure.
 
 One network namespace of the test's own: loopback, a pod server on 127.0.0.1, two Proxier

@@ -1,4 +1,4 @@
-"""`kubeport check` (issue #2: names every problem of a broken directory) and the
+"""`kubeport check` (it names every problem of a broken directory) and the
 ownership rules behind duplicate reports."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_examples_pass_check():
     assert check_directory(EXAMPLES, ["10.96.0.0/12", "fd00:10:96::/112"]) == []
 
 
-#: file -> what its line says; every deliberately broken file is named (issue #2 "Done when").
+#: file -> what its line says; every deliberately broken file is named.
 BROKEN_FILES = {
     "yaml-syntax.yaml": "YAML syntax error at line 5, column 2",
     "json-syntax.json": "JSON syntax error at line 5, column 35: Expecting value",

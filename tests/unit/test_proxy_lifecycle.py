@@ -1,4 +1,4 @@
-"""Proxier start and stop for graceful shutdown and seamless restart (issue 8), on loopback.
+"""Proxier start and stop for graceful shutdown and seamless restart, on loopback.
 
 The daemon's handover: a successor binds the same frontends (SO_REUSEPORT) and adopts the
 VIPs and the nftables table; the predecessor stops with ``release=False``, stops accepting
