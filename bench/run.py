@@ -95,7 +95,7 @@ BENCHMARKS = ["proxy", "dns", "control", "control-api"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="kubeport benchmarks against peers (issue #7)")
+    parser = argparse.ArgumentParser(description="kubeport benchmarks against peers")
     parser.add_argument("--quick", action="store_true", help="2 s tool runs, smaller scales (a smoke run)")
     parser.add_argument("--only", action="append", choices=BENCHMARKS,
                         help="run only this benchmark (repeatable)")
