@@ -1,5 +1,5 @@
-"""`kubeport check` (issue #2: names every problem of a broken directory) and the
-ownership rules behind duplicate reports."""
+"""`kubeport check` (names every problem of a broken directory) and the ownership rules
+behind duplicate reports."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_examples_pass_check():
     assert check_directory(EXAMPLES, ["10.96.0.0/12", "fd00:10:96::/112"]) == []
 
 
-#: file -> what its line says; every deliberately broken file is named (issue #2 "Done when").
+#: file -> what its line says; every deliberately broken file is named.
 BROKEN_FILES = {
     "yaml-syntax.yaml": "YAML syntax error at line 5, column 2",
     "json-syntax.json": "JSON syntax error at line 5, column 35: Expecting value",
@@ -42,7 +42,8 @@ BROKEN_FILES = {
 
 
 @pytest.mark.parametrize("file, message", list(BROKEN_FILES.items()), ids=list(BROKEN_FILES))
-def test_check_names_every_broken_file__issue2(file, message):
+def test_check_names_every_broken_file(file, message):
+    """Each broken file named, in the API server's words (apimachinery pkg/api/errors NewInvalid)."""
     lines = check_directory(BROKEN)
     prefix = os.path.join(str(BROKEN), file) + ": "
     assert any(line.startswith(prefix) and message in line for line in lines), "\n".join(lines)
