@@ -1,4 +1,4 @@
-"""Seamless restart at Proxier level (issue 8): instance B starts on the same frontends, instance A
+"""Seamless restart at Proxier level: instance B starts on the same frontends, instance A
 stops with release=False, and clients see no failure.
 
 One network namespace of the test's own: loopback, a pod server on 127.0.0.1, two Proxier
@@ -142,7 +142,8 @@ def nft_table(ns: str) -> str:
     return run_in(ns, "nft", "list", "table", "inet", "kubeport", check=False).stdout
 
 
-def test_successor_takes_over__zero_failed_connections_and_queries__issue8(namespace):
+def test_successor_takes_over__zero_failed_connections_and_queries(namespace):
+    """SO_REUSEPORT (socket(7)) and net.ipv4.tcp_migrate_req (Linux networking/ip-sysctl.rst)."""
     ns = namespace
     start_podserver(ns, "p1")
     a = start_instance(ns, "A")
