@@ -5,7 +5,7 @@ socket by a hash of the 4-tuple, so two connections of one client usually land i
 different processes, each with its own ClientIP affinity table. For service ports
 with session affinity, a cBPF program attached to the group (SO_ATTACH_REUSEPORT_CBPF)
 picks the socket by a hash of the client's *address* only, so one client always
-reaches the same worker and its affinity table (issue 4 item 3).
+reaches the same worker and its affinity table.
 
 What the program sees: the packet with its data pointer past the transport header
 (for UDP the payload, for a TCP SYN nothing at all), so the source address is read

@@ -1,4 +1,4 @@
-"""The daemon reading a kube-apiserver (issue #6 "Tests"), end to end in network namespaces.
+"""The daemon reading a kube-apiserver, end to end in network namespaces.
 
 kubeport runs in a node's namespace with `--kubeconfig`, against the in-process fake API
 server of tests/fakes listening inside that namespace (https, bearer token). The node's pods

@@ -1,4 +1,4 @@
-"""The daemon on a manifest directory (issue #2): allocation, live reload, broken files, restart.
+"""The daemon on a manifest directory: allocation, live reload, broken files, restart.
 
 Everything is checked the way a user would: `kubeport get -o json` against the daemon
 running in node-a's namespace.

@@ -1,4 +1,4 @@
-"""Cluster DNS through the real daemon, asked from pod namespaces (issue #5).
+"""Cluster DNS through the real daemon, asked from pod namespaces.
 
 One kubeport runs in node-a and one in node-b, both on the same manifest directory (with
 explicit clusterIPs), forwarding to a fake upstream for example.test in the ext namespace.

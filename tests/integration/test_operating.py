@@ -1,4 +1,4 @@
-"""Operating kubeport (issue #8): SIGTERM drain, seamless restart, SIGHUP, metrics after real traffic."""
+"""Operating kubeport: SIGTERM drain, seamless restart, SIGHUP, metrics after real traffic."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ClusterIP services through the real daemon, one per node, in the two-node netns topology (issue #3).
+"""ClusterIP services through the real daemon, one per node, in the two-node netns topology.
 
 Pods on node-a and node-b use curl and a UDP client against the VIPs; changes are made by
 editing the manifest directory both daemons watch.

@@ -154,7 +154,7 @@ def test_unchanged_service_answers_stay_encoded_changed_ones_are_fresh() -> None
 
 
 def test_freshness_new_answer_right_after_apply() -> None:
-    """Issue #5 point 6: no stale window. Prints the time from apply() to the new answer."""
+    """No stale window. Prints the time from apply() to the new answer."""
     objects = [service(f"svc{i}", clusterIP=f"10.96.{i // 250}.{i % 250 + 1}", ports=[{"port": 80}])
                for i in range(1000)]
     state = cluster_state(objects)

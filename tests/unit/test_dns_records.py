@@ -1,7 +1,7 @@
 """The record index at scale: what it shares with the snapshot, what it keeps per address,
 and which changes count as DNS changes.
 
-Memory is the constraint (issue 7: daemon RSS <= 150 MiB at 10,000 services / 100,000
+Memory is the constraint (the target: daemon RSS <= 150 MiB at 10,000 services / 100,000
 endpoints, proxy and DNS together), so records share the snapshot's objects and the
 reverse maps hold a ServiceName, not a container, per address.
 """
