@@ -143,7 +143,7 @@ def nft_table(ns: str) -> str:
 
 
 def test_successor_takes_over__zero_failed_connections_and_queries(namespace):
-    """SO_REUSEPORT (socket(7)) and net.ipv4.tcp_migrate_req (Linux networking/ip-sysctl.rst)."""
+    """SO_REUSEPORT (socket(7)), net.ipv4.tcp_migrate_req (Linux Documentation/networking/ip-sysctl.rst)."""
     ns = namespace
     start_podserver(ns, "p1")
     a = start_instance(ns, "A")

@@ -43,7 +43,7 @@ BROKEN_FILES = {
 
 @pytest.mark.parametrize("file, message", list(BROKEN_FILES.items()), ids=list(BROKEN_FILES))
 def test_check_names_every_broken_file(file, message):
-    """Each broken file named, in the API server's words (apimachinery pkg/api/errors NewInvalid)."""
+    """Each broken file named; invalid objects in the API server's words (apimachinery errors.NewInvalid)."""
     lines = check_directory(BROKEN)
     prefix = os.path.join(str(BROKEN), file) + ": "
     assert any(line.startswith(prefix) and message in line for line in lines), "\n".join(lines)
