@@ -39,7 +39,7 @@ class Figure:
 
 @dataclass(frozen=True)
 class Target:
-    """A benchmark target: a ratio to ``peer`` (median over rounds) or, without a peer, kubeport's own value."""
+    """A performance target: a ratio to ``peer`` (median over rounds) or, without a peer, kubeport's own value."""
 
     figure: str
     op: str  # ">=" or "<="

@@ -175,8 +175,8 @@ class Answerer:
         if where is Zone.OTHER:
             return Forward(query, tcp, query.labels, qtype, shareable=True)
         if where is Zone.REVERSE:
-            # NODATA is not NXDOMAIN: no fallthrough, answered here (B.5): an SOA anywhere in the
-            # zone, and any type but PTR and NS at its apex.
+            # NODATA is not NXDOMAIN: no fallthrough, answered here (CoreDNS handler.go ServeDNS):
+            # an SOA anywhere in the zone, and any type but PTR and NS at its apex.
             apex = len(lower) == 2
             if qtype == T_SOA or (apex and qtype not in (T_PTR, T_NS)):
                 zone = query.labels[-2:]

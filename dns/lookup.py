@@ -116,7 +116,7 @@ class Lookup:
         except NoSuchName:
             # Before the first sync a missing name may only be missing from what is known so
             # far: SERVFAIL (with SOA), while what is known answers (CoreDNS handler.go:
-            # IsNameError && !HasSynced, B.5).
+            # IsNameError && !HasSynced).
             result.rcode = NXDOMAIN if self.index.synced else SERVFAIL
             result.answer, result.additional, result.forward = [], [], None
         if not result.answer and result.forward is None:

@@ -95,7 +95,8 @@ def _published(slice_: SliceInfo) -> tuple[SliceInfo, tuple[str, ...]]:
     """The slice cut to the endpoints DNS publishes, the slice itself when that is all of
     them; and the addresses of the others.
 
-    DNS publishes an endpoint by its ``ready`` condition and nothing else (CoreDNS, B.12).
+    DNS publishes an endpoint by its ``ready`` condition and nothing else (CoreDNS
+    plugin/kubernetes/object/endpoint.go EndpointSliceToEndpoints).
     publishNotReadyAddresses is already in it: the EndpointSlice controller writes
     ``ready = publishNotReadyAddresses || (podReady && !terminating)`` (podToEndpoint), and
     in manifest mode, where nobody runs it, the state does as it would

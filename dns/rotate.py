@@ -1,12 +1,13 @@
 """CoreDNS ``loadbalance``: the address records of an answer turn by one record per reply. Pure.
 
-Both reference Corefiles end with ``loadbalance``: CoreDNS shuffles the A and AAAA records of
-every NOERROR reply (``plugin/loadbalance``, CNAMEs kept first), so the clients of a headless
-Service do not all pick the same first pod. Here answers are kept encoded, so the shuffle is a
-rotation spliced into the bytes: an address record whose owner is a compression pointer has
-a fixed size (A 16 bytes, AAAA 28) and holds no name another record could point into, so a
-run of them can be cut and joined again without re-encoding. A reply with one address
-record (every ClusterIP answer) has no run and is never touched.
+The Corefiles of kubeadm (cmd/kubeadm/app/phases/addons/dns/manifests.go) and of
+coredns/deployment (kubernetes/coredns.yaml.sed) end with ``loadbalance``: CoreDNS shuffles the
+A and AAAA records of every NOERROR reply (``plugin/loadbalance``, CNAMEs kept first), so the
+clients of a headless Service do not all pick the same first pod. Here answers are kept
+encoded, so the shuffle is a rotation spliced into the bytes: an address record whose owner
+is a compression pointer has a fixed size (A 16 bytes, AAAA 28) and holds no name another
+record could point into, so a run of them can be cut and joined again without re-encoding.
+A reply with one address record (every ClusterIP answer) has no run and is never touched.
 
 Differences from CoreDNS, deliberate: a rotation, not a random permutation (each record is
 first equally often); only the answer section turns (CoreDNS also shuffles the authority and

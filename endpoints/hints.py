@@ -8,7 +8,9 @@ No EndpointSlice controller runs in manifest mode, so :func:`as_the_controller_w
   publishes them and the proxy uses them, as with a real controller, while both read
   nothing but ``ready`` (from an API server a slice the controller did not write keeps
   its own conditions, as CoreDNS and kube-proxy see it);
-* hints for services that ask for them (reference B):
+* hints for services that ask for them, as the EndpointSlice controller writes them
+  (staging/src/k8s.io/endpointslice: utils.go hintsEnabled, trafficdist/trafficdist.go,
+  topologycache/topologycache.go):
 
 * ``service.kubernetes.io/topology-mode: Auto`` (or the deprecated
   ``topology-aware-hints``, which wins when present; exactly ``Auto``/``auto``) ->
@@ -127,7 +129,7 @@ def fill_hints(
 
 
 def traffic_distribution_hints(value: str, slices: tuple[SliceInfo, ...]) -> tuple[SliceInfo, ...]:
-    """Own-zone (and for PreferSameNode own-node) hints on every ready endpoint (reference B.2)."""
+    """Own-zone (and for PreferSameNode own-node) hints on every ready endpoint (trafficdist.go)."""
     same_node = value == PREFER_SAME_NODE
     filled = tuple(
         slice_ if not _fillable(slice_) else _with_endpoints(slice_, _same_place_hints(slice_.endpoints, same_node))
@@ -236,7 +238,7 @@ def _most(values: Mapping[str, float]) -> tuple[str | None, float]:
 
 
 def auto_hints(slices: tuple[SliceInfo, ...], nodes: Iterable[NodeInfo]) -> AutoHints:
-    """topology-mode Auto over a service's slices (TopologyCache.AddHints, reference B.3)."""
+    """topology-mode Auto over a service's slices (topologycache.go TopologyCache.AddHints)."""
     ratios = zone_cpu_ratios(nodes)
     replaced: dict[str, SliceInfo] = {}
     disabled: list[str] = []

@@ -1,6 +1,7 @@
 """Which endpoints a service port may use on this node: kube-proxy's CategorizeEndpoints.
 
-Restated from ``pkg/proxy/topology.go`` (reference A.3-A.5). Pure: the inputs are
+Restated from ``pkg/proxy/topology.go`` (CategorizeEndpoints, topologyModeFromHints; the
+terminating fallback of KEP-1669). Pure: the inputs are
 the port's endpoints (as :func:`~kubeport.endpoints.types.endpoints_for_port` builds
 them, sorted by ``IP:port``), the service's traffic policies and this node's identity.
 Feature choices come in as arguments, never from globals.
@@ -36,7 +37,7 @@ class EndpointSets:
 
 
 def uses_cluster_endpoints(*, internal_local: bool, externally_accessible: bool) -> bool:
-    """serviceport.go UsesClusterEndpoints: eTP=Local still needs the cluster set (A.6 short-circuit)."""
+    """serviceport.go UsesClusterEndpoints: eTP=Local still needs the cluster set (its short-circuit)."""
     return not internal_local or externally_accessible
 
 
@@ -55,7 +56,7 @@ def categorize_endpoints(
     externally_accessible: bool,
     prefer_same_node: bool = True,
 ) -> EndpointSets:
-    """kube-proxy's CategorizeEndpoints (reference A.3).
+    """kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go).
 
     :param node_name: this node ("" never matches an endpoint's nodeName).
     :param zone: this node's ``topology.kubernetes.io/zone``; None or "" = no zone.
@@ -128,7 +129,7 @@ def categorize_endpoints(
 def topology_mode_from_hints(
     endpoints: tuple[PortEndpoint, ...], node_name: str, zone: str, *, prefer_same_node: bool = True
 ) -> str:
-    """kube-proxy's topologyModeFromHints (reference A.4), decided over READY endpoints only.
+    """kube-proxy's topologyModeFromHints (pkg/proxy/topology.go), decided over READY endpoints only.
 
     PreferSameNode when every ready endpoint has node hints and one names this node (and
     the gate is on); else PreferSameZone when every ready endpoint has zone hints and one

@@ -84,7 +84,8 @@ class ServiceInfo:
 
     @property
     def proxied(self) -> bool:
-        """kube-proxy's ShouldSkipService, inverted, plus its informers' label selector (E.4)."""
+        """kube-proxy's ShouldSkipService, inverted, plus its informers' label selector
+        (pkg/proxy/util/utils.go, cmd/kube-proxy/app/server.go)."""
         return (
             self.type != "ExternalName"
             and not self.headless
@@ -135,7 +136,7 @@ class SliceInfo:
     ports: tuple[EndpointPortInfo, ...] | None
     endpoints: tuple[EndpointInfo, ...]
     #: False when labelled service.kubernetes.io/headless or service-proxy-name: kube-proxy's
-    #: informers never see such a slice (E.4), but DNS still reads its endpoints.
+    #: informers never see such a slice (cmd/kube-proxy/app/server.go), but DNS still reads its endpoints.
     proxied: bool = True
     #: addresses[1:] of each endpoint, in ``endpoints`` order; None when no endpoint has more
     #: than one (the usual slice). DNS publishes each (CoreDNS); the proxy only the first

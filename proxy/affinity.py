@@ -1,4 +1,6 @@
-"""ClientIP session affinity for one service port, sans-IO (reference C).
+"""ClientIP session affinity for one service port, sans-IO (kube-proxy's
+pkg/proxy/iptables/proxier.go writeServiceToEndpointRules; the removed userspace balancer
+pkg/proxy/userspace/roundrobin.go; limits in pkg/apis/core/validation/validation.go).
 
 kube-proxy keeps one affinity table per *service port* (not per Service), keyed by the
 client's IP as the node sees it before SNAT, with a sliding timeout refreshed by each
@@ -72,7 +74,7 @@ class AffinityTable:
     def lookup(self, client_ip: str, eligible_keys: Collection[str], now: float) -> str | None:
         """The client's first fresh pin among ``eligible_keys`` (pass a set); a hit restarts its timer.
 
-        Pins to endpoints outside ``eligible_keys`` are skipped and kept (reference C: each
+        Pins to endpoints outside ``eligible_keys`` are skipped and kept (kube-proxy: each
         chain checks only its own endpoints' affinity); a timed-out pin met on the way is
         dropped. None: the caller picks anew and :meth:`record` s it.
         """

@@ -1,4 +1,4 @@
-"""The proxy's own health, kube-proxy's ``/healthz`` and ``/livez`` (reference F.2), sans-IO.
+"""The proxy's own health, kube-proxy's ``/healthz`` and ``/livez``, sans-IO.
 
 Restated from ``pkg/proxy/healthcheck/proxy_health.go`` (newest version, KEP-3836):
 

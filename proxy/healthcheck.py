@@ -1,4 +1,4 @@
-"""Health-check node ports for ``externalTrafficPolicy: Local`` LoadBalancers (reference F.1).
+"""Health-check node ports for ``externalTrafficPolicy: Local`` LoadBalancers (KEP-1669 drain).
 
 Restated from ``pkg/proxy/healthcheck/service_health.go``. A cloud load balancer probes
 ``healthCheckNodePort`` on every node and only sends traffic to nodes answering 200,
@@ -168,7 +168,7 @@ class HealthCheckServers:
 
         ``addresses``: where to listen (``"0.0.0.0"``/``"::"`` for a family's wildcard, see
         ``NodePortSelection.health_check_addresses``); None: every address; empty: nowhere,
-        so no port opens (--nodeport-addresses matched no local address, reference F.1).
+        so no port opens (--nodeport-addresses matched no local address, as in kube-proxy).
         Counts and names of open ports change in place; new addresses reopen every port.
         A port that cannot be opened is reported (``{port: error}``, also in :attr:`failures`)
         and retried: by :meth:`keep_retrying`, and at the next sync.

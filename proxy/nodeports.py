@@ -1,4 +1,5 @@
-"""Which node addresses NodePorts listen on: kube-proxy's --nodeport-addresses (reference E.1).
+"""Which node addresses NodePorts listen on: kube-proxy's --nodeport-addresses
+(pkg/proxy/util/nodeport_addresses.go NewNodePortAddresses).
 
 Pure. Tokens are CIDRs or the KEP-6032 keywords ``primary`` (the Node object's
 primary IP per family), ``localhost`` (the loopback CIDRs) and ``all`` (every local
@@ -10,8 +11,9 @@ KEP-6032's localhost proxy starts only for an explicit loopback entry (``all`` a
 match-all a family falls back to do not count).
 
 A family whose entries match no local address gets nothing: no NodePorts and no
-health-check node ports (reference E.1, F.1); :class:`NodePortSelection` keeps that
-apart from a family matching all, whose health-check ports take the wildcard.
+health-check node ports (pkg/proxy/healthcheck/service_health.go listens on the same
+addresses); :class:`NodePortSelection` keeps that apart from a family matching all, whose
+health-check ports take the wildcard.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def nodeport_networks(spec: NodePortSpec, primary_ips: Iterable[str]) -> tuple[N
     """The CIDRs a node address must fall in to carry NodePorts.
 
     Only CIDRs, or ``primary`` alone (kube-proxy's own forms): a family without any CIDR
-    matches every address of that family (reference E.1: "that family gets 0.0.0.0/0 /
-    ::/0"), so ``primary`` on a node with an IPv4 InternalIP only, or with no Node object,
+    matches every address of that family (NewNodePortAddresses: that family gets 0.0.0.0/0
+    or ::/0), so ``primary`` on a node with an IPv4 InternalIP only, or with no Node object,
     serves the other family, or both, on every non-loopback address, as kube-proxy does. Combined
     tokens (KEP-6032), families are exactly what the tokens name.
     """
@@ -84,7 +86,7 @@ def nodeport_networks(spec: NodePortSpec, primary_ips: Iterable[str]) -> tuple[N
     return tuple(networks)
 
 
-#: What a health-check node port binds for a match-all family (reference F.1: ``0.0.0.0:<port>``).
+#: What a health-check node port binds for a match-all family (service_health.go: ``0.0.0.0:<port>``).
 WILDCARDS = {4: "0.0.0.0", 6: "::"}
 
 
@@ -94,7 +96,7 @@ class NodePortSelection:
 
     A family can match *all* its addresses (a zero CIDR, or the fallback of a family the
     list does not name) or only named CIDRs; when those match no local address, the
-    family gets no NodePorts and no health-check node ports (reference E.1, F.1): an
+    family gets no NodePorts and no health-check node ports (as kube-proxy): an
     empty ``addresses`` is never "everything".
     """
 
@@ -107,7 +109,7 @@ class NodePortSelection:
 
     @property
     def health_check_addresses(self) -> tuple[str, ...]:
-        """Where health-check node ports listen (reference F.1): the family's wildcard when it
+        """Where health-check node ports listen (service_health.go): the family's wildcard when it
         matches all (and has an address here), else its matched addresses; none for no match."""
         hosts = []
         for family in (4, 6):

@@ -208,7 +208,7 @@ class Proxier:
         return self._table_ctx.nodeport_addresses if self._table_ctx is not None else ()
 
     @property
-    def health_check_addresses(self) -> tuple[str, ...]:  # reference F.1 (NodePortSelection); empty: nowhere
+    def health_check_addresses(self) -> tuple[str, ...]:  # see NodePortSelection; empty: nowhere
         return self._node.selection.health_check_addresses
 
     @property

@@ -2,7 +2,8 @@
 
 A frontend is one (address, port, protocol) the node answers on. Its rule says
 which service port it belongs to and what clients get, following kube-proxy's
-per-frontend use of the endpoint sets (reference A.6):
+per-frontend use of the endpoint sets (pkg/proxy/iptables/proxier.go syncProxyRules, and
+the nftables proxier's fixtures in pkg/proxy/nftables/proxier_test.go):
 
 * REFUSE: no usable endpoint anywhere -> no listener, the kernel refuses.
 * DROP: a Local traffic policy and no local endpoint -> clients time out
@@ -78,7 +79,7 @@ class FrontendRule:
     #: ClientIP session affinity timeout in seconds, 0: none.
     affinity_timeout: int = 0
     #: LB VIP frontends with loadBalancerSourceRanges: the only sources let in (normalised CIDRs);
-    #: None: every source (reference A.6, E.3).
+    #: None: every source (kube-proxy applies them to VIP-mode LB IPs only: proxier.go syncProxyRules).
     source_ranges: tuple[str, ...] | None = None
 
     @property
@@ -116,7 +117,7 @@ def _of_family(addresses: Iterable[str], family: int) -> tuple[str, ...]:
 def allowed_sources(
     ranges: Iterable[str], family: int, lb_ips: Iterable[str], node_ips: Iterable[str]
 ) -> tuple[str, ...] | None:
-    """The sources an LB VIP of ``family`` lets in; None: no restriction (kube-proxy A.6, E.3).
+    """The sources an LB VIP of ``family`` lets in; None: no restriction (kube-proxy's proxier.go).
 
     Only ranges of the frontend's family count (each family is its own proxier); with none,
     the VIP is open. When a range holds the node's own IP, the LB VIPs themselves are
@@ -148,7 +149,7 @@ def _rule(
     short_circuit: bool,
     affinity: int,
 ) -> FrontendRule:
-    """One frontend's behaviour from the endpoint sets (reference A.6 table)."""
+    """One frontend's behaviour from the endpoint sets (REJECT, DROP or forward, as syncProxyRules)."""
     if not sets.has_any:
         return FrontendRule(port_name, kind, Action.REFUSE, affinity_timeout=affinity)
     chosen = sets.local if local_policy else sets.cluster
@@ -251,8 +252,9 @@ def service_rules(state: ServiceState | None, ctx: TableContext) -> dict[Fronten
 def local_policy_drops(state: ServiceState | None, ctx: TableContext) -> tuple[int, int]:
     """(internal, external): the service's ports DROPping for want of a local endpoint, per family.
 
-    What kube-proxy's sync_proxy_rules_no_local_endpoints_total counts (reference A.6, G.1):
-    one per service port and proxier family where it installs the "has no local endpoints"
+    What kube-proxy's sync_proxy_rules_no_local_endpoints_total counts
+    (pkg/proxy/metrics/metrics.go SyncProxyRulesNoLocalEndpointsTotal): one per service
+    port and proxier family where it installs the "has no local endpoints"
     DROP, i.e. the port has endpoints but its Local-policy set, terminating fallback
     included, is empty. Per port, not per frontend: an eTP=Local port counts once however
     many NodePort, externalIP and LB addresses it has, even on a node without any, and

@@ -17,13 +17,15 @@ endpoints, no loadBalancerSourceRanges).
 * ``dropext4``/``dropext6``: only clients outside the pod CIDRs (``local4``/``local6``)
   and not the node itself (``fib saddr type local``) are dropped (eTP=Local).
 * ``fw4``/``fw6``: LB VIP frontends with loadBalancerSourceRanges; a client whose
-  (frontend . source) is not in ``fwallow4``/``fwallow6`` is dropped (reference A.6, E.3).
+  (frontend . source) is not in ``fwallow4``/``fwallow6`` is dropped (kube-proxy's firewall
+  chains, pkg/proxy/iptables/proxier.go syncProxyRules).
 * ``services4``/``services6`` (the service CIDRs) and a chain on the forward hook: a
   packet the node would route on to one of their addresses is dropped, as kube-proxy's
-  nftables mode drops traffic to unallocated ClusterIPs (reference A.6). Every ClusterIP
-  in use is a local address here, so only unallocated ones are ever forwarded; without
-  the drop, a pod asking for one sends it out through the node's default route. Only
-  forwarded packets walk this chain, never those the proxy relays.
+  nftables mode drops traffic to unallocated ClusterIPs (pkg/proxy/nftables/proxier.go, the
+  cluster-ips-check chain). Every ClusterIP in use is a local address here, so only
+  unallocated ones are ever forwarded; without the drop, a pod asking for one sends it out
+  through the node's default route. Only forwarded packets walk this chain, never those the
+  proxy relays.
 
 * ``capture4``/``capture6`` and ``reject4``/``reject6``: the externalIP and LoadBalancer
   frontends (proxy/host/capture.py). An externalIP is no local address of the node, since the

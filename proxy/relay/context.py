@@ -16,9 +16,9 @@ from kubeport.proxy.relay.poller import EdgePoller
 class LocalClients:
     """Is a client "local" for the eTP=Local short-circuit: in the pod CIDRs, or this node itself?
 
-    kube-proxy (reference A.6) sends such clients of external frontends to the
-    cluster set. Answers are cached per address (bounded), since only frontends
-    with eTP=Local ask.
+    kube-proxy (pkg/proxy/iptables/proxier.go syncProxyRules) sends such clients of external
+    frontends to the cluster set. Answers are cached per address (bounded), since only
+    frontends with eTP=Local ask.
     """
 
     def __init__(self, networks: Iterable, node_addresses: Iterable[str] = (), cache_size: int = 4096) -> None:

@@ -124,8 +124,9 @@ def restarts_for(status_now: dict, kind: str, reason: str) -> int:
 
 
 @pytest.mark.parametrize("watch_list", [False, True], ids=["paged_list", "watch_list__kep3157"])
-def test_nothing_served_before_services_and_endpointslices_listed__issue6_sync_gating(
+def test_nothing_served_before_services_and_endpointslices_listed(
         topology, pods, tls, tmp_path, watch_list):
+    """As kube-proxy's first sync waits for both informers (iptables/proxier.go OnEndpointSlicesSynced)."""
     # The first list of Services waits (with watch-list the list is the first watch).
     verb = "watch" if watch_list else "list"
     held: list[Callable[[], None]] = []

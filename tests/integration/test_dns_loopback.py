@@ -334,13 +334,14 @@ async def test_forwarded_answer_keeps_the_query_letter_case(dns: DnsServer) -> N
 
 
 async def test_query_over_tcp_is_forwarded_over_tcp__forward_transport(dns: DnsServer, upstream: FakeUpstream) -> None:
-    """CoreDNS forward uses the transport the query arrived on (reference B.1)."""
+    """CoreDNS forward uses the transport the query arrived on (plugin/pkg/proxy/connect.go Connect)."""
     result = await dig(dns.port, "+tcp", "api.example.test", "A")
     assert result.status == "NXDOMAIN"
     assert [proto for proto, name in upstream.queries if name == "api.example.test"] == ["tcp"]
 
 
-async def test_headless_answers_turn_between_queries__b1_loadbalance(dns: DnsServer) -> None:
+async def test_headless_answers_turn_between_queries__coredns_loadbalance(dns: DnsServer) -> None:
+    """CoreDNS plugin/loadbalance/loadbalance.go roundRobin shuffles the address records of each reply."""
     name = "big.default.svc.cluster.local"
     over_tcp = [await dig(dns.port, "+tcp", name, "A") for _ in range(3)]
     assert len({result.answer[0] for result in over_tcp}) == 3
@@ -350,7 +351,8 @@ async def test_headless_answers_turn_between_queries__b1_loadbalance(dns: DnsSer
 
 
 async def test_one_lost_upstream_packet_is_retried_not_servfail__forward_deadline() -> None:
-    """CoreDNS forward asks again after read_timeout until its 5 s deadline (B.1)."""
+    """CoreDNS forward asks again after read_timeout until its 5 s deadline (plugin/forward/forward.go
+    ServeDNS)."""
     fake = FakeUpstream({"www.example.test": ["203.0.113.7"]})
     lost: list[bytes] = []
 

@@ -87,8 +87,9 @@ NEGATIVE = None  # expected answer of a negative case: no records, the zone's SO
 RECORD_CASES = [
     pytest.param([WEB, "A"], "NOERROR", [f"{WEB}. 5 IN A 10.96.0.20"], id="a_cluster_ip"),
     pytest.param([WEB, "AAAA"], "NOERROR", [f"{WEB}. 5 IN AAAA fd00:10:96::20"], id="aaaa_dual_stack"),
+    # Dual stack: the weight counts both ClusterIPs, before de-duplication (plugin/backend_lookup.go SRV).
     pytest.param([f"_http._tcp.{WEB}", "SRV"], "NOERROR", [f"_http._tcp.{WEB}. 5 IN SRV 0 50 80 {WEB}."],
-                 id="srv_cluster_ip__b15_3_dual_stack_weight"),
+                 id="srv_cluster_ip__dual_stack_weight"),
     pytest.param([DB, "A"], "NOERROR", [f"{DB}. 5 IN A {DB_0}", f"{DB}. 5 IN A {DB_1}"], id="a_headless"),
     pytest.param([f"db-0.{DB}", "A"], "NOERROR", [f"db-0.{DB}. 5 IN A {DB_0}"], id="a_endpoint_hostname"),
     pytest.param([f"_postgres._tcp.{DB}", "SRV"], "NOERROR",
@@ -100,9 +101,10 @@ RECORD_CASES = [
                  id="ptr_cluster_ipv6"),
     pytest.param(["-x", DB_0], "NOERROR", [f"11.2.244.10.in-addr.arpa. 5 IN PTR db-0.{DB}."], id="ptr_endpoint"),
     pytest.param([EXT, "CNAME"], "NOERROR", [f"{EXT}. 5 IN CNAME www.example.test."], id="cname_external_name"),
+    # An out-of-zone CNAME target is looked up upstream (plugin/backend_lookup.go A).
     pytest.param([EXT, "A"], "NOERROR",
                  [f"{EXT}. 5 IN CNAME www.example.test.", "www.example.test. * IN A 203.0.113.7"],
-                 id="external_name_target_asked_upstream__b15_7"),
+                 id="external_name_target_asked_upstream"),
     pytest.param([INNER, "A"], "NOERROR", [f"{INNER}. 5 IN CNAME {WEB}.", f"{WEB}. 5 IN A 10.96.0.20"],
                  id="external_name_in_zone_chased"),
     pytest.param(["dns-version.cluster.local", "TXT"], "NOERROR", ['dns-version.cluster.local. 28800 IN TXT "1.1.0"'],
@@ -110,12 +112,13 @@ RECORD_CASES = [
     pytest.param(["www.example.test", "A"], "NOERROR", ["www.example.test. * IN A 203.0.113.7"], id="forwarded"),
     pytest.param(["www.example.test", "AAAA"], "NOERROR", ["www.example.test. * IN AAAA 2001:db8::7"],
                  id="forwarded_aaaa"),
+    # ready = publishNotReadyAddresses || ... (staging/src/k8s.io/endpointslice/utils.go podToEndpoint).
     pytest.param([fqdn("warming"), "A"], "NOERROR", [f"{fqdn('warming')}. 5 IN A 10.244.1.13"],
-                 id="publish_not_ready_addresses__manifests_write_ready_as_the_controller__b12"),
+                 id="publish_not_ready_addresses__manifests_write_ready_as_the_controller"),
     pytest.param([fqdn("nope"), "A"], "NXDOMAIN", NEGATIVE, id="nxdomain_with_soa"),
     pytest.param(["nowhere.svc.cluster.local", "A"], "NXDOMAIN", NEGATIVE, id="nxdomain_unknown_namespace"),
     pytest.param([WEB, "TXT"], "NOERROR", NEGATIVE, id="nodata_other_type_with_soa"),
-    pytest.param([DB, "AAAA"], "NOERROR", NEGATIVE, id="nodata_aaaa_on_ipv4_only__b15_1"),
+    pytest.param([DB, "AAAA"], "NOERROR", NEGATIVE, id="nodata_aaaa_on_ipv4_only"),
     pytest.param(["shop.svc.cluster.local", "A"], "NOERROR", NEGATIVE, id="nodata_existing_namespace"),
 ]
 
@@ -124,6 +127,7 @@ RECORD_CASES = [
 @pytest.mark.parametrize("proto", PROTOS)
 @pytest.mark.parametrize("args, status, expected", RECORD_CASES)
 def test_dig_from_a_pod(topology, cluster, pod, proto, args, status, expected) -> None:
+    """kubernetes/dns docs/specification.md, answered as CoreDNS's plugin/kubernetes does."""
     result = dig(topology.pod(*pod), *proto, *args)
     assert result.status == status, result.output
     if expected is NEGATIVE:
@@ -141,7 +145,8 @@ def test_external_nxdomain_is_relayed(topology, cluster) -> None:
     assert result.authority and result.authority[0].startswith("example.test. ")
 
 
-def test_reverse_zone_soa_is_answered_here_not_upstream__b5(topology, cluster) -> None:
+def test_reverse_zone_soa_is_answered_here_not_upstream(topology, cluster) -> None:
+    """CoreDNS plugin/kubernetes/handler.go ServeDNS and plugin/backend_lookup.go SOA, in a reverse zone."""
     ns = topology.pod("a", 1)
     apex = dig(ns, "in-addr.arpa", "SOA")
     assert apex.status == "NOERROR" and len(apex.answer) == 1, apex.output
@@ -151,9 +156,10 @@ def test_reverse_zone_soa_is_answered_here_not_upstream__b5(topology, cluster) -
     assert below.authority == apex.answer, below.output
 
 
-def test_forwarded_answer_too_big_for_udp_keeps_what_fits__b14(topology, cluster) -> None:
-    """Trimmed to whole records with TC (CoreDNS), not emptied: a client that never retries
-    over TCP (musl before 1.2.4) still gets addresses. Asked twice: relayed, then cached."""
+def test_forwarded_answer_too_big_for_udp_keeps_what_fits(topology, cluster) -> None:
+    """Trimmed to whole records with TC (CoreDNS request/request.go Scrub), not emptied: a client
+    that never retries over TCP (musl before 1.2.4) still gets addresses. Asked twice: relayed,
+    then cached."""
     ns = topology.pod("a", 1)
     many = {f"198.51.100.{i}" for i in range(1, 41)}
     for _ in range(2):

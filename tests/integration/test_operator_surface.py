@@ -90,7 +90,8 @@ def test_busy_health_check_node_port_is_retried_until_it_opens(topology, manifes
     assert failure not in problems(ns)
 
 
-def test_nodeport_addresses_matching_nothing_open_no_health_check_port__e1_f1(topology, manifests, tmp_path):
+def test_nodeport_addresses_matching_nothing_open_no_health_check_port(topology, manifests, tmp_path):
+    """nodeport_addresses.go matches nothing: no NodePort, and service_health.go opens no port."""
     ns, node_ip = topology.node("a"), topology.node_spec("a").lan_ips[0]
     kp = daemon(topology, manifests, tmp_path, "--nodeport-addresses", "10.9.0.0/16,fd09::/64")
     said = "nodePortAddresses '10.9.0.0/16,fd09::/64': no local IPv4 address in 10.9.0.0/16"

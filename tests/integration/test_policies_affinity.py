@@ -1,4 +1,5 @@
-"""ClientIP session affinity through the daemon on node-a, TCP and UDP (reference C).
+"""ClientIP session affinity through the daemon on node-a, TCP and UDP (kube-proxy's `recent`
+rules, pkg/proxy/iptables/proxier.go writeServiceToEndpointRules).
 
 How the "moves after the timeout" assertions stay deterministic: those services have two
 endpoints, and the client keeps one connection (or UDP flow) open to the pod it is pinned to.
@@ -112,7 +113,8 @@ def _assert_pinned_then_moved(session: dict) -> None:
     assert session["later"] == [*other] * AFTER_TIMEOUT_CONNECTIONS, "after the timeout the client moves"
 
 
-def test_client_ip_affinity__tcp_client_kept_on_one_pod__moved_after_timeout__c(cluster, topology, pod_of):
+def test_client_ip_affinity__tcp_client_kept_on_one_pod__moved_after_timeout(cluster, topology, pod_of):
+    """pkg/proxy/iptables/proxier.go writeServiceToEndpointRules: `recent --rcheck --seconds` per endpoint."""
     _sticky(cluster, pod_of, "sticky-tcp", STICKY_TCP, [HTTP_PORT], [HTTP_SLICE_PORT])
     # Waiting from a1 leaves the client's (a2's) affinity untouched.
     wait_until(lambda: pods_over(topology.pod("a", 1), STICKY_TCP, 80, 1)[0] in {"a1", "b1"}, 15,
@@ -120,7 +122,8 @@ def test_client_ip_affinity__tcp_client_kept_on_one_pod__moved_after_timeout__c(
     _assert_pinned_then_moved(_session(topology.pod("a", 2), _TCP_SESSION, STICKY_TCP, 80))
 
 
-def test_client_ip_affinity__udp_flows_kept_on_one_pod__moved_after_timeout__c(cluster, topology, pod_of):
+def test_client_ip_affinity__udp_flows_kept_on_one_pod__moved_after_timeout(cluster, topology, pod_of):
+    """pkg/proxy/iptables/proxier.go writeServiceToEndpointRules: UDP flows pinned like TCP connections."""
     _sticky(cluster, pod_of, "sticky-udp", STICKY_UDP, [UDP_PORT], [UDP_SLICE_PORT])
     wait_until(lambda: udp_request(topology.pod("a", 1), STICKY_UDP, 90, "up?", timeout=1), 15,
                ignore=(ConnectionRefusedError, NoReply, CommandFailed), message="sticky-udp answering")
@@ -139,7 +142,9 @@ def _repick(cluster, pod_of, pods: tuple[str, ...]) -> None:
           slice_of("repick-probe-1", "repick-probe", endpoints, ports=[HTTP_SLICE_PORT]))
 
 
-def test_client_ip_affinity__removed_endpoint_forgotten__new_pick_sticks__c(cluster, topology, pod_of):
+def test_client_ip_affinity__removed_endpoint_forgotten__new_pick_sticks(cluster, topology, pod_of):
+    """Only usable endpoints are eligible (proxier.go writeServiceToEndpointRules; the removed userspace
+    balancer's roundrobin.go removeStaleAffinity)."""
     everyone = ("a1", "b1", "b2")  # three, so the new pick is not forced
     _repick(cluster, pod_of, everyone)
     client = topology.pod("a", 2)

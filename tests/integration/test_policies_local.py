@@ -1,5 +1,6 @@
 """internalTrafficPolicy and externalTrafficPolicy Local, and the health-check node port, through
-the daemons of both nodes (reference A.5, A.6, F.1, K.1, K.3).
+the daemons of both nodes (KEP-1669; kube-proxy's pkg/proxy/iptables/proxier.go syncProxyRules,
+pkg/proxy/healthcheck/service_health.go).
 
 What a client sees, kube-proxy's way: no usable endpoint anywhere -> refused (curl exits 7);
 a Local policy with endpoints only on other nodes -> dropped (curl --connect-timeout 1 exits 28);
@@ -52,7 +53,8 @@ def _itp(cluster, endpoints: list[dict], name: str = "itp", ip: str = ITP) -> No
           slice_of(f"{name}-1", name, endpoints))
 
 
-def test_itp_local_without_local_endpoints__dropped_not_refused__a6(cluster, topology, pod_of):
+def test_itp_local_without_local_endpoints__dropped_not_refused(cluster, topology, pod_of):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: iTP=Local with endpoints elsewhere only is DROP."""
     client = topology.pod("a", 1)
     _itp(cluster, [endpoint(pod_of(p)) for p in ("a2", "b1", "b2")])
     settle_on(client, ITP, 80, {"a2"})
@@ -65,14 +67,16 @@ def test_itp_local_without_local_endpoints__dropped_not_refused__a6(cluster, top
     assert set(settle_on(topology.pod("b", 1), ITP, 80, {"b1", "b2"})) == {"b1", "b2"}
 
 
-def test_itp_local_with_local_endpoints__only_local_ones_answer__a5(cluster, topology, pod_of):
+def test_itp_local_with_local_endpoints__only_local_ones_answer(cluster, topology, pod_of):
+    """pkg/proxy/topology.go CategorizeEndpoints: iTP=Local uses this node's endpoints only."""
     _itp(cluster, [endpoint(pod_of(p)) for p in ("a1", "b1", "b2")])
     assert set(settle_on(topology.pod("a", 2), ITP, 80, {"a1"})) == {"a1"}
     assert udp_request(topology.pod("a", 2), ITP, 90, "local?").split()[0] == b"a1"
     assert set(settle_on(topology.pod("b", 2), ITP, 80, {"b1", "b2"})) == {"b1", "b2"}
 
 
-def test_itp_local_without_any_usable_endpoint__refused__a6(cluster, topology, pod_of):
+def test_itp_local_without_any_usable_endpoint__refused(cluster, topology, pod_of):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: hasAnyEndpoints false is REJECT, not DROP."""
     client = topology.pod("a", 1)
     _itp(cluster, [endpoint(pod_of("b1"))], name="itp-gone", ip=ITP_GONE)
     settle_curl_exit(client, ITP_GONE, 80, TIMED_OUT)  # b1 serves elsewhere: dropped here
@@ -111,7 +115,8 @@ def _health_body(local_endpoints: int) -> dict:
             "serviceProxyHealthy": True}
 
 
-def test_etp_local_node_port_and_lb_ip_from_outside__only_local_pods__a6(cluster, topology, pod_of):
+def test_etp_local_node_port_and_lb_ip_from_outside__only_local_pods(cluster, topology, pod_of):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: eTP=Local sends outside clients to local endpoints."""
     _etp(cluster, [endpoint(pod_of(p)) for p in ("a1", "a2", "b1", "b2")])
     client = topology.client
     assert set(settle_on(client, NODE_A, NODE_PORT, {"a1", "a2"})) == {"a1", "a2"}
@@ -119,8 +124,9 @@ def test_etp_local_node_port_and_lb_ip_from_outside__only_local_pods__a6(cluster
     assert set(settle_on(client, LB_IP, 80, {"a1", "a2"})) == {"a1", "a2"}  # the client routes LB IPs to node-a
 
 
-def test_health_check_node_port__200_with_local_endpoints__kube_proxy_body_and_headers__f1(
+def test_health_check_node_port__200_with_local_endpoints__kube_proxy_body_and_headers(
         cluster, topology, pod_of):
+    """pkg/proxy/healthcheck/service_health.go hcHandler.ServeHTTP: status, JSON body and headers."""
     _etp(cluster, [endpoint(pod_of(p)) for p in ("a1", "a2", "b1")])
     reply = settle_health(topology.client, NODE_A, HEALTH_PORT, 200, 2)
     assert reply.json() == _health_body(2)
@@ -132,8 +138,9 @@ def test_health_check_node_port__200_with_local_endpoints__kube_proxy_body_and_h
     assert settle_health(topology.client, NODE_B, HEALTH_PORT, 200, 1).json() == _health_body(1)
 
 
-def test_etp_local_without_local_endpoints__outside_dropped__pods_get_cluster_set__health_503__a6_f1(
+def test_etp_local_without_local_endpoints__outside_dropped__pods_get_cluster_set__health_503(
         cluster, topology, pod_of):
+    """proxier.go syncProxyRules (DROP, pods short-circuited to the cluster set); service_health.go (503)."""
     _etp(cluster, [endpoint(pod_of("b1")), endpoint(pod_of("b2"))])
     reply = settle_health(topology.client, NODE_A, HEALTH_PORT, 503, 0)
     assert reply.json() == _health_body(0)

@@ -1,5 +1,5 @@
-"""Terminating endpoints through the daemon on node-a, conditions edited live (KEP-1669,
-reference A.3 step 2.3, A.5, K.1).
+"""Terminating endpoints through the daemon on node-a, conditions edited live (KEP-1669;
+kube-proxy's pkg/proxy/topology.go CategorizeEndpoints).
 
 A pod being deleted has ready=false, terminating=true, and serving=its readiness. kube-proxy uses
 serving-terminating endpoints only when no endpoint of the set is ready, never the ones that are

@@ -1,5 +1,7 @@
-"""trafficDistribution and topology-aware routing through the daemons of both nodes
-(reference A.4, B.2, B.3).
+"""trafficDistribution and topology-aware routing through the daemons of both nodes: the hints
+the EndpointSlice controller writes (staging/src/k8s.io/endpointslice trafficdist/trafficdist.go
+ReconcileHints, topologycache/topologycache.go AddHints) and kube-proxy's filter on them
+(pkg/proxy/topology.go topologyModeFromHints).
 
 Manifest mode: no EndpointSlice controller runs, so the daemons fill the hints the controller
 would write (endpoints/hints.py) and kube-proxy's rule uses them: hints count only when every
@@ -45,20 +47,23 @@ def _zonal(cluster, pod_of, distribution: str, *pods: str, name: str = "zonal", 
 
 
 @pytest.mark.parametrize("distribution", sorted(BY_DISTRIBUTION))
-def test_prefer_same_zone__each_node_reaches_only_its_zone__b2_a4(cluster, pod_of, clients, distribution):
+def test_prefer_same_zone__each_node_reaches_only_its_zone(cluster, pod_of, clients, distribution):
+    """Own-zone hints (trafficdist.go ReconcileHints), used by pkg/proxy/topology.go topologyModeFromHints."""
     name, ip = BY_DISTRIBUTION[distribution]
     _zonal(cluster, pod_of, distribution, "a1", "a2", "b1", "b2", name=name, ip=ip)
     assert set(settle_on(clients["node-a"], ip, 80, {"a1", "a2"})) == {"a1", "a2"}
     assert set(settle_on(clients["node-b"], ip, 80, {"b1", "b2"})) == {"b1", "b2"}
 
 
-def test_prefer_same_zone__uses_own_zone_while_any_endpoint_is_left_there__a4(cluster, pod_of, clients):
+def test_prefer_same_zone__uses_own_zone_while_any_endpoint_is_left_there(cluster, pod_of, clients):
+    """pkg/proxy/topology.go topologyModeFromHints: one ready endpoint hinted for this zone is enough."""
     _zonal(cluster, pod_of, "PreferSameZone", "a1", "b1", "b2")
     assert set(settle_on(clients["node-a"], ZONAL, 80, {"a1"})) == {"a1"}
     assert set(settle_on(clients["node-b"], ZONAL, 80, {"b1", "b2"})) == {"b1", "b2"}
 
 
-def test_prefer_same_zone__no_endpoint_in_own_zone__falls_back_to_all__a4(cluster, pod_of, clients):
+def test_prefer_same_zone__no_endpoint_in_own_zone__falls_back_to_all(cluster, pod_of, clients):
+    """pkg/proxy/topology.go topologyModeFromHints: no ready endpoint hinted for this zone, no topology."""
     _zonal(cluster, pod_of, "PreferSameZone", "a1", "a2", "b1", "b2")
     settle_on(clients["node-a"], ZONAL, 80, {"a1", "a2"})
     # zone-a's endpoints are removed from the manifest: no ready endpoint is hinted for zone-a.
@@ -77,7 +82,8 @@ def _b1_on_node_c(pod_of, zone: str) -> dict:
     return endpoint(pod_of("b1"), node="node-c", zone=zone)
 
 
-def test_prefer_same_node__each_node_reaches_only_its_own_pods__b2_a4(cluster, pod_of, clients):
+def test_prefer_same_node__each_node_reaches_only_its_own_pods(cluster, pod_of, clients):
+    """Own-node hints (trafficdist.go ReconcileHints) beat zone hints (topology.go topologyModeFromHints)."""
     _nodal(cluster, pod_of, [endpoint(pod_of("a1")), endpoint(pod_of("a2")),
                              _b1_on_node_c(pod_of, "zone-a"), endpoint(pod_of("b2"))])
     # PreferSameZone would add b1 (zone-a, node-c) for node-a: forNodes wins over forZones.
@@ -85,7 +91,8 @@ def test_prefer_same_node__each_node_reaches_only_its_own_pods__b2_a4(cluster, p
     assert set(settle_on(clients["node-b"], NODAL, 80, {"b2"})) == {"b2"}
 
 
-def test_prefer_same_node__falls_back_to_same_zone_then_to_all__a4(cluster, pod_of, clients):
+def test_prefer_same_node__falls_back_to_same_zone_then_to_all(cluster, pod_of, clients):
+    """pkg/proxy/topology.go topologyModeFromHints: node hints, else zone hints, else every ready endpoint."""
     # node-a's pods are gone: no node hint names node-a, zone hints still name zone-a (b1 on node-c).
     _nodal(cluster, pod_of, [_b1_on_node_c(pod_of, "zone-a"), endpoint(pod_of("b2"))])
     assert set(settle_on(clients["node-a"], NODAL, 80, {"b1"})) == {"b1"}
@@ -102,7 +109,8 @@ def _auto(cluster, pod_of, *pods: str) -> None:
           slice_of("auto-1", "auto", [endpoint(pod_of(p)) for p in pods]))
 
 
-def test_topology_mode_auto__zones_get_endpoints_in_proportion_to_cpu__b3(cluster, pod_of, clients):
+def test_topology_mode_auto__zones_get_endpoints_in_proportion_to_cpu(cluster, pod_of, clients):
+    """topology-mode Auto (KEP-2433): topologycache.go AddHints, utils.go getGivingAndReceivingZones."""
     # 4 endpoints, CPU 3:1: zone-a should have 3 and has 2, zone-b gives one away (the first of its
     # endpoints in slice order, b1), so node-a reaches a1, a2, b1 and node-b only b2.
     _auto(cluster, pod_of, "a1", "a2", "b1", "b2")
@@ -110,7 +118,8 @@ def test_topology_mode_auto__zones_get_endpoints_in_proportion_to_cpu__b3(cluste
     assert set(settle_on(clients["node-b"], AUTO, 80, {"b2"})) == {"b2"}
 
 
-def test_topology_mode_auto__overload_safeguard_disables_hints__b3(cluster, pod_of, clients):
+def test_topology_mode_auto__overload_safeguard_disables_hints(cluster, pod_of, clients):
+    """topology-mode Auto (KEP-2433): topologycache.go getAllocations, over the overload threshold."""
     # 2 endpoints, CPU 3:1: zone-a needs ceil(1.5 / 1.2) = 2 and zone-b 1, more than there are:
     # "Unable to allocate minimum required endpoints ..." -> no hints -> every node uses both.
     _auto(cluster, pod_of, "a1", "b1")

@@ -88,7 +88,8 @@ def test_ipv6_cluster_ip_reaches_ipv6_endpoints(topology, cluster):
     assert udp_request(topology.pod("b", 1), WEB_V6, 90, "six").split()[0].decode() in ALL_PODS
 
 
-def test_service_without_endpoints_is_refused_at_once__a6_reject(topology, cluster):
+def test_service_without_endpoints_is_refused_at_once(topology, cluster):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: a service without endpoints is REJECT."""
     started = time.monotonic()
     with pytest.raises(CommandFailed) as failure:
         curl_in(topology.pod("a", 1), http_url(EMPTY, 80), timeout=5)
@@ -301,10 +302,11 @@ def _daemon_log(topology, which: str) -> str:
     return "\n".join(d.log_text() for d in DAEMONS if d.ns == topology.node(which))
 
 
-def test_what_is_routed_to_an_unallocated_cluster_ip_is_dropped__nftables_a6(topology, cluster):
+def test_what_is_routed_to_an_unallocated_cluster_ip_is_dropped_as_by_nftables(topology, cluster):
     """Every ClusterIP in use is a local address of the node: a pod's packet for an unallocated
     one would be routed on, out of the node. kube-proxy's nftables mode drops it; so does
-    kubeport. Here a host beyond the node owns the address, and the node itself reaches it."""
+    kubeport. Here a host beyond the node owns the address, and the node itself reaches it.
+    (pkg/proxy/nftables/proxier.go, the cluster-ips-check chain.)"""
     unallocated, node_a, ext = "10.96.0.99", topology.node("a"), topology.ext
     setup = [(ext, "addr", "add", f"{unallocated}/32", "dev", "lo"),
              (ext, "route", "add", "10.244.0.0/16", "via", topology.node_ip("a")),

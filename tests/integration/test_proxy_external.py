@@ -1,5 +1,6 @@
 """NodePorts, externalIPs and LoadBalancer IPs from outside the cluster (the client namespace),
-through the real daemon on node-a (reference A.6, E.1-E.3).
+through the real daemon on node-a (kube-proxy's pkg/proxy/iptables/proxier.go syncProxyRules,
+pkg/proxy/util/nodeport_addresses.go, LoadBalancer ipMode per KEP-1860).
 """
 
 from __future__ import annotations
@@ -66,29 +67,33 @@ def test_node_port_on_ipv6_node_address(topology, cluster):
     assert "pod=" in curl_in(topology.client, http_url(NODE_A6, 30080))
 
 
-def test_external_ip_and_load_balancer_vip_from_outside__e2_e3(topology, cluster):
+def test_external_ip_and_load_balancer_vip_from_outside(topology, cluster):
+    """externalIPs and VIP-mode LB ingress IPs as frontends: pkg/proxy/iptables/proxier.go syncProxyRules."""
     assert pods_seen(topology.client, EXTERNAL_IP, 80, ALL_PODS) == ALL_PODS
     assert pods_seen(topology.client, EXTERNAL_IP6, 80, ALL_PODS) == ALL_PODS
     assert pods_seen(topology.client, LB_IP, 80, ALL_PODS) == ALL_PODS
     assert udp_request(topology.client, EXTERNAL_IP6, 90, "v6").split()[0].decode() in ALL_PODS
 
 
-def test_load_balancer_ip_in_proxy_mode_is_not_captured__e3(topology, cluster):
+def test_load_balancer_ip_in_proxy_mode_is_not_captured(topology, cluster):
+    """ipMode Proxy is left to the load balancer (KEP-1860; pkg/proxy/util/utils.go IsVIPMode)."""
     assert "pod=" in curl_in(topology.client, http_url(LB_IP, 80))
     with pytest.raises(CommandFailed):  # routed on by node-a, which has no route for it
         curl_in(topology.client, http_url(LB_PROXY_IP, 80), timeout=1.5)
 
 
-def test_external_and_lb_ips_are_taken_by_port_not_as_node_addresses__e2(topology, cluster):
-    """kube-proxy's iptables and nftables modes take only IP:port (its IPVS mode, the whole address)."""
+def test_external_and_lb_ips_are_taken_by_port_not_as_node_addresses(topology, cluster):
+    """kube-proxy's iptables and nftables modes take only IP:port (its IPVS mode, the whole address):
+    pkg/proxy/iptables/proxier.go syncProxyRules."""
     listing = run_in(topology.node("a"), "ip", "-o", "addr", "show").stdout
     assert not {EXTERNAL_IP, EXTERNAL_IP6, LB_IP, LB_PROXY_IP, GUARDED_LB_IP} & set(
         re.findall(r"inet6? ([^/ ]+)/", listing))
 
 
-def test_external_ip_that_is_a_real_hosts_address__its_other_ports_still_reach_it__e2(topology, cluster):
+def test_external_ip_that_is_a_real_hosts_address__its_other_ports_still_reach_it(topology, cluster):
     """The externalIP is the ext host's own LAN address: node-a and its pods reach the service
-    on its port, and the host itself on every other port (the address is not node-a's)."""
+    on its port, and the host itself on every other port (the address is not node-a's), as
+    kube-proxy's pkg/proxy/iptables/proxier.go syncProxyRules matches IP:port only."""
     manifests, _ = cluster
     host, node_a, pod = EXT_IPS[0], topology.node("a"), topology.pod("a", 1)
     write(manifests, "foreign",
@@ -115,31 +120,36 @@ def test_external_ip_that_is_a_real_hosts_address__its_other_ports_still_reach_i
         remove(manifests, "foreign")
 
 
-def test_load_balancer_source_ranges__outside_the_ranges_dropped__a6_e3(topology, cluster):
+def test_load_balancer_source_ranges__outside_the_ranges_dropped(topology, cluster):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: a source outside loadBalancerSourceRanges is dropped."""
     with pytest.raises(CommandFailed) as failure:
         curl_in(topology.client, http_url(GUARDED_LB_IP, 80), timeout=1.5)
     assert failure.value.returncode == 28  # timed out: DROP
     assert pods_seen(topology.client, WELCOME_LB_IP, 80, ALL_PODS) == ALL_PODS  # inside its ranges
 
 
-def test_load_balancer_source_ranges__node_port_and_cluster_ip_unaffected__a6(topology, cluster):
+def test_load_balancer_source_ranges__node_port_and_cluster_ip_unaffected(topology, cluster):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: source ranges guard LB VIPs only, not NodePorts."""
     assert "pod=" in curl_in(topology.client, http_url(NODE_A, 30082))
     assert "pod=" in curl_in(topology.pod("a", 1), http_url("10.96.0.32", 80))
 
 
-def test_etp_local_without_local_endpoints__outside_clients_dropped__a6(topology, cluster):
+def test_etp_local_without_local_endpoints__outside_clients_dropped(topology, cluster):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: eTP=Local without local endpoints is DROP."""
     with pytest.raises(CommandFailed) as failure:
         curl_in(topology.client, http_url(NODE_A, 30081), timeout=1.5)
     assert failure.value.returncode == 28  # timed out: DROP, not REJECT (7)
 
 
-def test_etp_local_without_local_endpoints__pods_short_circuited_to_the_cluster_set__a6(topology, cluster):
+def test_etp_local_without_local_endpoints__pods_short_circuited_to_the_cluster_set(topology, cluster):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: pods to an eTP=Local frontend get the cluster set."""
     # A pod on node-a is a "local" source: it gets the cluster set (node-b's pods).
     seen = pods_seen(topology.pod("a", 1), NODE_A, 30081, {"b1", "b2"})
     assert seen == {"b1", "b2"}
 
 
-def test_nodeport_addresses_limits_where_node_ports_listen__e1(topology, cluster):
+def test_nodeport_addresses_limits_where_node_ports_listen(topology, cluster):
+    """--nodeport-addresses CIDRs: pkg/proxy/util/nodeport_addresses.go NewNodePortAddresses."""
     manifests, state = cluster
     # node-b's daemon: NodePorts only on its pod bridge address, not on its LAN address.
     daemon = start_daemon(topology, "b", manifests, state, "--nodeport-addresses", "10.244.2.0/24")

@@ -142,7 +142,8 @@ def nft_table(ns: str) -> str:
     return run_in(ns, "nft", "list", "table", "inet", "kubeport", check=False).stdout
 
 
-def test_successor_takes_over__zero_failed_connections_and_queries__issue8(namespace):
+def test_successor_takes_over__zero_failed_connections_and_queries(namespace):
+    """SO_REUSEPORT (socket(7)), net.ipv4.tcp_migrate_req (Linux Documentation/networking/ip-sysctl.rst)."""
     ns = namespace
     start_podserver(ns, "p1")
     a = start_instance(ns, "A")

@@ -1,4 +1,6 @@
-"""ClientIP session affinity (reference C), driven with explicit `now` values."""
+"""ClientIP session affinity, driven with explicit `now` values: kube-proxy's `recent` rules
+(pkg/proxy/iptables/proxier.go writeServiceToEndpointRules) and the removed userspace balancer
+(pkg/proxy/userspace/roundrobin.go)."""
 
 from __future__ import annotations
 
@@ -70,16 +72,16 @@ def _never() -> str:
     [
         pytest.param(
             [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("pick", 2.0, ALL, None, A)],
-            id="ineligible_pin_skipped_not_dropped__cluster_pin_survives_local_frontend__reference_c",
+            id="ineligible_pin_skipped_not_dropped__cluster_pin_survives_local_frontend",
         ),
         pytest.param(
             [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("pick", 2.0, LOCAL, None, B),
              ("pins", (A, B))],
-            id="restricted_frontend_records_its_own_pin__per_endpoint_recent_list__reference_c",
+            id="restricted_frontend_records_its_own_pin__per_endpoint_recent_list",
         ),
         pytest.param(
             [("pick", 0.0, LOCAL, B, B), ("pick", 1.0, ALL, None, B)],
-            id="local_pin_is_honoured_by_the_cluster_chain_too__reference_c",
+            id="local_pin_is_honoured_by_the_cluster_chain_too",
         ),
         pytest.param(
             [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("pick", 2.0, ALL, None, A),
@@ -89,7 +91,7 @@ def _never() -> str:
         pytest.param(
             [("pick", 0.0, ALL, A, A), ("pick", 5.0, LOCAL, B, B), ("pick", 12.0, ALL, None, B),
              ("pins", (B,))],
-            id="pins_time_out_one_by_one__timed_out_pin_dropped_on_the_way__reference_c",
+            id="pins_time_out_one_by_one__timed_out_pin_dropped_on_the_way",
         ),
         pytest.param(
             [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("pick", 9.0, LOCAL, None, B),
@@ -99,16 +101,18 @@ def _never() -> str:
         pytest.param(
             [("pick", 0.0, ALL, A, A), ("pick", 1.0, LOCAL, B, B), ("forget", [A], 1), ("pins", (B,)),
              ("pick", 2.0, ALL, None, B)],
-            id="removed_endpoint_drops_its_pins__reference_c",
+            id="removed_endpoint_drops_its_pins",
         ),
         pytest.param(
             [("pick", 0.0, ALL, A, A), ("forget", [A], 1), ("pick", 1.0, frozenset({B, C}), C, C),
              ("pick", 2.0, ALL, None, C)],
-            id="removed_endpoint_back__client_stays_on_its_new_pick__reference_c",
+            id="removed_endpoint_back__client_stays_on_its_new_pick",
         ),
     ],
 )
 def test_pins_per_endpoint__skipped_where_not_offered(steps) -> None:
+    """A `recent` list per endpoint chain, checked only for the chain's endpoints (proxier.go
+    writeServiceToEndpointRules); removed endpoints lose theirs (roundrobin.go removeStaleAffinity)."""
     table = AffinityTable(10)
     for step in steps:
         match step:
@@ -192,7 +196,8 @@ def test_size_cap_evicts_least_recently_used_client() -> None:
     assert table.forget([B]) == 0
 
 
-def test_tables_are_per_service_port__reference_c() -> None:
+def test_tables_are_per_service_port() -> None:
+    """Per service port, as roundrobin.go keys it by ServicePortName and iptables by endpoint chain."""
     http, https = AffinityTable(10), AffinityTable(10)
     http.record("192.0.2.1", A, now=0.0)
     assert https.lookup("192.0.2.1", ALL, now=1.0) is None

@@ -1,4 +1,4 @@
-"""Band allocators: offsets and scan order exactly as the API server's (reference D.1, D.2).
+"""Band allocators: offsets and scan order exactly as the API server's.
 
 Sources: pkg/registry/core/service/portallocator (calculateRangeOffset, Test_calculateRangeOffset),
 pkg/registry/core/service/ipallocator (calculateRangeOffset), allocator/bitmap.go
@@ -30,7 +30,7 @@ def rng(seed: int = 7) -> random.Random:
 # --- NodePorts (KEP-3668) ---------------------------------------------------------------
 
 PORT_BANDS = [
-    # (lo, hi, offset, static band, dynamic band) — every row of reference D.1
+    # (lo, hi, offset, static band, dynamic band): portallocator calculateRangeOffset, KEP-3668
     (30000, 32767, 86, (30000, 30085), (30086, 32767)),
     (20000, 32767, 128, (20000, 20127), (20128, 32767)),
     (32567, 32767, 16, (32567, 32582), (32583, 32767)),
@@ -135,7 +135,7 @@ def test_same_seed_same_choices() -> None:
 # --- ClusterIPs (KEP-3070) ------------------------------------------------------------------
 
 IP_BANDS = [
-    # (cidr, offset, static band, first dynamic) — every row of reference D.2
+    # (cidr, offset, static band, first dynamic): ipallocator calculateRangeOffset, KEP-3070
     ("10.96.0.0/12", 256, ("10.96.0.1", "10.96.1.0"), "10.96.1.1"),
     ("192.168.0.0/16", 256, ("192.168.0.1", "192.168.1.0"), "192.168.1.1"),
     ("192.168.0.0/22", 64, ("192.168.0.1", "192.168.0.64"), "192.168.0.65"),

@@ -169,13 +169,14 @@ def test_each_shape_gets_its_own_reply_edns_and_rd_echoed(rig: Rig) -> None:
 
 
 @pytest.mark.parametrize("packet, upstream, udp_answers, udp_limit", [
-    pytest.param(question(NAME), upstream_reply(answers=40), 29, 512, id="no_edns_keeps_what_fits_512__b14"),
+    pytest.param(question(NAME), upstream_reply(answers=40), 29, 512, id="no_edns_keeps_what_fits_512"),
     pytest.param(question(NAME, edns=1232), upstream_reply(answers=40), 40, 1232, id="edns_1232_is_whole"),
     pytest.param(question(NAME), upstream_reply(answers=40, txt=600), 0, 512,
                  id="first_record_alone_too_big_is_question_only"),
 ])
 def test_too_big_for_udp_is_trimmed_over_udp_whole_over_tcp_ttls_aged(rig: Rig, packet: bytes, upstream: bytes,
                                                                       udp_answers: int, udp_limit: int) -> None:
+    """Cut to the client's buffer over UDP (CoreDNS request/request.go Scrub), whole over TCP."""
     rig.resolve(packet, upstream)
     rig.clock.now += 5
     tcp = read_reply(rig.ask(packet, tcp=True))

@@ -1,6 +1,7 @@
 """The Forwarder against fake upstreams on 127.0.0.1: CoreDNS forward's retries until its 5 s
 deadline, random policy, immediate failover on ICMP refusal, health checks, the transport
-the query arrived on, and answers cached stamped when they arrived (reference B.1).
+the query arrived on, and answers cached stamped when they arrived (plugin/forward/forward.go
+ServeDNS, plugin/pkg/proxy/connect.go Connect, plugin/cache).
 Timeouts are scaled down (tenths of a second) so the suite stays fast."""
 
 from __future__ import annotations

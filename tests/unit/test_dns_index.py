@@ -154,7 +154,7 @@ def test_unchanged_service_answers_stay_encoded_changed_ones_are_fresh() -> None
 
 
 def test_freshness_new_answer_right_after_apply() -> None:
-    """Issue #5 point 6: no stale window. Prints the time from apply() to the new answer."""
+    """No stale window. Prints the time from apply() to the new answer."""
     objects = [service(f"svc{i}", clusterIP=f"10.96.{i // 250}.{i % 250 + 1}", ports=[{"port": 80}])
                for i in range(1000)]
     state = cluster_state(objects)
@@ -178,7 +178,7 @@ def test_sync_flip_and_namespace_changes_clear_the_cache() -> None:
     server.apply(state.commit())
     packet = question("web.default.svc.cluster.local.")
     missing = question("nope.default.svc.cluster.local.")
-    assert read_reply(server.answerer.answer(packet)).rcode == "NOERROR"  # known before the sync (B.5)
+    assert read_reply(server.answerer.answer(packet)).rcode == "NOERROR"  # known before the sync (handler.go)
     assert read_reply(server.answerer.answer(missing)).rcode == "SERVFAIL"
     state.mark_synced("Service")
     state.mark_synced("EndpointSlice")
@@ -206,7 +206,8 @@ def test_only_dns_relevant_changes_count() -> None:
     assert index.serial == 10  # the SOA serial moves only with DNS-visible changes
 
 
-def test_serving_and_terminating_are_ignored__b12() -> None:
+def test_serving_and_terminating_are_ignored() -> None:
+    """CoreDNS plugin/kubernetes/object/endpoint.go EndpointSliceToEndpoints reads `ready` only."""
     objects = [service("h", clusterIP="None", ports=[{"port": 80}]),
                endpoint_slice("h", ports=[{"port": 80}], endpoints=[
                    {"addresses": ["10.0.0.1"], "conditions": {"ready": True, "serving": False, "terminating": True}},

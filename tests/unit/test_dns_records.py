@@ -1,7 +1,7 @@
 """The record index at scale: what it shares with the snapshot, what it keeps per address,
 and which changes count as DNS changes.
 
-Memory is the constraint (the benchmark target: daemon RSS <= 150 MiB at 10,000 services / 100,000
+Memory is the constraint (the target: daemon RSS <= 150 MiB at 10,000 services / 100,000
 endpoints, proxy and DNS together), so records share the snapshot's objects and the
 reverse maps hold a ServiceName, not a container, per address.
 """
@@ -58,7 +58,8 @@ def test_all_published_records_share_the_snapshots_objects() -> None:
     assert index.cluster_ip_owners["10.96.0.20"] is records.name
 
 
-def test_not_ready_endpoints_are_cut_and_kept_as_pod_addresses__b9() -> None:
+def test_not_ready_endpoints_are_cut_and_kept_as_pod_addresses() -> None:
+    """Out of the records (CoreDNS object/endpoint.go), still pods to `pods verified` (findPods)."""
     ready, not_ready = EndpointInfo("10.244.0.1"), EndpointInfo("10.244.0.2", ready=False)
     records = service_records(state(ready, not_ready))
     assert records.slices[0].endpoints == (ready,)
@@ -69,7 +70,9 @@ def test_not_ready_endpoints_are_cut_and_kept_as_pod_addresses__b9() -> None:
     assert index.ptr_targets("10.244.0.2") == []
 
 
-def test_publish_not_ready_addresses_is_read_from_ready_only__b12() -> None:
+def test_publish_not_ready_addresses_is_read_from_ready_only() -> None:
+    """Only `ready` counts (CoreDNS object/endpoint.go); the controller folds publishNotReadyAddresses in
+    (staging/src/k8s.io/endpointslice/utils.go podToEndpoint)."""
     held = state(EndpointInfo("10.244.0.1"), EndpointInfo("10.244.0.2", ready=False), publish=True)
     assert [e.address for e in service_records(held).slices[0].endpoints] == ["10.244.0.1"]
 
@@ -96,13 +99,13 @@ BASE = EndpointInfo("10.244.0.1", hostname=None, pod_name="web-abc", zone="a")
 
 @pytest.mark.parametrize("after, pod_names, changed", [
     pytest.param(dataclasses.replace(BASE, zone="b"), False, False, id="zone_is_no_dns_change"),
-    pytest.param(dataclasses.replace(BASE, serving=False), False, False, id="serving_is_no_dns_change__b12"),
+    pytest.param(dataclasses.replace(BASE, serving=False), False, False, id="serving_is_no_dns_change"),
     pytest.param(dataclasses.replace(BASE, node_hints=frozenset({"n"})), False, False, id="hints_are_no_dns_change"),
     pytest.param(dataclasses.replace(BASE, pod_name="web-xyz"), False, False, id="pod_name_unused_without_option"),
     pytest.param(dataclasses.replace(BASE, pod_name="web-xyz"), True, True, id="pod_name_names_it_with_option"),
     pytest.param(dataclasses.replace(BASE, hostname="web-0"), False, True, id="hostname_names_it"),
     pytest.param(dataclasses.replace(BASE, address="10.244.0.9"), False, True, id="address"),
-    pytest.param(dataclasses.replace(BASE, ready=False), False, True, id="ready__b12"),
+    pytest.param(dataclasses.replace(BASE, ready=False), False, True, id="ready"),
 ])
 def test_which_endpoint_changes_are_dns_changes(after: EndpointInfo, pod_names: bool, changed: bool) -> None:
     """CoreDNS endpointsEquivalent: only what answers read makes the SOA serial move."""
@@ -123,8 +126,9 @@ def test_which_port_changes_are_dns_changes(after: ServiceState, changed: bool) 
 
 
 def test_shared_addresses_keep_every_owner_and_collapse_back() -> None:
-    """An IP in two services (two selectors picking one pod): both answer for it (B.8),
-    and removing one leaves the plain single-owner form."""
+    """An IP in two services (two selectors picking one pod): both answer for it (CoreDNS
+    plugin/kubernetes/reverse.go serviceRecordForIP), and removing one leaves the plain
+    single-owner form."""
     objects = [service("a", clusterIP="None"), endpoint_slice("a", endpoints=["10.244.0.7"]),
                service("b", clusterIP="None"), endpoint_slice("b", endpoints=["10.244.0.7"])]
     index = RecordIndex.build(snapshot_of(objects))

@@ -1,4 +1,4 @@
-"""CoreDNS ``loadbalance`` (reference B.1; plugin/loadbalance): the A/AAAA records of a reply
+"""CoreDNS ``loadbalance`` (plugin/loadbalance/loadbalance.go roundRobin): the A/AAAA records of a reply
 turn, CNAMEs first, so clients of a headless Service do not all pick the same pod. Here a
 rotation spliced into encoded replies: a one-address reply is never touched, and the
 records of a reply, whatever their order, stay the same."""
@@ -129,8 +129,8 @@ def test_rotation_needs_two_records_to_turn() -> None:
 
 
 @pytest.mark.parametrize("name, qtype, addresses", [
-    pytest.param(H4, "A", IPS, id="headless_a__b1_loadbalance"),
-    pytest.param(H4, "AAAA", ["fd00::1", "fd00::2", "fd00::3"], id="headless_aaaa__b1_loadbalance"),
+    pytest.param(H4, "A", IPS, id="headless_a"),
+    pytest.param(H4, "AAAA", ["fd00::1", "fd00::2", "fd00::3"], id="headless_aaaa"),
 ])
 def test_headless_answers_turn_every_address_first_in_turn(answerer: Answerer, name: str, qtype: str,
                                                            addresses: list[str]) -> None:
@@ -168,7 +168,8 @@ def test_srv_keeps_its_order_and_glue__loadbalance_rest(answerer: Answerer) -> N
     assert len(replies) == 1
 
 
-def test_truncated_udp_answer_shows_a_turning_window__b14(answerer: Answerer) -> None:
+def test_truncated_udp_answer_shows_a_turning_window(answerer: Answerer) -> None:
+    """Turned (loadbalance.go roundRobin), then cut to what fits, with TC (CoreDNS request.go Scrub)."""
     packet = question(f"big.{ZONE}")  # 60 records: 29 fit in 512 bytes
     whole = read_reply(answerer.answer(packet, tcp=True)).answer
     for turn in range(1, 4):
@@ -215,7 +216,7 @@ def relayed_firsts(answerer: Answerer, message: bytes, packet: bytes, times: int
 
 
 @pytest.mark.parametrize("message, turns", [
-    pytest.param(upstream(count=4), 4, id="cached_relayed_answer_turns__b1"),
+    pytest.param(upstream(count=4), 4, id="cached_relayed_answer_turns"),
     pytest.param(upstream(count=1), 1, id="one_address_untouched"),
     pytest.param(upstream(count=3, chain=True), 3, id="upstream_cname_chain_stays_first"),
 ])

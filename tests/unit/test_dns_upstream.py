@@ -113,7 +113,7 @@ def test_relay_patches_id_and_rd_and_adds_our_opt(answerer: Answerer) -> None:
 
 @pytest.mark.parametrize("upstream, edns, tcp, sections, truncated", [
     pytest.param(upstream_reply(answers=40), None, False, (29, 0, 0), True,
-                 id="no_edns_keeps_the_records_that_fit_512__b14"),
+                 id="no_edns_keeps_the_records_that_fit_512"),
     pytest.param(upstream_reply(answers=40), 1232, False, (40, 0, 0), False, id="edns_1232_fits_whole"),
     pytest.param(upstream_reply(answers=80), 1232, False, (74, 0, 0), True,
                  id="edns_budget_leaves_room_for_our_opt"),
@@ -127,6 +127,7 @@ def test_relay_trims_to_the_client_buffer_keeping_whole_records(answerer: Answer
                                                                 edns: int | None, tcp: bool,
                                                                 sections: tuple[int, int, int],
                                                                 truncated: bool) -> None:
+    """Cut to the client's buffer, whole records, TC set: CoreDNS request/request.go Scrub."""
     message, _ = without_opt(upstream)
     packet = question("www.example.com.", edns=edns)
     whole = read_reply(answerer.relay(forward_of(answerer, packet, tcp=True), message))
@@ -160,14 +161,16 @@ CNAME = f"{EXT} 5 IN CNAME www.example.com."
 
 @pytest.mark.parametrize("upstream, rcode, answer, tc", [
     pytest.param(upstream_reply(), "NOERROR", (CNAME, "www.example.com. 300 IN A 203.0.113.1"), False,
-                 id="cname_then_upstream_answer__spec25"),
+                 id="cname_then_upstream_answer"),
     pytest.param(upstream_reply(answers=0, rcode=RCODE.NXDOMAIN, soa=(60, 60)), "NOERROR", (CNAME,), False,
-                 id="upstream_nxdomain_becomes_noerror__b4"),
+                 id="upstream_nxdomain_becomes_noerror"),
     pytest.param(upstream_reply(tc=True), "NOERROR", (CNAME, "www.example.com. 300 IN A 203.0.113.1"), True,
-                 id="upstream_tc_copied__b4"),
-    pytest.param(None, "NOERROR", (), False, id="no_upstream_answer_is_nodata__b4"),
+                 id="upstream_tc_copied"),
+    pytest.param(None, "NOERROR", (), False, id="no_upstream_answer_is_nodata"),
 ])
 def test_externalname_chain_completed_from_upstream(answerer: Answerer, upstream, rcode, answer, tc) -> None:
+    """kubernetes/dns specification 2.5, completed as CoreDNS plugin/backend_lookup.go A does: the
+    CNAME and upstream's records, NOERROR whatever upstream said, upstream's TC; no answer, NODATA."""
     forward = forward_of(answerer, question(EXT, edns=1232))
     message = without_opt(upstream)[0] if upstream is not None else None
     reply = read_reply(answerer.relay(forward, message))

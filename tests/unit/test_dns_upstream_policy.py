@@ -1,5 +1,5 @@
 """Which upstream a forwarded query asks, for how long, and which are down: CoreDNS forward
-(plugin/forward/forward.go ServeDNS, policy.go, health.go; reference B.1). Pure, time passed in."""
+(plugin/forward/forward.go ServeDNS, policy.go, health.go). Pure, time passed in."""
 
 from __future__ import annotations
 

@@ -155,7 +155,8 @@ def test_rd_flag_echoed(answerer: Answerer) -> None:
     pytest.param(4096, 4096, id="edns_4096"),
     pytest.param(100, 512, id="edns_below_512_means_512__rfc6891"),
 ])
-def test_udp_truncation_to_client_size_sets_tc__b14(answerer: Answerer, edns: int | None, limit: int) -> None:
+def test_udp_truncation_to_client_size_sets_tc(answerer: Answerer, edns: int | None, limit: int) -> None:
+    """CoreDNS request/request.go Scrub: cut to the client's buffer (RFC 1035 4.2.1, RFC 6891 6.2.5), TC."""
     raw = answerer.answer(question(BIG, edns=edns))
     reply = read_reply(raw)
     assert "tc" in reply.flags and len(raw) <= limit

@@ -1,4 +1,5 @@
-"""Health-check node ports (reference F.1, service_health.go): pure parts and real HTTP on loopback."""
+"""Health-check node ports (kube-proxy's pkg/proxy/healthcheck/service_health.go; KEP-1669 for the
+drain): pure parts and real HTTP on loopback."""
 
 from __future__ import annotations
 
@@ -257,13 +258,14 @@ async def test_listens_only_on_given_addresses_and_reopens_when_they_change(serv
 @pytest.mark.parametrize(
     ("addresses", "answering", "refusing"),
     [
-        pytest.param(["127.0.0.2"], ["127.0.0.2"], ["127.0.0.1"], id="each_matched_node_ip__f1"),
-        pytest.param(["0.0.0.0"], ["127.0.0.1", "127.0.0.2"], [], id="match_all_family__wildcard__f1"),
+        pytest.param(["127.0.0.2"], ["127.0.0.2"], ["127.0.0.1"], id="each_matched_node_ip"),
+        pytest.param(["0.0.0.0"], ["127.0.0.1", "127.0.0.2"], [], id="match_all_family__wildcard"),
         pytest.param(None, ["127.0.0.1", "127.0.0.2"], [], id="none__every_address"),
-        pytest.param([], [], ["127.0.0.1", "127.0.0.2"], id="nodeport_addresses_match_nothing__no_port__e1_f1"),
+        pytest.param([], [], ["127.0.0.1", "127.0.0.2"], id="nodeport_addresses_match_nothing__no_port"),
     ],
 )
 async def test_listens_where_nodeport_addresses_say(servers, addresses, answering, refusing) -> None:
+    """pkg/proxy/healthcheck/service_health.go SyncServices listens on the matched node IPs."""
     port = free_port()
     assert await servers.sync({port: (WEB, 1)}, addresses) == {}
     assert servers.ports == (frozenset({port}) if answering else frozenset())

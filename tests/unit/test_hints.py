@@ -1,9 +1,11 @@
-"""Manifest-mode topology hints, as the EndpointSlice controller writes them (reference B):
-the topology-aware-hints Auto mode.
+"""Manifest-mode topology hints, as the EndpointSlice controller writes them
+(kubernetes/kubernetes staging/src/k8s.io/endpointslice): the topology-aware-hints Auto mode
+(KEP-2433; topologycache/topologycache.go AddHints, SetNodes, getAllocations, and
+topologycache/utils.go getGivingAndReceivingZones, redistributeHints).
 
-B.3's worked examples and the controller's own TestAddHints / TestSetNodes /
-Test_getGivingAndReceivingZones cases. The B.2 trafficDistribution rules are in
-test_hints_distribution.py; the builders in hints_support.py.
+Worked examples of that arithmetic and the controller's own TestAddHints / TestSetNodes /
+Test_getGivingAndReceivingZones cases. The trafficDistribution rules (trafficdist/trafficdist.go)
+are in test_hints_distribution.py; the builders in hints_support.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from kubeport.endpoints.hints import (
     zone_cpu_ratios,
 )
 
-# --- B.3 worked examples ---------------------------------------------------------------
+# --- worked examples (topologycache.go getAllocations, utils.go redistributeHints) -------
 
 
 @pytest.mark.parametrize(

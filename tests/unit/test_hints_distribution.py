@@ -1,8 +1,10 @@
-"""Manifest-mode topology hints, as the EndpointSlice controller writes them (reference B):
-the B.2 trafficDistribution rules, which request wins over which, hints through
-ClusterState, and the ready flag as podToEndpoint writes it (publishNotReadyAddresses).
+"""Manifest-mode topology hints, as the EndpointSlice controller writes them
+(kubernetes/kubernetes staging/src/k8s.io/endpointslice): the trafficDistribution rules
+(trafficdist/trafficdist.go ReconcileHints; KEP-4444, KEP-3015), which request wins over which
+(utils.go hintsEnabled: the annotation first), hints through ClusterState, and the ready flag
+as utils.go podToEndpoint writes it (publishNotReadyAddresses).
 
-The Auto mode (B.3) is in test_hints.py; the builders in hints_support.py.
+The Auto mode (KEP-2433) is in test_hints.py; the builders in hints_support.py.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from kubeport.endpoints.types import EndpointInfo, ServiceInfo, ServiceName, Sli
 
 AUTO = service(topology_mode="Auto")
 
-# --- trafficDistribution (B.2) --------------------------------------------------------------
+# --- trafficDistribution (trafficdist.go ReconcileHints) ---------------------------------------
 
 THREE = slice_of(
     "svc-1",
@@ -55,7 +57,8 @@ def test_traffic_distribution_endpoint_without_zone_gets_no_zone_hint() -> None:
 
 
 def test_one_zoneless_endpoint_makes_kube_proxy_ignore_zone_hints_for_whole_service() -> None:
-    """B.2 consequence: a ready endpoint without forZones switches zone filtering off (A.4)."""
+    """trafficdist.go writes no forZones for a zoneless endpoint, and then kube-proxy's
+    pkg/proxy/topology.go topologyModeFromHints switches zone filtering off for the service."""
     zoneless = slice_of("s", endpoint("10.0.0.1", "zone-a"), endpoint("10.0.0.2", "zone-b"),
                         endpoint("10.0.0.3", None, node_name="node-z"))
     filled = fill_hints(service(traffic_distribution="PreferClose"), (zoneless,), {})

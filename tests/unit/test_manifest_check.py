@@ -1,5 +1,5 @@
-"""`kubeport check` (it names every problem of a broken directory) and the
-ownership rules behind duplicate reports."""
+"""`kubeport check` (names every problem of a broken directory) and the ownership rules
+behind duplicate reports."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ BROKEN_FILES = {
 
 
 @pytest.mark.parametrize("file, message", list(BROKEN_FILES.items()), ids=list(BROKEN_FILES))
-def test_check_names_every_broken_file__issue2(file, message):
+def test_check_names_every_broken_file(file, message):
+    """Each broken file named; invalid objects in the API server's words (apimachinery errors.NewInvalid)."""
     lines = check_directory(BROKEN)
     prefix = os.path.join(str(BROKEN), file) + ": "
     assert any(line.startswith(prefix) and message in line for line in lines), "\n".join(lines)

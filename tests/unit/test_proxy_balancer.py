@@ -100,7 +100,8 @@ def test_retry_excludes_tried_endpoints__none_when_all_tried():
     assert balancer.pick([], frozenset(), "c", 0) is None
 
 
-def test_client_ip_affinity__sticks_until_the_endpoint_leaves__c():
+def test_client_ip_affinity__sticks_until_the_endpoint_leaves():
+    """pkg/proxy/iptables/proxier.go writeServiceToEndpointRules: load does not break affinity."""
     balancer = Balancer(random.Random(5), affinity=AffinityTable(10800))
     candidates = states(0, 0, 0, 0)
     first = balancer.pick(candidates, keys(candidates), "10.0.0.1", 0.0)
@@ -145,21 +146,23 @@ class _Port:
             [(0.0, "cluster", ("a", "b"), "remote"), (1.0, "local", ("b",), "a"),
              (2.0, "cluster", ("remote",), "remote")],
             ["remote", "a"],
-            id="cluster_pin_skipped_by_local_frontend__kept_for_the_clusterip__reference_c",
+            id="cluster_pin_skipped_by_local_frontend__kept_for_the_clusterip",
         ),
         pytest.param(
             [(0.0, "cluster", ("a", "b"), "remote"), (1.0, "local", ("b",), "a"), (2.0, "local", ("a",), "a")],
             ["remote", "a"],
-            id="local_frontend_sticks_to_its_own_pick__reference_c",
+            id="local_frontend_sticks_to_its_own_pick",
         ),
         pytest.param(
             [(0.0, "local", ("b",), "a"), (1.0, "cluster", ("a",), "a")],
             ["a"],
-            id="local_pin_honoured_by_the_cluster_chain__reference_c",
+            id="local_pin_honoured_by_the_cluster_chain",
         ),
     ],
 )
 def test_affinity_per_endpoint_across_frontends_of_one_port(steps, pins):
+    """One `recent` list per endpoint chain, shared by the port's frontends, checked only for the
+    endpoints of the chain in use (pkg/proxy/iptables/proxier.go writeServiceToEndpointRules)."""
     port = _Port()
     for now, frontend, busy, expected in steps:
         assert port.pick(frontend, now, busy) == expected
@@ -175,7 +178,8 @@ def test_affinity_pin_on_an_ejected_endpoint_moves_in_place():
     assert port.pins() == ["b", "a"]
 
 
-def test_affinity_expires_after_the_timeout__c():
+def test_affinity_expires_after_the_timeout():
+    """`recent --rcheck --seconds N`: pkg/proxy/iptables/proxier.go writeServiceToEndpointRules."""
     balancer = Balancer(random.Random(5), affinity=AffinityTable(10))
     candidates = states(0, 0, 0, 0, 0, 0)
     first = balancer.pick(candidates, keys(candidates), "10.0.0.1", 0.0)

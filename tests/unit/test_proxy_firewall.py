@@ -27,10 +27,11 @@ def test_setup_replaces_leftovers_atomically_and_marks_pod_cidrs_local():
 
 
 @pytest.mark.parametrize(("service_cidrs", "forward"), [
-    pytest.param(["10.96.0.0/12", "fd00:10:96::/112"], True, id="service_cidrs__forward_hook_drops__nftables_a6"),
+    pytest.param(["10.96.0.0/12", "fd00:10:96::/112"], True, id="service_cidrs__forward_hook_drops"),
     pytest.param([], False, id="no_service_cidrs__no_forward_hook"),
 ])
 def test_setup_drops_what_is_routed_to_unallocated_cluster_ips(service_cidrs, forward):
+    """As kube-proxy's pkg/proxy/nftables/proxier.go does in its cluster-ips-check chain."""
     lines = render_setup([], service_cidrs=service_cidrs).splitlines()
     assert ("  set services4 { type ipv4_addr; flags interval; elements = { 10.96.0.0/12 }; }" in lines) is forward
     assert ("  set services6 { type ipv6_addr; flags interval; elements = { fd00:10:96::/112 }; }" in lines) is forward
@@ -67,7 +68,7 @@ def test_setup_captures_external_ports__marked_when_served_rejected_when_refused
     pytest.param({EXT: True}, {EXT: False},
                  "delete element inet kubeport capture4 { 192.168.60.10 . tcp . 80 }\n"
                  "add element inet kubeport reject4 { 192.168.60.10 . tcp . 80 }\n",
-                 id="endpoints_gone__served_to_refused__a6"),
+                 id="endpoints_gone__served_to_refused"),
     pytest.param({EXT: True, EXT_REFUSED: False}, {EXT_REFUSED: False},
                  "delete element inet kubeport capture4 { 192.168.60.10 . tcp . 80 }\n", id="one_left__still_hooked"),
     pytest.param({EXT_REFUSED: False}, {}, "delete element inet kubeport reject4 { 192.168.60.11 . udp . 53 }\n"
@@ -102,7 +103,7 @@ def test_setup_carries_the_current_elements__a_successor_replaces_the_table_with
         pytest.param({}, {LB: ("203.0.113.0/24",)},
                      "add element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 203.0.113.0/24 }\n"
                      "add element inet kubeport fw4 { 198.51.100.9 . tcp . 80 }\n" + HOOK,
-                     id="ranges_appear__frontend_restricted__a6"),
+                     id="ranges_appear__frontend_restricted"),
         pytest.param({LB: ("203.0.113.0/24",)}, {},
                      "delete element inet kubeport fwallow4 { 198.51.100.9 . tcp . 80 . 203.0.113.0/24 }\n"
                      "delete element inet kubeport fw4 { 198.51.100.9 . tcp . 80 }\n" + UNHOOK,

@@ -1,4 +1,4 @@
-"""kube-proxy's /healthz and /livez (reference F.2, proxy_health.go), driven with `now`."""
+"""kube-proxy's /healthz and /livez (pkg/proxy/healthcheck/proxy_health.go; KEP-3836), driven with `now`."""
 
 from __future__ import annotations
 

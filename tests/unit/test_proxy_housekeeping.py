@@ -33,7 +33,8 @@ def test_sweep_tables__bounded(sizes, budget, start, removed, next_start, left):
     assert [len(t) for t in tables] == left
 
 
-def test_sweep_tables__fresh_entries_stay__sliding_timeout__c():
+def test_sweep_tables__fresh_entries_stay__sliding_timeout():
+    """Expiry counts from the last use, as roundrobin.go expires entries idle for the timeout."""
     stale, fresh = table_with(2, last_used=0.0), table_with(2, last_used=95.0)
     assert sweep_tables([stale, fresh], now=100.0, budget=100) == (2, 0)
     assert (len(stale), len(fresh)) == (0, 2)

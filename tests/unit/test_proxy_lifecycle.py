@@ -28,7 +28,8 @@ from proxy_support import (
 
 
 @on_uvloop
-async def test_stop_release_false__vips_and_firewall_left_for_the_successor__issue8():
+async def test_stop_release_false__vips_and_firewall_left_for_the_successor():
+    """Handover (kubeport's own, no kube-proxy counterpart): the successor adopts VIPs and table."""
     async with running_proxier() as (proxier, addresses, firewall, backends):
         lb = web(8080, name="edge", vip="127.0.0.20", type="LoadBalancer",
                  load_balancer_ips=("127.0.0.21",), load_balancer_source_ranges=("10.0.0.0/8",))
@@ -61,7 +62,8 @@ async def test_external_ips_and_lb_ips_taken_by_port__not_as_addresses(capture):
 
 
 @on_uvloop
-async def test_start__a_predecessors_vips_stay_until_the_first_snapshot__issue8():
+async def test_start__a_predecessors_vips_stay_until_the_first_snapshot():
+    """Handover (kubeport's own): a start adds addresses, the first snapshot prunes leftovers."""
     async with running_proxier(leftover_addresses=["127.0.0.10", "127.0.0.99"]) as (proxier, addresses, _, backends):
         assert {"127.0.0.10", "127.0.0.99", "127.0.0.53"} <= addresses.owned  # start only adds
         await apply_states(proxier, [web(await backends.tcp("a"))])
@@ -96,7 +98,8 @@ async def test_listener_close__connections_already_queued(accept_queued, served)
 
 
 @on_uvloop
-async def test_stop__abort_resets_what_is_still_open_before_the_grace_ends__issue8():
+async def test_stop__abort_resets_what_is_still_open_before_the_grace_ends():
+    """Graceful stop (kubeport's own): a second SIGTERM resets the connections still draining."""
     async with running_proxier() as (proxier, _, _, backends):
         await apply_states(proxier, [web(await backends.tcp("a"))])
         reader, _, hello = await greeted_connection("127.0.0.10")
@@ -112,7 +115,8 @@ async def test_stop__abort_resets_what_is_still_open_before_the_grace_ends__issu
 
 
 @on_uvloop
-async def test_stop__udp_frontend_serves_until_its_flows_are_idle__issue8():
+async def test_stop__udp_frontend_serves_until_its_flows_are_idle():
+    """Graceful stop (kubeport's own): a UDP frontend stays until its flows are idle."""
     async with running_proxier(udp_idle_timeout=0.3) as (proxier, _, _, backends):
         await apply_states(proxier, [web(await backends.udp("u"), protocol="UDP")])
         assert await udp_ask_once("127.0.0.10", 80, b"one") == b"u one"
@@ -138,7 +142,8 @@ async def test_apply_while_stopping_changes_nothing():
 
 
 @on_uvloop
-async def test_handover__successor_on_the_same_frontends_takes_new_clients__issue8():
+async def test_handover__successor_on_the_same_frontends_takes_new_clients():
+    """Handover over SO_REUSEPORT (socket(7)): once the predecessor stops, new clients reach the successor."""
     async with (running_proxier(udp_idle_timeout=0.3) as (old, _, _, backends),
                 running_proxier(udp_idle_timeout=0.3) as (new, _, _, _)):
         tcp_old, tcp_new = await backends.tcp("old"), await backends.tcp("new")

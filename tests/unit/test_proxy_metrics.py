@@ -142,7 +142,8 @@ NODE_PORT = port(80, name="http", target=8080, node_port=30080)
                      id="not_proxied__not_counted"),
     ],
 )
-def test_no_local_endpoints__where_kube_proxy_installs_its_drop__a6_g1(state, expected):
+def test_no_local_endpoints__where_kube_proxy_installs_its_drop(state, expected):
+    """pkg/proxy/metrics/metrics.go SyncProxyRulesNoLocalEndpointsTotal: where syncProxyRules drops."""
     registry = CollectorRegistry()
     metrics = ProxyMetrics(registry, "node-a", clock=lambda: 1.0)
     metrics.synced(snapshot([state]), 0.001)
@@ -227,7 +228,7 @@ _S1 = endpoint_slice("s1", [LOCAL], HTTP)
 @pytest.mark.parametrize(
     ("old", "new", "fields", "expected"),
     [
-        pytest.param([], [_traced(_S0, 40.0)], None, [40.0], id="slice_added__its_trigger_time__g1"),
+        pytest.param([], [_traced(_S0, 40.0)], None, [40.0], id="slice_added__its_trigger_time"),
         pytest.param([_traced(_S0, 30.0)], [_traced(_S0_MOVED, 40.0)], None, [40.0], id="slice_changed__new_trigger"),
         pytest.param([_traced(_S0, 30.0)], [_traced(_S0, 40.0)], {"internal_policy_local": True}, [],
                      id="slice_unchanged__service_only_change__nothing"),
@@ -240,6 +241,7 @@ _S1 = endpoint_slice("s1", [LOCAL], HTTP)
     ],
 )
 def test_network_programming_starts_at_the_trigger_time(old, new, fields, expected):
+    """pkg/proxy/metrics/metrics.go NetworkProgrammingLatency, from the slice's trigger-time annotation."""
     assert _programmed(old, new, service_fields=fields) == expected
 
 

@@ -39,7 +39,8 @@ async def test_unsynced_snapshot_opens_nothing():
 
 
 @on_uvloop
-async def test_forward_refuse_drop__listeners_and_firewall__a6():
+async def test_forward_refuse_drop__listeners_and_firewall():
+    """Forward, REJECT and DROP as pkg/proxy/iptables/proxier.go syncProxyRules chooses them."""
     async with running_proxier() as (proxier, addresses, firewall, backends):
         a = await backends.tcp("a")
         states = [
@@ -179,15 +180,16 @@ NO_MATCH_V4 = ("nodePortAddresses '10.9.0.0/16': no local IPv4 address in 10.9.0
 @pytest.mark.parametrize(
     ("nodeport_addresses", "health_check", "node_port_open", "problems"),
     [
-        pytest.param(("primary", "localhost"), ("127.0.0.1", "::1"), True, [], id="matched__each_address__f1"),
-        pytest.param(("127.0.0.0/8",), ("127.0.0.1",), True, [], id="cidr_matched__its_addresses_only__e1"),
+        pytest.param(("primary", "localhost"), ("127.0.0.1", "::1"), True, [], id="matched__each_address"),
+        pytest.param(("127.0.0.0/8",), ("127.0.0.1",), True, [], id="cidr_matched__its_addresses_only"),
         pytest.param(("10.9.0.0/16",), (), False, [NO_MATCH_V4],
-                     id="cidr_matching_nothing__no_nodeport_no_health_check_port__logged_once__e1_f1"),
+                     id="cidr_matching_nothing__no_nodeport_no_health_check_port__logged_once"),
     ],
 )
 async def test_nodeport_addresses_matching_nothing_open_no_health_check_port(
     nodeport_addresses, health_check, node_port_open, problems, caplog
 ):
+    """pkg/proxy/util/nodeport_addresses.go; health-check ports on the same addresses (service_health.go)."""
     async with running_proxier(nodeport_addresses=nodeport_addresses) as (proxier, _, _, backends):
         first = await apply_states(proxier, [web(await backends.tcp("a"), node_port=30080)])
         await apply_states(proxier, [web(await backends.tcp("b"), node_port=30080)], previous=first)
@@ -210,9 +212,9 @@ async def test_nodeport_addresses_matching_nothing_open_no_health_check_port(
 @pytest.mark.parametrize(
     ("client", "local"),
     [
-        pytest.param("10.244.3.4", True, id="pod_cidr__local__a6_short_circuit"),
+        pytest.param("10.244.3.4", True, id="pod_cidr__local__short_circuit"),
         pytest.param("fd00:10:244::7", True, id="pod_cidr_v6__local"),
-        pytest.param("192.168.1.10", True, id="node_address__local__a6_short_circuit"),
+        pytest.param("192.168.1.10", True, id="node_address__local__short_circuit"),
         pytest.param("127.0.0.1", True, id="loopback__the_node_itself"),
         pytest.param("::ffff:10.244.3.4", True, id="v4_mapped_pod__local"),
         pytest.param("10.96.0.20", True, id="node_to_its_own_vip__source_is_the_vip__local"),
@@ -220,6 +222,8 @@ async def test_nodeport_addresses_matching_nothing_open_no_health_check_port(
     ],
 )
 def test_local_clients(client, local):
+    """Who is short-circuited to the cluster set: kube-proxy's --detect-local-mode ClusterCIDR
+    (pkg/proxy/util/localdetector.go) and the node itself (pkg/proxy/iptables/proxier.go)."""
     networks = [ipaddress.ip_network("10.244.0.0/16"), ipaddress.ip_network("fd00:10:244::/56")]
     classify = LocalClients(networks, ["192.168.1.10"])
     classify.set_vips(frozenset({"10.96.0.20"}))

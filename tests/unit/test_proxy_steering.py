@@ -48,7 +48,8 @@ def landing(members: list[socket.socket], source: str) -> int:
 
 @pytest.mark.parametrize("kind", [pytest.param(socket.SOCK_STREAM, id="tcp__syn_steered_by_ip_header"),
                                   pytest.param(socket.SOCK_DGRAM, id="udp__datagram_steered_by_ip_header")])
-def test_same_client_address__same_worker__issue4_affinity_across_workers(kind):
+def test_same_client_address__same_worker__affinity_across_workers(kind):
+    """SO_ATTACH_REUSEPORT_CBPF (socket(7)) picks the worker from the client's address."""
     members = group(socket.AF_INET, kind, 3)
     try:
         steering.attach(members[0], 4, 3)

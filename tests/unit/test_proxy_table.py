@@ -1,4 +1,6 @@
-"""The forwarding table: which frontends a snapshot asks for, and what each one does (reference A.6, E)."""
+"""The forwarding table: which frontends a snapshot asks for, and what each one does, as kube-proxy
+programs them (kubernetes/kubernetes pkg/proxy/iptables/proxier.go syncProxyRules; the paths in
+the comments are in that repository)."""
 
 from __future__ import annotations
 
@@ -38,19 +40,22 @@ CASES = [
         },
         id="dual_stack_cluster_ips__each_family_uses_its_own_endpoints__kube_proxy_per_family",
     ),
+    # pkg/proxy/serviceport.go: externalIPs filtered to the proxier's family
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080)], external_ips=("203.0.113.7", "2001:db8::7")),
         (WEB_SLICE,),
         {"10.96.0.20:80/TCP": (FWD, CIP, BOTH, None), "203.0.113.7:80/TCP": (FWD, EIP, BOTH, None)},
-        id="external_ips__served_in_the_service_families_only__e2",
+        id="external_ips__served_in_the_service_families_only",
     ),
+    # pkg/proxy/util/utils.go IsVIPMode
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080)], type="LoadBalancer",
                 load_balancer_ips=("198.51.100.9",)),
         (WEB_SLICE,),
         {"10.96.0.20:80/TCP": (FWD, CIP, BOTH, None), "198.51.100.9:80/TCP": (FWD, LB, BOTH, None)},
-        id="load_balancer_vip__frontend_on_ingress_ip__e3",
+        id="load_balancer_vip__frontend_on_ingress_ip",
     ),
+    # pkg/proxy/util/nodeport_addresses.go NewNodePortAddresses
     pytest.param(
         service("web", ["10.96.0.20", "fd00:96::20"], [port(80, target=8080, node_port=30080)], type="NodePort"),
         (WEB_SLICE,),
@@ -60,34 +65,40 @@ CASES = [
             "[fd00:96::20]:80/TCP": (REFUSE, CIP, [], None),
             "[fd00:1::10]:30080/TCP": (REFUSE, NP, [], None),
         },
-        id="node_port__on_the_chosen_node_addresses_per_family__e1",
+        id="node_port__on_the_chosen_node_addresses_per_family",
     ),
+    # pkg/proxy/util/utils.go ShouldSkipService
     pytest.param(
         service("web", [], [port(80)], headless=True), (WEB_SLICE,), {},
-        id="headless__never_proxied__e4",
+        id="headless__never_proxied",
     ),
+    # pkg/proxy/util/utils.go ShouldSkipService
     pytest.param(
         service("web", ["10.96.0.20"], [port(80)], type="ExternalName", external_name="example.com"),
         (WEB_SLICE,), {},
-        id="external_name__never_proxied_even_with_a_cluster_ip__e4",
+        id="external_name__never_proxied_even_with_a_cluster_ip",
     ),
+    # cmd/kube-proxy/app/server.go: the informers' label selector
     pytest.param(
         service("web", ["10.96.0.20"], [port(80)], proxy_name="other-proxy"), (WEB_SLICE,), {},
-        id="service_proxy_name_label__never_proxied__e4",
+        id="service_proxy_name_label__never_proxied",
     ),
+    # cmd/kube-proxy/app/server.go: the informers' label selector
     pytest.param(
         service("web", ["10.96.0.20"], [port(80)], headless_label=True), (WEB_SLICE,), {},
-        id="headless_label__never_proxied_even_with_a_cluster_ip__e4",
+        id="headless_label__never_proxied_even_with_a_cluster_ip",
     ),
+    # cmd/kube-proxy/app/server.go: the informers' label selector
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080)]),
         (dataclasses.replace(WEB_SLICE, proxied=False), REMOTE_SLICE),
         {"10.96.0.20:80/TCP": (FWD, CIP, REMOTE, None)},
-        id="slice_labelled_away_from_the_proxy__its_endpoints_unused__e4",
+        id="slice_labelled_away_from_the_proxy__its_endpoints_unused",
     ),
+    # pkg/proxy/util/utils.go ShouldSkipService
     pytest.param(
         service("web", [], [port(80)]), (WEB_SLICE,), {},
-        id="no_cluster_ip_yet__nothing__e4",
+        id="no_cluster_ip_yet__nothing",
     ),
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, name="http", target="http")]),
@@ -116,52 +127,60 @@ CASES = [
         },
         id="udp_and_tcp_on_one_port_number__separate_frontends",
     ),
+    # proxier.go syncProxyRules: REJECT
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080, node_port=30080)], type="NodePort"), (),
         {"10.96.0.20:80/TCP": (REFUSE, CIP, [], None), "192.168.1.10:30080/TCP": (REFUSE, NP, [], None)},
-        id="no_endpoints__refuse_everywhere__a6_reject",
+        id="no_endpoints__refuse_everywhere",
     ),
+    # proxier.go syncProxyRules: REJECT
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080)]),
         (endpoint_slice("web-a", [endpoint("10.244.1.5", ready=False)], [("", "TCP", 8080)]),),
         {"10.96.0.20:80/TCP": (REFUSE, CIP, [], None)},
-        id="only_unready_endpoints__refuse__a6_reject",
+        id="only_unready_endpoints__refuse",
     ),
+    # proxier.go syncProxyRules: DROP
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080)], internal_policy_local=True), (REMOTE_SLICE,),
         {"10.96.0.20:80/TCP": (DROP, CIP, [], None)},
-        id="itp_local_without_local_endpoints__drop__a6",
+        id="itp_local_without_local_endpoints__drop",
     ),
+    # pkg/proxy/topology.go CategorizeEndpoints
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080)], internal_policy_local=True), (WEB_SLICE,),
         {"10.96.0.20:80/TCP": (FWD, CIP, LOCAL, None)},
-        id="itp_local__local_endpoints_only__a6",
+        id="itp_local__local_endpoints_only",
     ),
+    # proxier.go syncProxyRules: DROP from outside, local sources to the cluster set
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080, node_port=30080)], type="NodePort",
                 external_policy_local=True),
         (REMOTE_SLICE,),
         {"10.96.0.20:80/TCP": (FWD, CIP, REMOTE, None), "192.168.1.10:30080/TCP": (DROP, NP, [], REMOTE)},
-        id="etp_local_without_local_endpoints__drop_external_short_circuit_local_clients__a6",
+        id="etp_local_without_local_endpoints__drop_external_short_circuit_local_clients",
     ),
+    # proxier.go syncProxyRules: local sources to the cluster set
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080, node_port=30080)], type="NodePort",
                 external_policy_local=True),
         (WEB_SLICE,),
         {"10.96.0.20:80/TCP": (FWD, CIP, BOTH, None), "192.168.1.10:30080/TCP": (FWD, NP, LOCAL, BOTH)},
-        id="etp_local__external_clients_local_set_local_clients_cluster_set__a6",
+        id="etp_local__external_clients_local_set_local_clients_cluster_set",
     ),
+    # pkg/proxy/serviceport.go ExternallyAccessible, UsesLocalEndpoints
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080)], external_ips=("203.0.113.7",),
                 external_policy_local=True),
         (WEB_SLICE,),
         {"10.96.0.20:80/TCP": (FWD, CIP, BOTH, None), "203.0.113.7:80/TCP": (FWD, EIP, LOCAL, BOTH)},
-        id="etp_local_applies_to_external_ips__a2",
+        id="etp_local_applies_to_external_ips",
     ),
+    # pkg/proxy/serviceport.go ExternallyAccessible
     pytest.param(
         service("web", ["10.96.0.20"], [port(80, target=8080)], external_policy_local=True), (REMOTE_SLICE,),
         {"10.96.0.20:80/TCP": (FWD, CIP, REMOTE, None)},
-        id="etp_local_on_port_not_externally_accessible__ignored__k4",
+        id="etp_local_on_port_not_externally_accessible__ignored",
     ),
     pytest.param(
         service("kube-dns", ["10.96.0.10"], [port(53, name="dns", protocol="UDP"), port(9153, name="metrics")],
@@ -175,6 +194,7 @@ CASES = [
 
 @pytest.mark.parametrize(("info", "slices", "expected"), CASES)
 def test_service_rules(info, slices, expected):
+    """Frontends and actions per Service: proxier.go syncProxyRules over topology.go CategorizeEndpoints."""
     ctx = TableContext(
         node_name=CTX.node_name, zone=CTX.zone, nodeport_addresses=CTX.nodeport_addresses,
         reserved=frozenset({Frontend("10.96.0.10", 53, "UDP"), Frontend("10.96.0.10", 53, "TCP")}),
@@ -201,13 +221,14 @@ def _lb_service(ingress: list[dict]) -> model.Service:
 @pytest.mark.parametrize(
     ("ingress", "expected_lb"),
     [
-        pytest.param([{"ip": "198.51.100.9"}], ["198.51.100.9:80/TCP"], id="ip_mode_unset__vip__e3"),
-        pytest.param([{"ip": "198.51.100.9", "ipMode": "VIP"}], ["198.51.100.9:80/TCP"], id="ip_mode_vip__e3"),
-        pytest.param([{"ip": "198.51.100.9", "ipMode": "Proxy"}], [], id="ip_mode_proxy__not_captured__e3"),
-        pytest.param([{"hostname": "lb.example.com"}], [], id="hostname_only__ignored__e3"),
+        pytest.param([{"ip": "198.51.100.9"}], ["198.51.100.9:80/TCP"], id="ip_mode_unset__vip"),
+        pytest.param([{"ip": "198.51.100.9", "ipMode": "VIP"}], ["198.51.100.9:80/TCP"], id="ip_mode_vip"),
+        pytest.param([{"ip": "198.51.100.9", "ipMode": "Proxy"}], [], id="ip_mode_proxy__not_captured"),
+        pytest.param([{"hostname": "lb.example.com"}], [], id="hostname_only__ignored"),
     ],
 )
 def test_load_balancer_ingress_modes(ingress, expected_lb):
+    """Only VIP-mode ingress IPs are captured: pkg/proxy/util/utils.go IsVIPMode (KEP-1860)."""
     info = convert.service_info(_lb_service(ingress))
     slices = (endpoint_slice("web-a", [endpoint("10.244.1.5")], [("", "TCP", 80)]),)
     rules = service_rules(ServiceState(info, slices), CTX)

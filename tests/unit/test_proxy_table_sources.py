@@ -1,4 +1,5 @@
-"""The forwarding table, continued: loadBalancerSourceRanges (reference A.6, E.3), kube-proxy's
+"""The forwarding table, continued: loadBalancerSourceRanges (kube-proxy's firewall chains in
+pkg/proxy/iptables/proxier.go syncProxyRules, for VIP-mode LB IPs only), kube-proxy's
 label selector on Services and EndpointSlices, and endpoints with two addresses. The frontends
 a snapshot asks for are in test_proxy_table.py."""
 
@@ -32,7 +33,7 @@ def _lb(ranges, **fields):
 @pytest.mark.parametrize(
     ("ranges", "expected"),
     [
-        pytest.param((), {}, id="no_ranges__every_source__a6"),
+        pytest.param((), {}, id="no_ranges__every_source"),
         pytest.param(("203.0.113.0/24",), {"198.51.100.9:80/TCP": ("203.0.113.0/24",)},
                      id="v4_range__only_the_v4_lb_vip_restricted__per_family_proxier"),
         pytest.param(("203.0.113.0/24", "2001:db8:1::/48"),
@@ -45,7 +46,8 @@ def _lb(ranges, **fields):
                      id="range_holds_the_node_ip__the_vip_itself_allowed__allow_from_node"),
     ],
 )
-def test_load_balancer_source_ranges__only_lb_vips__a6_e3(ranges, expected):
+def test_load_balancer_source_ranges__only_lb_vips(ranges, expected):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: source ranges guard LB VIPs, per family."""
     v6_slice = endpoint_slice("web-v6", [endpoint("fd00:244::5")], [("", "TCP", 8080)], "IPv6")
     rules = service_rules(ServiceState(_lb(ranges), (WEB_SLICE, v6_slice)), LB_CTX)
     restricted = {str(f): r.source_ranges for f, r in rules.items() if r.source_ranges is not None}
@@ -66,17 +68,18 @@ def test_load_balancer_source_ranges__change_is_a_rule_change():
     ("slices", "expected"),
     [
         pytest.param((WEB_SLICE,), {"198.51.100.9:80/TCP": (FWD, ("203.0.113.0/24",))},
-                     id="endpoints__vip_restricted__a6"),
+                     id="endpoints__vip_restricted"),
         pytest.param((), {"198.51.100.9:80/TCP": (REFUSE, None)},
-                     id="no_endpoints__refused_for_every_client__no_fw_chain_without_endpoints__a6"),
+                     id="no_endpoints__refused_for_every_client__no_fw_chain_without_endpoints"),
         pytest.param((endpoint_slice("web-a", [endpoint("10.244.1.5", ready=False)], [("", "TCP", 8080)]),),
                      {"198.51.100.9:80/TCP": (REFUSE, None)},
-                     id="only_unready_endpoints__refused_for_every_client__a6"),
+                     id="only_unready_endpoints__refused_for_every_client"),
         pytest.param((REMOTE_SLICE,), {"198.51.100.9:80/TCP": (DROP, ("203.0.113.0/24",))},
-                     id="etp_local_no_local_endpoint__endpoints_elsewhere__still_restricted__a6"),
+                     id="etp_local_no_local_endpoint__endpoints_elsewhere__still_restricted"),
     ],
 )
 def test_load_balancer_source_ranges__only_while_the_service_has_endpoints(slices, expected):
+    """pkg/proxy/iptables/proxier.go syncProxyRules: no firewall chain for a service without endpoints."""
     info = service("web", ["10.96.0.20"], [port(80, target=8080, node_port=30080)], type="LoadBalancer",
                    load_balancer_ips=("198.51.100.9",), load_balancer_source_ranges=("203.0.113.0/24",),
                    external_policy_local=True)
@@ -109,15 +112,16 @@ PROXY_NAME_LABEL = {"service.kubernetes.io/service-proxy-name": "other-proxy"}
     ("service_labels", "slice_labels", "expected"),
     [
         pytest.param({}, {}, {"10.96.0.20:80/TCP": (FWD, CIP, LOCAL, None)}, id="unlabelled__proxied"),
-        pytest.param(HEADLESS_LABEL, {}, {}, id="service_labelled_headless__skipped__e4"),
-        pytest.param(PROXY_NAME_LABEL, {}, {}, id="service_labelled_service_proxy_name__skipped__e4"),
+        pytest.param(HEADLESS_LABEL, {}, {}, id="service_labelled_headless__skipped"),
+        pytest.param(PROXY_NAME_LABEL, {}, {}, id="service_labelled_service_proxy_name__skipped"),
         pytest.param({}, HEADLESS_LABEL, {"10.96.0.20:80/TCP": (REFUSE, CIP, [], None)},
-                     id="slice_labelled_headless__not_watched__e4"),
+                     id="slice_labelled_headless__not_watched"),
         pytest.param({}, PROXY_NAME_LABEL, {"10.96.0.20:80/TCP": (REFUSE, CIP, [], None)},
-                     id="slice_labelled_service_proxy_name__not_watched__e4"),
+                     id="slice_labelled_service_proxy_name__not_watched"),
     ],
 )
 def test_kube_proxy_label_selector__from_the_api_objects(service_labels, slice_labels, expected):
+    """cmd/kube-proxy/app/server.go: the informers skip objects with these labels."""
     slice_ = convert.slice_info(_labelled_slice(slice_labels))
     state = ServiceState(convert.service_info(_labelled_service(service_labels)), (slice_,))
     assert summarize(service_rules(state, CTX)) == expected

@@ -73,7 +73,8 @@ async def test_two_workers__endpoint_change_reaches_every_worker():
 
 
 @on_uvloop
-async def test_two_workers__client_affinity_holds_across_workers__issue4():
+async def test_two_workers__client_affinity_holds_across_workers():
+    """One client, one worker, so one affinity table (steered over SO_REUSEPORT, socket(7))."""
     async with running_proxier(workers=2) as (proxier, _, _, backends):
         state = web(await backends.tcp("a"), await backends.tcp("b"), affinity_timeout=600)
         await apply_states(proxier, [state])

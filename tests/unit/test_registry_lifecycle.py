@@ -1,7 +1,8 @@
 """The embedded API server over time: conflicts, changes, release, persistence.
 
 Behaviour follows pkg/registry/core/service/storage/alloc.go (initIPFamilyFields,
-allocClusterIPs, initNodePorts, allocHealthCheckNodePort) and reference D.
+allocClusterIPs, initNodePorts, allocHealthCheckNodePort) and the band allocators
+(portallocator/allocator.go and ipallocator/bitmap.go calculateRangeOffset; KEP-3668, KEP-3070).
 """
 
 from __future__ import annotations

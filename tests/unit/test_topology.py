@@ -1,7 +1,8 @@
 """kube-proxy's CategorizeEndpoints, one named case per rule.
 
 Cases mirror ``pkg/proxy/topology_test.go`` (TestCategorizeEndpoints) plus the rules of
-reference A.3-A.5 and the pitfalls of section K. Expected sets are written the way the
+``pkg/proxy/topology.go`` (CategorizeEndpoints, topologyModeFromHints), KEP-1669's terminating
+fallback and KEP-4444's hints without annotation. Expected sets are written the way the
 Go test writes them: ``None`` = "the port never uses this set", ``set()`` = "uses it,
 nothing usable". ``all`` defaults to the one non-None set when only one is used, and
 ``has_any`` defaults to "all is non-empty" (``only_remote`` flips it for Local policies
@@ -79,7 +80,7 @@ HINTED_SOME_LOCAL = (
 )
 ONE_LOCAL_ONE_REMOTE = (ep("10.0.0.0", local=True), ep("10.0.0.1"))
 TWO_REMOTE = (ep("10.0.0.0"), ep("10.0.0.1"))
-# PreferSameNode-shaped hints (reference B.2): forNodes = own node, forZones = own zone.
+# PreferSameNode-shaped hints (trafficdist.go ReconcileHints): forNodes = own node, forZones = own zone.
 SAME_NODE_HINTED = (
     ep("10.2.0.1", zones=("zone-a",), nodes=(THIS_NODE,), local=True),
     ep("10.2.0.2", zones=("zone-a",), nodes=("node-c",)),

@@ -89,7 +89,7 @@ SERVICE_CASES = [
     ("node_port__forbidden_on_cluster_ip", service({"ports": [{"port": 80, "nodePort": 30080}]}), ["spec.ports[0].nodePort: Forbidden: may not be used when `type` is 'ClusterIP'"]),
     ("node_port__same_value_other_protocol", service({"type": "NodePort", "ports": [{"name": "a", "port": 53, "nodePort": 30053}, {"name": "b", "port": 53, "protocol": "UDP", "nodePort": 30053}]}), []),
     ("node_port__duplicate", service({"type": "NodePort", "ports": [{"name": "a", "port": 80, "nodePort": 30080}, {"name": "b", "port": 81, "nodePort": 30080}]}), ["spec.ports[1].nodePort: Duplicate value: 30080"]),
-    # session affinity (reference C)
+    # session affinity (pkg/apis/core/validation/validation.go validateClientIPAffinityConfig)
     ("affinity_timeout__max_86400_accepted", service({"ports": [{"port": 80}], "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 86400}}}), []),
     ("affinity_timeout__zero", service({"ports": [{"port": 80}], "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}), ["spec.sessionAffinityConfig.clientIP.timeoutSeconds: Invalid value: 0: must be greater than 0 and less than 86400"]),
     ("affinity_timeout__above_max", service({"ports": [{"port": 80}], "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 86401}}}), ["spec.sessionAffinityConfig.clientIP.timeoutSeconds: Invalid value: 86401: must be greater than 0 and less than 86400"]),
