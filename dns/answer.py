@@ -25,13 +25,13 @@ from dnslib.label import DNSBuffer
 from kubeport.dns.answer_cache import AnswerCache, CachedAnswer, TurningAnswer
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer, Record
+from kubeport.dns.forward.forwarder import StoredMessage
 from kubeport.dns.forward.replies import ForwardedAnswers, ForwardedReply, TurningReply
 from kubeport.dns.lookup import Lookup, Resolution, qtype_name, reverse_records, soa_record
 from kubeport.dns.names import Zone, classify, reverse_address
 from kubeport.dns.records import IndexChange, RecordIndex
 from kubeport.dns.rotate import Rotation, address_run, record_ends, relayed_run, rotation
 from kubeport.dns.stats import DnsStats
-from kubeport.dns.forward.forwarder import StoredMessage
 from kubeport.dns.wire import (
     HEADER,
     NOERROR,

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from kubeport.endpoints.types import ServiceName
-
 from kubeport.dns.rotate import Rotation
-
+from kubeport.endpoints.types import ServiceName
 
 
 class CachedAnswer:

@@ -23,8 +23,20 @@ import struct
 from typing import Callable
 
 from kubeport.lib.mmsg import (  # noqa: F401  (the names dns/udp.py reads through this module)
-    _FUNCTIONS, FLAGS, IOV, IOVEC_SIZE, IOVLEN, LENGTH, MMSGHDR_SIZE, MSG_DONTWAIT, MSG_TRUNC, NAME, NAMELEN,
-    SOCKADDR_SIZE, address_of, available,
+    _FUNCTIONS,
+    FLAGS,
+    IOV,
+    IOVEC_SIZE,
+    IOVLEN,
+    LENGTH,
+    MMSGHDR_SIZE,
+    MSG_DONTWAIT,
+    MSG_TRUNC,
+    NAME,
+    NAMELEN,
+    SOCKADDR_SIZE,
+    address_of,
+    available,
 )
 
 SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and dropped

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 
 from dnslib import QTYPE
 
-from kubeport.endpoints.types import ServiceName
-
 from kubeport.dns.encode import Record, address_record, same_name, soa_data, srv_record, txt_data
 from kubeport.dns.names import POD, InvalidName, Request, match, parse_request, pod_address
 from kubeport.dns.records import NO_PORT, NO_PORTS, RecordIndex, ServiceRecords
 from kubeport.dns.wire import NOERROR, NXDOMAIN, SERVFAIL
+from kubeport.endpoints.types import ServiceName
 
 DNS_SCHEMA_VERSION = "1.1.0"  # kubernetes/dns docs/specification.md
 DNS_VERSION_TTL = 28800

@@ -20,6 +20,7 @@ from itertools import repeat
 from operator import attrgetter, is_
 from typing import Iterable, Mapping, Union
 
+from kubeport.dns.names import endpoint_name
 from kubeport.endpoints.names import ip_facts
 from kubeport.endpoints.types import (
     EndpointInfo,
@@ -30,8 +31,6 @@ from kubeport.endpoints.types import (
     SliceInfo,
     Snapshot,
 )
-
-from kubeport.dns.names import endpoint_name
 
 #: Port of a service or slice that declares no ports (CoreDNS's -1 sentinel): it gives
 #: address records but no SRV.

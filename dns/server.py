@@ -18,17 +18,16 @@ import socket
 import time
 from typing import Callable
 
-from kubeport.endpoints.types import Snapshot
-
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig, default_upstreams
+from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache
+from kubeport.dns.forward.policy import FORWARD_DEADLINE
 from kubeport.dns.lookup import qtype_name
 from kubeport.dns.records import RecordIndex
 from kubeport.dns.stats import DnsStats
 from kubeport.dns.udp import UdpServing, bind_tcp, bind_udp, udp_listener
-from kubeport.dns.forward.policy import FORWARD_DEADLINE
-from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache
 from kubeport.dns.wire import CD, REFUSED, question_reply
+from kubeport.endpoints.types import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,11 @@ from typing import Any, Callable, Iterable
 
 from dnslib import EDNS0, QTYPE, DNSRecord
 
+from kubeport.dns.encode import Packer, Record
+from kubeport.dns.wire import RCODE_NAMES
 from kubeport.endpoints import model
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import Snapshot
-
-from kubeport.dns.encode import Packer, Record
-from kubeport.dns.wire import RCODE_NAMES
 
 
 def service(name: str, namespace: str = "default", **spec: Any) -> dict[str, Any]:

@@ -19,11 +19,10 @@ import socket
 import struct
 from typing import Callable, Protocol
 
-from kubeport.lib.sockbuf import enlarge_receive_buffer
-
 from kubeport.dns import batch_io
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.stats import DnsStats
+from kubeport.lib.sockbuf import enlarge_receive_buffer
 
 log = logging.getLogger(__name__)
 

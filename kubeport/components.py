@@ -50,10 +50,10 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
         )
         registry.register(source.collector())
         return source
-    from kubeport.endpoints.registry.store import AllocationStore, StoreError
     from kubeport.endpoints.manifests.lastgood import LastGoodFiles
     from kubeport.endpoints.manifests.source import ManifestSource
     from kubeport.endpoints.registry.registry import Registry
+    from kubeport.endpoints.registry.store import AllocationStore, StoreError
 
     directory = config.manifests
     if directory is None:

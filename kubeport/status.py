@@ -23,11 +23,10 @@ from typing import Any, Callable, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from kubeport.endpoints.types import Snapshot
-from kubeport.proxy.health import HealthResponse
-
 from kubeport import printers
 from kubeport.config import split_host_port
+from kubeport.endpoints.types import Snapshot
+from kubeport.proxy.health import HealthResponse
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ import random
 from typing import Callable, Collection, Iterable, Protocol, Sequence
 
 from kubeport.endpoints.types import PortEndpoint, ServicePortName
-
 from kubeport.proxy.stats import ServicePortStats
 
 

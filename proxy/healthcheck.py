@@ -25,7 +25,6 @@ from typing import Awaitable, Callable, Iterable, Mapping, Sequence
 from aiohttp import web
 
 from kubeport.endpoints.types import ServiceInfo, ServiceName, ServiceState
-
 from kubeport.proxy.health import JSON_HEADERS, HealthResponse
 
 log = logging.getLogger(__name__)

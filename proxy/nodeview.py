@@ -7,8 +7,7 @@ import logging
 from typing import Iterable
 
 from kubeport.endpoints.types import NodeInfo
-
-from kubeport.proxy.nodeports import NodePortSpec, NodePortSelection, nodeport_selection
+from kubeport.proxy.nodeports import NodePortSelection, NodePortSpec, nodeport_selection
 
 log = logging.getLogger(__name__)
 

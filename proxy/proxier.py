@@ -17,17 +17,16 @@ from types import MappingProxyType
 from typing import Awaitable, Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, Snapshot
-
-from kubeport.proxy.host.addresses import AddressManager, NetlinkAddresses, canonical
 from kubeport.proxy.balancer import Balancer, Route, ServicePortPool, default_affinity_factory
 from kubeport.proxy.config import ProxyConfig
-from kubeport.proxy.relay.context import RelayContext
+from kubeport.proxy.host.addresses import AddressManager, NetlinkAddresses, canonical
+from kubeport.proxy.host.kernel import requests_migrate, sctp_supported
 from kubeport.proxy.host.nftables import Firewall, NftFirewall
 from kubeport.proxy.host.state import HostState
 from kubeport.proxy.housekeeping import AffinitySweeper
-from kubeport.proxy.host.kernel import requests_migrate, sctp_supported
-from kubeport.proxy.relay.listeners import Listeners
 from kubeport.proxy.nodeview import NodeView
+from kubeport.proxy.relay.context import RelayContext
+from kubeport.proxy.relay.listeners import Listeners
 from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import (
     ForwardingTable,

@@ -109,8 +109,8 @@ class LoopbackRelay:
         from kubeport.proxy.balancer import Balancer, Route, ServicePortPool
         from kubeport.proxy.config import ProxyConfig
         from kubeport.proxy.relay.context import RelayContext
-        from kubeport.proxy.table import Frontend
         from kubeport.proxy.relay.tcp import TcpListener
+        from kubeport.proxy.table import Frontend
 
         config.setdefault("seed", 1)
         self.config = ProxyConfig(**config)
@@ -182,8 +182,8 @@ async def start_proxier(*, leftover_addresses=(), capture=True, **config):
     """A started Proxier (ProxyWorkers with ``workers`` > 1) with fake addresses (node: 127.0.0.1,
     ::1; ``leftover_addresses`` as a predecessor left them) and a fake firewall (``capture``:
     with policy routing for externalIPs and LB IPs, see capture.py)."""
-    from kubeport.proxy.host.addresses import FakeAddresses
     from kubeport.proxy.config import ProxyConfig
+    from kubeport.proxy.host.addresses import FakeAddresses
     from kubeport.proxy.host.nftables import FakeFirewall
     from kubeport.proxy.workers import create_proxier
 

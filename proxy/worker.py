@@ -19,11 +19,21 @@ from types import MappingProxyType
 import uvloop
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, ServiceState, Snapshot
-
 from kubeport.proxy.host.addresses import SharedAddresses
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.worker_messages import (
-    SAME_NODE, Abort, Applied, Apply, Failed, Start, Started, Stats, Stop, Stopped, receive, send,
+    SAME_NODE,
+    Abort,
+    Applied,
+    Apply,
+    Failed,
+    Start,
+    Started,
+    Stats,
+    Stop,
+    Stopped,
+    receive,
+    send,
 )
 
 log = logging.getLogger(__name__)

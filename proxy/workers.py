@@ -29,13 +29,24 @@ from types import MappingProxyType
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServicePortName, Snapshot
-
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import Frontend, FrontendRule
 from kubeport.proxy.worker_messages import (
-    SAME_NODE, Abort, Applied, Apply, Failed, Start, Started, Stats, Stop, Stopped, ToWorker, receive, send,
+    SAME_NODE,
+    Abort,
+    Applied,
+    Apply,
+    Failed,
+    Start,
+    Started,
+    Stats,
+    Stop,
+    Stopped,
+    ToWorker,
+    receive,
+    send,
 )
 
 log = logging.getLogger(__name__)

@@ -17,11 +17,18 @@ import random
 import time
 from typing import Callable
 
-from kubeport.dns.stats import DnsStats
 from kubeport.dns.forward.cache import MIN_TTL, SERVFAIL_TTL, StoredMessage, UpstreamCache, without_opt
-from kubeport.dns.forward.udp import Upstream, UdpChannel, open_udp_channel, upstream_query
-from kubeport.dns.forward.policy import CHECK_INTERVAL, CHECK_TIMEOUT, FORWARD_DEADLINE, Tries, UpstreamHealth, policy_order
+from kubeport.dns.forward.policy import (
+    CHECK_INTERVAL,
+    CHECK_TIMEOUT,
+    FORWARD_DEADLINE,
+    Tries,
+    UpstreamHealth,
+    policy_order,
+)
 from kubeport.dns.forward.tcp import EXPIRE, TcpPool
+from kubeport.dns.forward.udp import UdpChannel, Upstream, open_udp_channel, upstream_query
+from kubeport.dns.stats import DnsStats
 from kubeport.dns.wire import RCODE_NAMES, TC
 
 __all__ = ["Forwarder", "MIN_TTL", "SERVFAIL_TTL", "StoredMessage", "UpstreamCache", "upstream_query", "without_opt"]

@@ -34,9 +34,8 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from kubeport.endpoints.apiserver.client import ApiConnection, ApiServerConfigError, ApiStatusError
-from kubeport.endpoints.apiserver.wire import Applied, Bookmarked, Deleted, ObjectKey, Rejected, WatchFailed, WireError, WireParser
 from kubeport.endpoints.apiserver.backoff import BackoffPolicy
+from kubeport.endpoints.apiserver.client import ApiConnection, ApiServerConfigError, ApiStatusError
 from kubeport.endpoints.apiserver.reflector import (
     Listing,
     Relist,
@@ -49,8 +48,18 @@ from kubeport.endpoints.apiserver.reflector import (
     version_unavailable,
     watch_list_resource_version,
 )
-from kubeport.endpoints.model import KubeObject
 from kubeport.endpoints.apiserver.resources import Resource, ResourceStats
+from kubeport.endpoints.apiserver.wire import (
+    Applied,
+    Bookmarked,
+    Deleted,
+    ObjectKey,
+    Rejected,
+    WatchFailed,
+    WireError,
+    WireParser,
+)
+from kubeport.endpoints.model import KubeObject
 
 log = logging.getLogger(__name__)
 

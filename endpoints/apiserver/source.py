@@ -28,8 +28,13 @@ from typing import Any, Awaitable, Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kubeport.endpoints.apiserver.client import DEFAULT_SERVICE_ACCOUNT_DIR, ApiConnection, ApiServerConfigError, Credentials
 from kubeport.endpoints.apiserver.backoff import BackoffPolicy
+from kubeport.endpoints.apiserver.client import (
+    DEFAULT_SERVICE_ACCOUNT_DIR,
+    ApiConnection,
+    ApiServerConfigError,
+    Credentials,
+)
 from kubeport.endpoints.apiserver.informer import Informer
 from kubeport.endpoints.apiserver.reflector import Sink
 from kubeport.endpoints.apiserver.resources import Resource, ResourceStats, watched_resources

@@ -7,9 +7,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kubeport.endpoints.registry.store import AllocationStore
 from kubeport.endpoints.manifests.source import ManifestSource
 from kubeport.endpoints.registry.registry import Registry
+from kubeport.endpoints.registry.store import AllocationStore
 from kubeport.endpoints.state import ClusterState
 
 DEFAULT_SERVICE_CIDRS = ("10.96.0.0/12",)

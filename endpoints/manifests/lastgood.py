@@ -46,12 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubeport.lib.quiet import quiet_moment
-
 from kubeport.endpoints.manifests.documents import SyntaxProblem
 from kubeport.endpoints.manifests.parse import ObjectKey, ParsedFile, declared_values, iter_manifest
-from kubeport.endpoints.manifests.yaml_nodes import YAMLError
 from kubeport.endpoints.manifests.read import DIGEST_SIZE, content_digest, decode
+from kubeport.endpoints.manifests.yaml_nodes import YAMLError
+from kubeport.lib.quiet import quiet_moment
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from kubeport.endpoints.registry.store import StoreError
 from kubeport.endpoints.fielderrors import Invalid
-from kubeport.endpoints.manifests.parse import Claim, ObjectKey, ParsedFile, ParsedObject, describe
 from kubeport.endpoints.manifests.holders import Holders
+from kubeport.endpoints.manifests.parse import Claim, ObjectKey, ParsedFile, ParsedObject, describe
 from kubeport.endpoints.registry.registry import Admitter
+from kubeport.endpoints.registry.store import StoreError
 from kubeport.endpoints.state import ClusterState
 
 log = logging.getLogger(__name__)

@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubeport.endpoints.manifests.batch import Batch, Inline, collector_paused, drive, run_sync
-from kubeport.endpoints.manifests.parse import ObjectKey, ParsedFile
 from kubeport.endpoints.manifests.holders import Holders
 from kubeport.endpoints.manifests.lastgood import LastGoodFiles
 from kubeport.endpoints.manifests.objects import SOURCE_KINDS, FileApply, ManifestObjects, Progress
+from kubeport.endpoints.manifests.parse import ObjectKey, ParsedFile
 from kubeport.endpoints.manifests.read import FileRead, StatKey, list_manifest_files, read_manifest, stat_manifest_files
 from kubeport.endpoints.manifests.watch import DirectoryWatch
 from kubeport.endpoints.registry.registry import Admitter

@@ -34,8 +34,21 @@ from typing import NamedTuple
 from kubeport.endpoints.manifests.read import is_manifest_path
 from kubeport.lib import inotify
 from kubeport.lib.inotify import (
-    IN_ATTRIB, IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_IGNORED, IN_ISDIR, IN_MODIFY,
-    IN_MOVE_SELF, IN_MOVED_FROM, IN_MOVED_TO, IN_ONLYDIR, IN_Q_OVERFLOW, RawEvent, parse_events,
+    IN_ATTRIB,
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+    RawEvent,
+    parse_events,
 )
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kubeport.endpoints import model, names
+from kubeport.endpoints.fielderrors import FieldError, internal, invalid
 from kubeport.endpoints.registry.allocators import AllocationError, IPAllocator, PortAllocator, RangeFull
 from kubeport.endpoints.registry.store import NodePortAllocation, ServiceAllocation
-from kubeport.endpoints.fielderrors import FieldError, internal, invalid
 from kubeport.endpoints.validation import needs_health_check
 
 _OTHER_FAMILY = {"IPv4": "IPv6", "IPv6": "IPv4"}

@@ -20,10 +20,16 @@ from datetime import datetime, timezone
 from typing import Callable, Protocol
 
 from kubeport.endpoints import model
+from kubeport.endpoints.fielderrors import FieldError, Invalid
+from kubeport.endpoints.registry.allocation import (
+    AllocationFailed,
+    ServiceAllocations,
+    Transaction,
+    allocate_service,
+    resolve_ip_families,
+)
 from kubeport.endpoints.registry.allocators import AllocationError, IPAllocator, PortAllocator
 from kubeport.endpoints.registry.store import AllocationStore, ServiceAllocation
-from kubeport.endpoints.fielderrors import FieldError, Invalid
-from kubeport.endpoints.registry.allocation import AllocationFailed, ServiceAllocations, Transaction, allocate_service, resolve_ip_families
 from kubeport.endpoints.validation import validate, validate_service
 
 __all__ = ["Admitter", "FieldError", "Invalid", "Registry", "dns_service_ip"]

@@ -6,12 +6,12 @@ import logging
 import socket
 from typing import Callable
 
-from kubeport.proxy.relay import steering
 from kubeport.proxy.balancer import Route
+from kubeport.proxy.relay import steering
 from kubeport.proxy.relay.context import RelayContext
-from kubeport.proxy.table import Frontend, FrontendKind, FrontendRule, RuleChange
 from kubeport.proxy.relay.tcp import TcpListener
 from kubeport.proxy.relay.udp import UdpListener
+from kubeport.proxy.table import Frontend, FrontendKind, FrontendRule, RuleChange
 
 log = logging.getLogger(__name__)
 

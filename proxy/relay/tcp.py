@@ -18,11 +18,11 @@ import socket
 import struct
 from enum import Enum
 
-from kubeport.proxy.host import capture
 from kubeport.proxy.balancer import EndpointState, Route
+from kubeport.proxy.host import capture
 from kubeport.proxy.relay.context import RelayContext
-from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
 from kubeport.proxy.relay.direction import Direction
+from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
 from kubeport.proxy.table import Frontend
 
 log = logging.getLogger(__name__)

@@ -23,14 +23,13 @@ import logging
 import os
 import socket
 
-from kubeport.lib.sockbuf import enlarge_receive_buffer
-
-from kubeport.proxy.host import capture
 from kubeport.lib import mmsg
-from kubeport.proxy.relay import datagrams
+from kubeport.lib.sockbuf import enlarge_receive_buffer
 from kubeport.proxy.balancer import Route
-from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.flows import Admission, Flow, FlowTable
+from kubeport.proxy.host import capture
+from kubeport.proxy.relay import datagrams
+from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.relay.poller import LEVEL_INPUT
 from kubeport.proxy.table import Frontend
 
