@@ -16,9 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 
 from kubeport.endpoints.apiserver.source import ApiServerSource, BackoffPolicy
 from kubeport.endpoints.types import ServiceName
+from kubeport.printers import render_status
+from kubeport.status import source_status
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 import k8s_objects as k8s  # noqa: E402
@@ -100,6 +104,17 @@ async def test_ready_within_2s_on_an_etcd_without_progress_notify__cacher_Reques
     await eventually(lambda: source.stats["Service"].relists == 1, "the relist", FOLLOW)
     assert all(streaming_lists(server, plural) == 1 for plural in PLURALS)
     assert server.count("services", "list") == 2
+    # `kubeport get status` names the fallback and its reason, the relist and its cause.
+    listed = render_status(source_status("apiserver", source, 0))
+    service = source.status()["resources"]["Service"]
+    assert service["watchList"] is False and service["relistCause"] == "expired"
+    assert service["lastRelist"] is not None and service["backoff"] == 0.0
+    assert yaml.safe_load(listed)["resources"]["Service"]["watchListFallback"] == (
+        "500 InternalError: a watch stream was requested by the client but the required storage feature "
+        "RequestWatchProgress is disabled")
+    registry = CollectorRegistry()
+    registry.register(source.collector())
+    assert 'kubeport_apiserver_watch_list{kind="Service"} 0.0' in generate_latest(registry).decode()
     print(f"\nready {ready:.3f}s after start on an etcd without progress notify")
 
 
