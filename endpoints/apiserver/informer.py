@@ -53,11 +53,13 @@ from kubeport.endpoints.apiserver.reflector import (
     Relist,
     Restart,
     Sink,
+    WatchListFailure,
     list_params,
     list_resource_version,
     page_limit,
     react,
     version_unavailable,
+    watch_list_failure,
     watch_list_resource_version,
 )
 from kubeport.endpoints.model import KubeObject
@@ -76,7 +78,7 @@ CONNECT_ERRORS = (aiohttp.ClientConnectionError, OSError, asyncio.TimeoutError)
 TRANSIENT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError, WireError)
 
 
-def watch_list_failure(exc: Exception) -> str:
+def describe_watch_list_failure(exc: Exception) -> str:
     """How a streaming list failed, in one line for the log and `kubeport get status`."""
     if isinstance(exc, ApiStatusError):
         return f"{exc.code} {exc.reason}: {exc.message}" if exc.message else f"{exc.code} {exc.reason}".strip()
@@ -168,18 +170,11 @@ class Informer:
                 return
             except ApiServerConfigError:
                 raise
-            except CONNECT_ERRORS:
-                raise  # no server to ask: neither kind of list would get an answer
-            except ApiStatusError as exc:
-                if exc.code in (401, 403, 404):
-                    raise  # reported as the watch's problem; a list would get the same answer
-                if not self._list_due:
-                    raise
-                self._watch_list_failed(exc)
             except Exception as exc:
                 if not self._list_due:
                     raise  # the initial events had ended: an error of the watch that followed
-                self._watch_list_failed(exc)
+                if not self._watch_list_failed(exc):
+                    raise
         await self._paged_list()
         await self._stream(initial=False)
 
@@ -408,23 +403,28 @@ class Informer:
             return self._relist_delay(reaction.retry_after)  # a signal, not a failure
         return self._next_delay(reaction.retry_after)
 
-    def _watch_list_failed(self, exc: Exception) -> None:
-        """A streaming list failed before its end bookmark: list this round (client-go's
-        fallbackToList) and, unless the error says nothing about the feature, from now on."""
+    def _watch_list_failed(self, exc: Exception) -> bool:
+        """A streaming list failed before its end bookmark: True to list this round
+        (client-go's fallbackToList), and from now on when the failure is the feature's."""
         stats = self.stats
-        if isinstance(exc, Relist):
-            self._rv_unavailable = True  # gone while the initial events came: not "at" it either
-            return
+        if isinstance(exc, Relist):  # a gone version in an ERROR event of the initial events
+            failure = WatchListFailure(fall_back=True, unavailable=True)
+        elif isinstance(exc, ApiStatusError):
+            failure = watch_list_failure(exc.code, exc.status, answered=True)
+        else:
+            failure = watch_list_failure(None, None, answered=not isinstance(exc, CONNECT_ERRORS))
+        if not failure.fall_back:
+            return False
         if isinstance(exc, ApiStatusError):
             stats.failures[str(exc.code)] += 1
-            if version_unavailable(exc.code, exc.status):
-                self._rv_unavailable = True  # client-go: mark the version unavailable
-                return
-        reason = watch_list_failure(exc)
-        stats.watch_list = False
-        stats.watch_list_fallback = reason
-        log.warning("%s: the streaming list failed (%s); falling back to list + watch for this connection",
-                    self.resource.plural, reason)
+        self._rv_unavailable |= failure.unavailable
+        if failure.remember:
+            reason = describe_watch_list_failure(exc)
+            stats.watch_list = False
+            stats.watch_list_fallback = reason
+            log.warning("%s: the streaming list failed (%s); falling back to list + watch for this connection",
+                        self.resource.plural, reason)
+        return True
 
     def _relist(self, *, unavailable: bool, cause: str) -> None:
         self._list_due = True

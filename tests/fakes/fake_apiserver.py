@@ -98,6 +98,7 @@ class FakeApiServer:
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
         self.expire_continue = 0
+        self._end_early: dict[str, int] = defaultdict(int)
         self.user = user
         #: users (token or certificate CN) answered 401 although their credentials are valid
         self.refused_users: set[str] = set()
@@ -228,6 +229,11 @@ class FakeApiServer:
             watch.queue.put_nowait(("event", event_line("ERROR", body)))
             watch.queue.put_nowait(("end",))
 
+    def end_initial_events_early(self, plural: str, *, times: int = 1) -> None:
+        """The next ``times`` streaming lists end cleanly before their end bookmark (a proxy
+        cutting long responses at a size or time limit)."""
+        self._end_early[plural] += times
+
     def forbid(self, plural: str, verb: str) -> None:
         self._forbidden.add((plural, verb))
 
@@ -355,6 +361,9 @@ class FakeApiServer:
         # Decide what comes first and register (serve does, before its first await), with no
         # await in between: no event is missed.
         prelude, closing = self._prelude(plural, params, selector, initial)
+        if initial and self._end_early[plural] > 0:
+            self._end_early[plural] -= 1
+            prelude, closing = prelude[:-1], True
         return await self._streams.serve(request, Watch(plural, selector), prelude, closing, params)
 
     def _prelude(self, plural: str, params: dict[str, str], selector: Selector,

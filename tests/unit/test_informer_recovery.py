@@ -19,7 +19,7 @@ from kubeport.endpoints.types import ServiceName
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import eventually, running, snapshot_where, synced, tls  # noqa: E402,F401 (fixtures)
+from apiserver_harness import eventually, running, seed, snapshot_where, synced, tls  # noqa: E402,F401 (fixtures)
 from fake_api_shapes import status  # noqa: E402
 from fake_apiserver import too_large_status  # noqa: E402
 
@@ -79,6 +79,31 @@ async def test_a_streaming_list_whose_response_never_comes_falls_back_to_list__f
     assert stats.watch_list is False and stats.watch_list_fallback.startswith("stall")
     initial = [r.params for r in server.requests if r.plural == "services" and "sendInitialEvents" in r.params]
     assert len(initial) == 1
+
+
+@pytest.mark.parametrize("fault", ["500", "503", "429", "error_event", "ended_early"])
+async def test_any_failure_of_a_streaming_list_falls_back_and_is_remembered__fallbackToList(running, fault):
+    """client-go's reflector: any error of a watch-list attempt lists instead; kubeport keeps
+    to list + watch for the connection, also over the reconnects and relists after it."""
+    server, source, state = await running(server_options={"bookmark_interval": 0.05}, seeded=False)
+    if fault == "error_event":
+        server.progress_notify = False
+    elif fault == "ended_early":
+        server.end_initial_events_early("services")
+    else:
+        server.fail("services", "watch", int(fault), retry_after=0 if fault == "429" else None)
+    seed(server)
+    await watching(server, source, state)
+    stats = source.stats["Service"]
+    assert stats.watch_list is False and stats.watch_list_fallback
+    server.error_watches("services", EXPIRED)                # a relist
+    await eventually(lambda: stats.relists == 1 and server.open_watches("services") == 1, "the relist's watch")
+    server.cut_watches("services")                           # a reconnect
+    server.bookmark("services")
+    await eventually(lambda: stats.restart_reasons["cut"] == 1 and server.open_watches("services") == 1,
+                     "the reconnect")
+    streaming = [r for r in server.requests if r.plural == "services" and "sendInitialEvents" in r.params]
+    assert len(streaming) == 1 and server.count("services", "list") == 2
 
 
 # --- "Too large resource version" -------------------------------------------------------------------
