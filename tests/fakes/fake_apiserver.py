@@ -150,8 +150,9 @@ class FakeApiServer:
         await self.stop()
         self._runner = None
 
-    async def come_up(self, *, compact: bool = False) -> None:
-        """The API server starts again on the same port, with what etcd holds.
+    async def come_up(self, *, compact: bool = False, sock: socket.socket | None = None) -> None:
+        """The API server starts again on the same port (or on ``sock``, bound to it), with
+        what etcd holds.
 
         Its watch cache is new: it is filled by a list at the current revision and holds no
         older event, so a watch from an older resourceVersion gets an ERROR event with 410
@@ -170,7 +171,7 @@ class FakeApiServer:
         self._snapshots.clear()
         if compact:
             self._list_compacted = self.rv
-        await self.start()
+        await self.start(sock)
 
     async def __aenter__(self) -> "FakeApiServer":
         return await self.start()
