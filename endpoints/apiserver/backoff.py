@@ -39,8 +39,9 @@ class BackoffPolicy:
     jitter: float = 1.0
     #: Longest Retry-After obeyed: a misbehaving proxy's "Retry-After: 86400" is not.
     max_retry_after: float = 300.0
-    #: A stream healthy for this long resets the failure count.
-    reset_after: float = 120.0
+    #: A stream healthy for this long resets the failure count and ends the outage (client-go
+    #: waits 2 minutes; here a short one, so that cuts minutes apart each count as young).
+    reset_after: float = 10.0
     #: An outage failing for less than this many seconds is young: steps capped at young_cap.
     young: float = 20.0
     young_cap: float = 0.5
