@@ -9,15 +9,26 @@ client-go's Reflector (``tools/cache/reflector.go``), for asyncio:
 - Streaming list (KEP-3157 watch-list: ``sendInitialEvents=true``,
   ``resourceVersionMatch=NotOlderThan``, ``allowWatchBookmarks``) when the server has it:
   the initial events are such a list, ended by the BOOKMARK annotated
-  ``k8s.io/initial-events-end: "true"``. A server that rejects it (422 Invalid / 400, as
-  without the WatchList feature) gets a paged list (``limit``/``continue``) plus a watch.
+  ``k8s.io/initial-events-end: "true"``. As client-go's reflector ("making progress is
+  better than deadlocking"), *any* error of a streaming list falls back to a paged list
+  (``limit``/``continue``) plus a watch: an error status (422/400 without the WatchList
+  feature; 500 "the required storage feature RequestWatchProgress is disabled" from an API
+  server on an etcd without progress notifications), an ERROR event, a stream that ends
+  or stalls before the end bookmark, a malformed line. The fallback is remembered for the
+  life of the connection (the source's ``run``): a restarted kubeport tries again, an
+  upgraded API server is not detected before that. Not remembered, as they say nothing
+  about the feature: a gone or too large resourceVersion (that round lists, at ""), and
+  failures to connect (the server is not there); 401, 403 and 404 are reported as they are
+  (a list would get the same answer).
 - A watch resumes from the last resourceVersion seen (events and bookmarks) after a
   clean end, a cut or a stall, so nothing is lost and nothing applied twice. ``410``
   (an ERROR event or the HTTP status) means that version is gone, a "Too large resource
   version" that it is not there yet: relist. Which version a list asks for, and what an
   error status means, are client-go's rules, in :mod:`.reflector`.
-- Every retry backs off (capped exponential with jitter), relists after 410 too;
-  Retry-After is a floor on the delay. A watch whose response or next byte does not come
+- Failures back off (capped exponential with jitter, short while the outage is young, see
+  :mod:`.backoff`); Retry-After is a floor on the delay. A 410 / "too old resource
+  version" / too large version is not a failure: the relist follows after a short jitter.
+  A completed list resets the failure count. A watch whose response or next byte does not come
   within ``stall_timeout`` (a healthy watch gets a bookmark about once a minute) is given
   up and reopened.
 - Changes are committed once per batch: after all the events that arrived together.
@@ -41,11 +52,13 @@ from kubeport.endpoints.apiserver.reflector import (
     Relist,
     Restart,
     Sink,
+    WatchListFailure,
     list_params,
     list_resource_version,
     page_limit,
     react,
     version_unavailable,
+    watch_list_failure,
     watch_list_resource_version,
 )
 from kubeport.endpoints.apiserver.resources import Resource, ResourceStats
@@ -68,8 +81,19 @@ WATCH_TIMEOUT_RANGE = (300, 600)
 #: A watch that ends cleanly this soon without a single event is a failure (client-go's
 #: "very short watch"): reconnecting at once would spin against a misbehaving proxy.
 SHORT_WATCH_SECONDS = 1.0
+#: Failures to reach the server at all (refused, unreachable, cut before a response).
+CONNECT_ERRORS = (aiohttp.ClientConnectionError, OSError, asyncio.TimeoutError)
 #: Failures of one request that a retry may cure.
 TRANSIENT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError, WireError)
+
+
+def describe_watch_list_failure(exc: Exception) -> str:
+    """How a streaming list failed, in one line for the log and `kubeport get status`."""
+    if isinstance(exc, ApiStatusError):
+        return f"{exc.code} {exc.reason}: {exc.message}" if exc.message else f"{exc.code} {exc.reason}".strip()
+    if isinstance(exc, Restart):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 class Informer:
@@ -109,6 +133,7 @@ class Informer:
         self._rv_unavailable = False
         self._initial: Listing | None = None  # a watch-list's initial events so far
         self._failures = 0
+        self._failing_since = 0.0  # monotonic time of the first of the current failures
 
     async def run(self) -> None:
         """List and watch forever; every failure is retried and the last good state kept."""
@@ -119,10 +144,10 @@ class Informer:
                     await self._list_and_watch()
                 else:
                     await self._stream(initial=False)
-                self._failures = 0  # a clean end: the server's timeoutSeconds
+                self._succeeded()  # a clean end: the server's timeoutSeconds
             except Relist as exc:
-                self._relist(unavailable=exc.unavailable)
-                delay = self._next_delay(None)
+                self._relist(unavailable=exc.unavailable, cause=exc.reason)
+                delay = self._relist_delay(None)
             except Restart as exc:
                 log.info("%s watch %s; resuming from resourceVersion %s", self.resource.plural, exc, self._rv)
                 delay = self._next_delay(None)
@@ -140,7 +165,7 @@ class Informer:
                 # A bug must not end the node's data plane: keep serving, relist later.
                 log.exception("%s: unexpected error; relisting after a pause", self.resource.plural)
                 self.stats.failures["internal"] += 1
-                self._list_due = True
+                self._relist(unavailable=False, cause="internal")
                 delay = self._next_delay(None)
             if delay > 0:
                 await self._sleep(delay)
@@ -152,16 +177,12 @@ class Informer:
             try:
                 await self._stream(initial=True)
                 return
-            except ApiStatusError as exc:
-                if exc.code in (400, 422):
-                    log.info("%s: the server rejects streaming lists (%s); using list + watch",
-                             self.resource.plural, exc.message or exc.code)
-                    self.stats.watch_list = False
-                elif version_unavailable(exc.code, exc.status):
-                    # client-go: mark the version unavailable, a plain list this round.
-                    self.stats.failures[str(exc.code)] += 1
-                    self._rv_unavailable = True
-                else:
+            except ApiServerConfigError:
+                raise
+            except Exception as exc:
+                if not self._list_due:
+                    raise  # the initial events had ended: an error of the watch that followed
+                if not self._watch_list_failed(exc):
                     raise
         await self._paged_list()
         await self._stream(initial=False)
@@ -226,8 +247,11 @@ class Informer:
         self._sink.mark_synced(kind)
         self._sink.commit()
         self._list_due = self._rv_unavailable = False
+        self._succeeded()
         stats = self.stats
-        stats.relists += stats.lists > 0
+        if stats.lists > 0:
+            stats.relists += 1
+            stats.last_relist = self._clock()
         stats.lists += 1
         stats.synced = True
         stats.last_sync = self._clock()
@@ -270,7 +294,7 @@ class Informer:
                 if reason is not None:
                     self._count_restart(reason)
                 if time.monotonic() - opened >= self._backoff.reset_after:
-                    self._failures = 0  # a long healthy stream: back off afresh next time
+                    self._succeeded()  # a long healthy stream: back off afresh next time
 
     async def _open_watch(self, stack: contextlib.AsyncExitStack, params: dict[str, str]) -> aiohttp.ClientResponse:
         """The watch response. Its headers are waited for no longer than any later read: a
@@ -300,8 +324,6 @@ class Informer:
                 async with asyncio.timeout(self._stall_timeout):
                     chunk = await content.readany()
             except TimeoutError:
-                if self._initial is not None:
-                    self.stats.watch_list = False  # no end bookmark is coming: fall back
                 raise Restart("stall", f"no data for {self._stall_timeout:g}s") from None
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
                 raise Restart("cut", str(exc) or type(exc).__name__) from None
@@ -385,16 +407,56 @@ class Informer:
             log.log(logging.INFO if exc.code == 410 else logging.WARNING, "%s: %s%s", self.resource.plural, exc,
                     "; relisting" if reaction.relist else "")
         if reaction.relist:
-            self._relist(unavailable=reaction.unavailable)
-        return self._next_delay(reaction.retry_after)  # backs off relists after 410 too
+            self._relist(unavailable=reaction.unavailable, cause=f"{exc.code} {exc.reason}".strip())
+        if version_unavailable(exc.code, exc.status):
+            return self._relist_delay(reaction.retry_after)  # a signal, not a failure
+        return self._next_delay(reaction.retry_after)
 
-    def _relist(self, *, unavailable: bool) -> None:
+    def _watch_list_failed(self, exc: Exception) -> bool:
+        """A streaming list failed before its end bookmark: True to list this round
+        (client-go's fallbackToList), and from now on when the failure is the feature's."""
+        stats = self.stats
+        if isinstance(exc, Relist):  # a gone version in an ERROR event of the initial events
+            failure = WatchListFailure(fall_back=True, unavailable=True)
+        elif isinstance(exc, ApiStatusError):
+            failure = watch_list_failure(exc.code, exc.status, answered=True)
+        else:
+            failure = watch_list_failure(None, None, answered=not isinstance(exc, CONNECT_ERRORS))
+        if not failure.fall_back:
+            return False
+        if isinstance(exc, ApiStatusError):
+            stats.failures[str(exc.code)] += 1
+        self._rv_unavailable |= failure.unavailable
+        if failure.remember:
+            reason = describe_watch_list_failure(exc)
+            stats.watch_list = False
+            stats.watch_list_fallback = reason
+            log.warning("%s: the streaming list failed (%s); falling back to list + watch for this connection",
+                        self.resource.plural, reason)
+        return True
+
+    def _relist(self, *, unavailable: bool, cause: str) -> None:
         self._list_due = True
         self._rv_unavailable |= unavailable
+        self.stats.relist_cause = cause
+
+    def _relist_delay(self, retry_after: float | None) -> float:
+        delay = self._backoff.relist_delay(self._rand(), retry_after)
+        self.stats.backoff = delay
+        return delay
 
     def _next_delay(self, retry_after: float | None) -> float:
+        now = time.monotonic()
+        if self._failures == 0:
+            self._failing_since = now
         self._failures += 1
-        return self._backoff.delay(self._failures, self._rand(), retry_after)
+        delay = self._backoff.delay(self._failures, self._rand(), retry_after, outage=now - self._failing_since)
+        self.stats.backoff = delay
+        return delay
+
+    def _succeeded(self) -> None:
+        self._failures = 0
+        self.stats.backoff = 0.0
 
     def _set_rv(self, resource_version: str) -> None:
         if resource_version:

@@ -81,6 +81,37 @@ def react(code: int, status: Status | None, *, verb: str, retry_after: float | N
     return Reaction(relist=relist, retry_after=floor)
 
 
+@dataclass(frozen=True, slots=True)
+class WatchListFailure:
+    """What a failed streaming list means (client-go's ``fallbackToList``)."""
+
+    #: list + watch this round
+    fall_back: bool
+    #: ...and from now on, for this connection: the failure is the feature's
+    remember: bool = False
+    #: list at "" (the version held is gone or not there yet)
+    unavailable: bool = False
+
+
+def watch_list_failure(code: int | None, status: Status | None, *, answered: bool) -> WatchListFailure:
+    """client-go's reflector falls back to a plain list on any error of a watch-list attempt
+    ("making progress is better than deadlocking"). ``code`` is the HTTP status or the
+    Status of an ERROR event (None: the stream ended or stalled before its end bookmark,
+    or a line did not parse); ``answered`` is False when the server could not be reached.
+
+    Remembered are the failures that come from the server and concern the streaming list:
+    a rejection (422/400 without the WatchList feature), a 500 (an etcd without progress
+    notifications), any other error status or ERROR event, an early end, a stall. Not: an
+    unreachable server (a list would fail alike; retried after the backoff), 401/403/404
+    (reported as they are: a list gets the same answer), a gone or too large version (that
+    round lists, at "")."""
+    if not answered or code in (401, 403, 404):
+        return WatchListFailure(fall_back=False)
+    if code is not None and version_unavailable(code, status):
+        return WatchListFailure(fall_back=True, unavailable=True)
+    return WatchListFailure(fall_back=True, remember=True)
+
+
 # --- the informer's vocabulary --------------------------------------------------------------
 
 

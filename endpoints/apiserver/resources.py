@@ -90,8 +90,15 @@ class ResourceStats:
     last_event: float | None = None
     resource_version: str = ""
     synced: bool = False
-    #: True: streaming list in use; False: the server rejected it; None: not tried.
+    #: True: streaming list in use; False: it failed, list + watch in use; None: not tried.
     watch_list: bool | None = None
+    #: why the streaming list was given up ("" while it is not)
+    watch_list_fallback: str = ""
+    #: Unix time of the last completed relist, and what asked for the last relist
+    last_relist: float | None = None
+    relist_cause: str = ""
+    #: the delay before the informer's next attempt (0: none pending)
+    backoff: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -99,5 +106,6 @@ class ResourceStats:
             "watchRestarts": self.watch_restarts, "restartReasons": dict(self.restart_reasons),
             "events": dict(self.events), "failures": dict(self.failures), "lastSync": self.last_sync,
             "lastEvent": self.last_event, "resourceVersion": self.resource_version, "synced": self.synced,
-            "watchList": self.watch_list,
+            "watchList": self.watch_list, "watchListFallback": self.watch_list_fallback,
+            "lastRelist": self.last_relist, "relistCause": self.relist_cause, "backoff": self.backoff,
         }

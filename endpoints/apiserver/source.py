@@ -187,6 +187,11 @@ class _StatsCollector(Collector):
                                       "Unix time of the last completed list.", labels=["kind"])
         synced = GaugeMetricFamily(f"{prefix}_synced", "1 once the first list completed.", labels=["kind"])
         problems = GaugeMetricFamily(f"{prefix}_problems", "Current problems (see /api/v1/problems).")
+        watch_list = GaugeMetricFamily(f"{prefix}_watch_list",
+                                       "1: the streaming list is used; 0: it failed, list + watch is used.",
+                                       labels=["kind"])
+        backoff = GaugeMetricFamily(f"{prefix}_backoff_seconds", "The delay chosen before the next attempt.",
+                                    labels=["kind"])
         for kind, stats in self._source.stats.items():
             for reason, count in sorted(stats.restart_reasons.items()):
                 restarts.add_metric([kind, reason], count)
@@ -199,5 +204,8 @@ class _StatsCollector(Collector):
             if stats.last_sync is not None:
                 last_sync.add_metric([kind], stats.last_sync)
             synced.add_metric([kind], 1.0 if stats.synced else 0.0)
+            if stats.watch_list is not None:
+                watch_list.add_metric([kind], 1.0 if stats.watch_list else 0.0)
+            backoff.add_metric([kind], stats.backoff)
         problems.add_metric([], len(self._source.problems))
-        yield from (restarts, lists, relists, events, failures, last_sync, synced, problems)
+        yield from (restarts, lists, relists, events, failures, last_sync, synced, problems, watch_list, backoff)

@@ -14,7 +14,7 @@ from kubeport.endpoints.apiserver.source import ApiServerSource, BackoffPolicy
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
 
-FAST = BackoffPolicy(initial=0.001, cap=0.004, jitter=0.0)
+FAST = BackoffPolicy(initial=0.001, cap=0.004, jitter=0.0, relist_jitter=0.001)
 WEB = ServiceName("default", "web")
 API = ServiceName("default", "kubernetes")
 

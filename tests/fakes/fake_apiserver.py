@@ -9,7 +9,12 @@ Faithful to what clients see from a real server:
   bookmark annotated ``k8s.io/initial-events-end``); ``ERROR`` with a 410 Expired Status
   for a compacted version; ``timeoutSeconds``.
 - watch-list (``sendInitialEvents=true``), or its rejection (422 Invalid, the real message)
-  when the feature is off.
+  when the feature is off, or, on an etcd without progress notifications (before 3.4.31 /
+  3.5.13), the 500 InternalError ERROR event "the required storage feature
+  RequestWatchProgress is disabled".
+- a restart (``go_down`` / ``come_up``): connections refused meanwhile; after it a watch
+  from an older resourceVersion gets an ERROR event with a 410 "too old resource version"
+  Status, and with compaction a list at such a version fails with 410 too.
 - bearer-token and client-certificate authentication (401), RBAC denial (403 with the
   real message), 429 with Retry-After, 500, a connection cut mid-line, a silent stream,
   a request held before its response headers, "Too large resource version" (504), an
@@ -74,9 +79,13 @@ class _Fault:
 class FakeApiServer:
     def __init__(self, *, token: str | None = "kubeport-test-token", tls: ssl.SSLContext | None = None,
                  watch_list: bool = True, bookmark_interval: float | None = None,
-                 watch_timeout: float | None = None, user: str = DEFAULT_USER) -> None:
+                 watch_timeout: float | None = None, user: str = DEFAULT_USER, progress_notify: bool = True,
+                 port: int = 0) -> None:
         """
         :param watch_list: serve sendInitialEvents (else 422, as without the WatchList gate).
+        :param progress_notify: etcd supports progress notifications (RequestWatchProgress);
+            without, streaming lists get the API server's 500 ERROR event.
+        :param port: listen on this port (0: a free one); ``come_up`` listens on it again.
         :param bookmark_interval: send a BOOKMARK on quiet watches this often (the real
             server: about every minute).
         :param watch_timeout: end every watch cleanly after this long, whatever the
@@ -84,9 +93,12 @@ class FakeApiServer:
         """
         self.token = token
         self.watch_list = watch_list
+        self.progress_notify = progress_notify
+        self.port = port
         self.bookmark_interval = bookmark_interval
         self.watch_timeout = watch_timeout
         self.expire_continue = 0
+        self._end_early: dict[str, int] = defaultdict(int)
         self.user = user
         #: users (token or certificate CN) answered 401 although their credentials are valid
         self.refused_users: set[str] = set()
@@ -95,7 +107,8 @@ class FakeApiServer:
         self._tls = tls
         self._objects: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
         self._history: list[tuple[int, str, str, dict]] = []
-        self._compacted = 0
+        self._compacted = 0  # watches from older versions: 410 (compaction, or a new watch cache)
+        self._list_compacted = 0  # lists at older versions: 410 (etcd compacted them)
         self._snapshots: dict[tuple[str, Selector, int], list[dict]] = {}
         self._streams = WatchStreams(self)
         self._faults: dict[tuple[str, str], deque[_Fault]] = defaultdict(deque)
@@ -115,11 +128,12 @@ class FakeApiServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
         if sock is None:
-            site: web.BaseSite = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._tls)
+            site: web.BaseSite = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self._tls)
         else:
             site = web.SockSite(self._runner, sock, ssl_context=self._tls)
         await site.start()
         host, port = self._runner.addresses[0][:2]
+        self.port = port
         host = f"[{host}]" if ":" in host else host
         self.url = f"{'https' if self._tls else 'http'}://{host}:{port}"
         return self
@@ -130,6 +144,34 @@ class FakeApiServer:
             event.set()
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def go_down(self) -> None:
+        """The API server process exits: open watches end, new connections are refused."""
+        await self.stop()
+        self._runner = None
+
+    async def come_up(self, *, compact: bool = False, sock: socket.socket | None = None) -> None:
+        """The API server starts again on the same port (or on ``sock``, bound to it), with
+        what etcd holds.
+
+        Its watch cache is new: it is filled by a list at the current revision and holds no
+        older event, so a watch from an older resourceVersion gets an ERROR event with 410
+        "too old resource version: <rv> (<oldest>)" (the cacher's watchCache,
+        staging/src/k8s.io/apiserver/pkg/storage/cacher/watch_cache.go, served through
+        newErrWatcher in cacher.go). With ``compact``, etcd compacted its history meanwhile:
+        a list at an older version that reaches etcd fails with 410 "The resourceVersion for
+        the provided list is too old." (GetList in
+        staging/src/k8s.io/apiserver/pkg/storage/etcd3/store.go, the message from
+        etcd3/errors.go); here every list at such a version does.
+        """
+        # The revision moved on meanwhile (leases, events: writes of objects not watched here).
+        self.rv += 1
+        self._compacted = self.rv
+        self._history.clear()
+        self._snapshots.clear()
+        if compact:
+            self._list_compacted = self.rv
+        await self.start(sock)
 
     async def __aenter__(self) -> "FakeApiServer":
         return await self.start()
@@ -187,6 +229,11 @@ class FakeApiServer:
         for watch in self._streams.of(plural):
             watch.queue.put_nowait(("event", event_line("ERROR", body)))
             watch.queue.put_nowait(("end",))
+
+    def end_initial_events_early(self, plural: str, *, times: int = 1) -> None:
+        """The next ``times`` streaming lists end cleanly before their end bookmark (a proxy
+        cutting long responses at a size or time limit)."""
+        self._end_early[plural] += times
 
     def forbid(self, plural: str, verb: str) -> None:
         self._forbidden.add((plural, verb))
@@ -270,6 +317,9 @@ class FakeApiServer:
     def _list(self, plural: str, params: dict[str, str], selector: Selector) -> web.Response:
         limit = int(params.get("limit") or 0)
         token = params.get("continue")
+        asked = params.get("resourceVersion", "")
+        if not token and asked not in ("", "0") and int(asked) < self._list_compacted:
+            return self._error(410, status(410, "Expired", "The resourceVersion for the provided list is too old."))
         if token:
             rv, start = decode_continue(token)
             items = self._snapshots.get((plural, selector, rv))
@@ -300,9 +350,21 @@ class FakeApiServer:
         initial = params.get("sendInitialEvents") == "true"
         if initial and not self.watch_list:
             return self._error(422, watch_list_rejected())
+        if initial and not self.progress_notify:
+            # Cacher.Watch (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go): a
+            # watch-list needs storage.RequestWatchProgress (etcd >= 3.4.31 / 3.5.13); without
+            # it the watch is a newErrWatcher: HTTP 200, one ERROR event, a 500 InternalError
+            # Status (the error is no StatusError), then the end of the stream.
+            error = status(500, "InternalError", "a watch stream was requested by the client but the required "
+                           "storage feature RequestWatchProgress is disabled")
+            return await self._streams.serve(request, Watch(plural, selector), [event_line("ERROR", error)], True,
+                                             params)
         # Decide what comes first and register (serve does, before its first await), with no
         # await in between: no event is missed.
         prelude, closing = self._prelude(plural, params, selector, initial)
+        if initial and self._end_early[plural] > 0:
+            self._end_early[plural] -= 1
+            prelude, closing = prelude[:-1], True
         return await self._streams.serve(request, Watch(plural, selector), prelude, closing, params)
 
     def _prelude(self, plural: str, params: dict[str, str], selector: Selector,

@@ -36,8 +36,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # --- the server -----------------------------------------------------------------------------
 
 
-def socket_in_netns(ns: str, host: str = "127.0.0.1") -> socket.socket:
-    """A TCP socket bound to host:<free port> inside network namespace `ns`.
+def socket_in_netns(ns: str, host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket bound to host:port (0: a free one) inside network namespace `ns`.
 
     setns() moves only the calling thread, so a throwaway thread does it: the test process
     itself stays in the root namespace."""
@@ -51,7 +51,7 @@ def socket_in_netns(ns: str, host: str = "127.0.0.1") -> socket.socket:
                     raise OSError(errno, f"setns into network namespace {ns}: {errno}")
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, 0))
+            sock.bind((host, port))
             made["sock"] = sock
         except BaseException as err:  # handed to the caller's thread
             made["error"] = err
@@ -108,6 +108,14 @@ class NetnsApiServer:
         """The next `verb` (list|watch) of `plural` waits until the returned function is called."""
         event = self.call(self._fake.hold, plural, verb)
         return lambda: self.call(event.set)
+
+    def go_down(self) -> None:
+        """The API server process exits: watches end, the port refuses connections."""
+        self.run(self._fake.go_down())
+
+    def come_up(self, *, compact: bool = False) -> None:
+        """Started again on the same port (the fake's come_up: a new watch cache, maybe compaction)."""
+        self.run(self._fake.come_up(compact=compact, sock=socket_in_netns(self.ns, port=self._fake.port)))
 
     def kubeconfig(self, path: Path) -> Path:
         return write_kubeconfig(path, self.url, ca=self.tls.ca_cert, token=self._fake.token)

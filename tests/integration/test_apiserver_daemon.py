@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,52 @@ def test_nothing_served_before_services_and_endpointslices_listed(
         assert udp_request(client, WEB_IP, 90, "hi").split()[1] == b"hi"
         stats = status(daemon.ns)["source"]["resources"]
         assert stats["Service"]["watchList"] is watch_list and stats["Service"]["lists"] == 1
+
+
+def test_ready_and_serving_on_an_etcd_without_progress_notify__cacher_RequestWatchProgress(
+        topology, pods, tls, tmp_path):
+    """etcd 3.4.23 under an API server with WatchList on: every streaming list gets the 500
+    ERROR event; the daemon falls back to list + watch and is ready, DNS answers, the VIP
+    forwards (client-go's reflector: "making progress is better than deadlocking")."""
+    started = time.monotonic()
+    with serving(topology, tls, tmp_path, "b", progress_notify=False) as running:
+        daemon, client = running.daemon, running.client
+        daemon.wait_ready(timeout=20)
+        ready = time.monotonic() - started
+        assert dig_answer(client, WEB) == ("NOERROR", [WEB_IP])
+        assert set(pods_over(client, WEB_IP, 80, 4)) <= running.local_pods
+        for kind, stats in status(daemon.ns)["source"]["resources"].items():
+            assert stats["watchList"] is False, kind
+            assert "RequestWatchProgress is disabled" in stats["watchListFallback"], kind
+        print(f"\nready {ready:.2f}s after the daemon was started (process start included)")
+
+
+@pytest.mark.parametrize("compact", [False, True], ids=["restart", "restart_compacted"])
+def test_a_new_service_is_served_within_2s_of_each_api_server_restart(topology, pods, tls, tmp_path, compact):
+    """Two API server restarts in a row: after each, the watch from the held version gets 410
+    (a new watch cache; with compaction a list at it too); the daemon relists at once, so a
+    Service created right after the server is back answers in DNS within 2 s."""
+    with serving(topology, tls, tmp_path, "b") as running:
+        api, daemon, client = running.api, running.daemon, running.client
+        daemon.wait_ready(timeout=20)
+        followed = []
+        for restart in range(2):
+            failed = sum(resource_stats(daemon.ns, "Service")["failures"].values())
+            api.go_down()
+            wait_until(lambda: sum(resource_stats(daemon.ns, "Service")["failures"].values()) > failed, 5,
+                       message="the daemon to see the outage")
+            api.come_up(compact=compact)
+            back = time.monotonic()
+            name = f"late{restart}"
+            api.apply(k8s.service(name, cluster_ip=f"10.96.0.{60 + restart}"))
+            wait_until(lambda: dig_answer(client, f"{name}.default.svc.cluster.local")
+                       == ("NOERROR", [f"10.96.0.{60 + restart}"]), 2.0, interval=0.05,
+                       message=f"{name} in DNS after restart {restart}")
+            followed.append(time.monotonic() - back)
+        stats = resource_stats(daemon.ns, "Service")
+        assert stats["restartReasons"].get("expired", 0) >= 2 and stats["watchList"] is True
+        print(f"\nnew service in DNS {', '.join(f'{t:.2f}s' for t in followed)} after each restart"
+              f"{' (compacted)' if compact else ''}")
 
 
 # --- events ---------------------------------------------------------------------------------

@@ -243,9 +243,10 @@ async def test_500_backs_off_exponentially_then_recovers(running):
         delays.append(seconds)
         await asyncio.sleep(0)
 
-    policy = BackoffPolicy(initial=0.5, cap=1.5, jitter=0.0)
-    server, source, state = await running(seeded=False, sleep=sleep, backoff=policy)
-    server.fail("services", "watch", 500, times=4)
+    policy = BackoffPolicy(initial=0.5, cap=1.5, jitter=0.0, young_cap=1.5)
+    server, source, state = await running(server_options={"watch_list": False}, seeded=False, sleep=sleep,
+                                          backoff=policy)
+    server.fail("services", "list", 500, times=4)
     seed(server)
     await synced(state, source)
     assert delays == [0.5, 1.0, 1.5, 1.5]

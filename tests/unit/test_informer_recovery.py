@@ -19,12 +19,14 @@ from kubeport.endpoints.types import ServiceName
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
 import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import eventually, running, snapshot_where, synced, tls  # noqa: E402,F401 (fixtures)
+from apiserver_harness import eventually, running, seed, snapshot_where, synced, tls  # noqa: E402,F401 (fixtures)
 from fake_api_shapes import status  # noqa: E402
 from fake_apiserver import too_large_status  # noqa: E402
 
-#: jitter off: the delays are exactly 10 ms doubling
-STEPS = BackoffPolicy(initial=0.01, cap=1.0, jitter=0.0)
+#: jitter off: the delays are exactly 10 ms doubling; a relist after 410 waits 4 ms times rand
+STEPS = BackoffPolicy(initial=0.01, cap=1.0, jitter=0.0, relist_jitter=0.004)
+#: the random number of the tests that check relist delays: 2 ms before each relist
+HALF = {"rand": lambda: 0.5}
 EXPIRED = status(410, "Expired", "too old resource version: 1000 (1010)")
 LATE = ServiceName("default", "late")
 
@@ -66,15 +68,42 @@ async def test_a_watch_whose_response_headers_never_come_is_given_up_as_a_stall(
     assert "sendInitialEvents" not in resumed and resumed["resourceVersion"]
 
 
-async def test_a_streaming_list_whose_response_never_comes_is_retried(running):
+async def test_a_streaming_list_whose_response_never_comes_falls_back_to_list__fallbackToList(running):
+    """client-go's reflector falls back to a plain list on any error of a watch-list attempt."""
     server, source, state = await running(server_options={"bookmark_interval": 0.05}, stall_timeout=0.3)
     server.hold("services", "watch")           # before the source's first request
     await synced(state, source)
+    await eventually(lambda: server.open_watches("services") == 1, "the watch after the list")
     stats = source.stats["Service"]
-    assert stats.restart_reasons["stall"] == 1 and stats.lists == 1
-    assert stats.watch_list is True            # a hung server is no reason to give up watch-list
+    assert stats.restart_reasons["stall"] == 1 and stats.lists == 1 and server.count("services", "list") == 1
+    assert stats.watch_list is False and stats.watch_list_fallback.startswith("stall")
     initial = [r.params for r in server.requests if r.plural == "services" and "sendInitialEvents" in r.params]
-    assert len(initial) == 2
+    assert len(initial) == 1
+
+
+@pytest.mark.parametrize("fault", ["500", "503", "429", "error_event", "ended_early"])
+async def test_any_failure_of_a_streaming_list_falls_back_and_is_remembered__fallbackToList(running, fault):
+    """client-go's reflector: any error of a watch-list attempt lists instead; kubeport keeps
+    to list + watch for the connection, also over the reconnects and relists after it."""
+    server, source, state = await running(server_options={"bookmark_interval": 0.05}, seeded=False)
+    if fault == "error_event":
+        server.progress_notify = False
+    elif fault == "ended_early":
+        server.end_initial_events_early("services")
+    else:
+        server.fail("services", "watch", int(fault), retry_after=0 if fault == "429" else None)
+    seed(server)
+    await watching(server, source, state)
+    stats = source.stats["Service"]
+    assert stats.watch_list is False and stats.watch_list_fallback
+    server.error_watches("services", EXPIRED)                # a relist
+    await eventually(lambda: stats.relists == 1 and server.open_watches("services") == 1, "the relist's watch")
+    server.cut_watches("services")                           # a reconnect
+    server.bookmark("services")
+    await eventually(lambda: stats.restart_reasons["cut"] == 1 and server.open_watches("services") == 1,
+                     "the reconnect")
+    streaming = [r for r in server.requests if r.plural == "services" and "sendInitialEvents" in r.params]
+    assert len(streaming) == 1 and server.count("services", "list") == 2
 
 
 # --- "Too large resource version" -------------------------------------------------------------------
@@ -110,26 +139,28 @@ async def test_too_large_in_a_watch_error_event_relists_the_latest(running):
 # --- 410 and Retry-After go through the backoff ----------------------------------------------------------
 
 
-async def test_persistent_410_relists_back_off_exponentially__client_go_backoff_manager(running):
+async def test_persistent_410_relists_promptly__a_gone_version_is_no_failure(running):
     delays = Delays()
-    server, source, state = await running(server_options={"watch_list": False}, backoff=STEPS, sleep=delays)
+    server, source, state = await running(server_options={"watch_list": False}, backoff=STEPS, sleep=delays,
+                                          **HALF)
     await watching(server, source, state)
     server.fail("services", "watch", 410, times=3)          # every relist's watch: 410 again
     server.error_watches("services", EXPIRED)               # a healthy stream ends with 410
     await eventually(lambda: source.stats["Service"].relists == 4, "four relists")
     await eventually(lambda: server.open_watches("services") == 1, "a watch that holds")
-    # The first relist waits only the first step; a LIST per round trip it is not.
-    assert delays == [0.01, 0.02, 0.04, 0.08]
+    # Each list succeeded: no failure backoff grows, every relist waits only its jitter.
+    assert delays == [0.002] * 4
     assert source.stats["Service"].failures["410"] == 3
 
 
-async def test_a_single_410_after_a_healthy_stream_waits_the_first_step(running):
+async def test_a_single_410_after_a_healthy_stream_relists_after_a_jitter_only(running):
     delays = Delays()
-    server, source, state = await running(backoff=STEPS, sleep=delays)
+    server, source, state = await running(backoff=STEPS, sleep=delays, **HALF)
     await watching(server, source, state)
     server.error_watches("services", EXPIRED)
     await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
-    assert delays == [0.01] and source.stats["Service"].restart_reasons["expired"] == 1
+    assert delays == [0.002] and source.stats["Service"].restart_reasons["expired"] == 1
+    assert source.stats["Service"].relist_cause == "expired"
 
 
 async def test_retry_after_zero_does_not_spin__retry_after_is_a_floor(running):
@@ -186,7 +217,8 @@ async def test_lists_ask_for_rv0_then_the_last_seen_then_the_latest__relistResou
 @pytest.mark.parametrize("fault", ["410", "too_large"], ids=["list_410__expired", "list_too_large"])
 async def test_a_list_at_an_unavailable_version_lists_the_latest_at_once(running, fault):
     delays = Delays()
-    server, source, state = await running(server_options={"watch_list": False}, backoff=STEPS, sleep=delays)
+    server, source, state = await running(server_options={"watch_list": False}, backoff=STEPS, sleep=delays,
+                                          **HALF)
     await watching(server, source, state)
     if fault == "410":
         server.fail("services", "list", 410)
@@ -196,7 +228,7 @@ async def test_a_list_at_an_unavailable_version_lists_the_latest_at_once(running
     server.error_watches("services", EXPIRED)
     await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
     assert list_params(server)[1:] == [{"resourceVersion": held}, {"limit": "500"}]
-    assert delays == [0.01]                                  # the retry at "" did not wait
+    assert delays == [0.002]                                 # the retry at "" did not wait
 
 
 async def test_an_expired_continue_token_lists_whole_at_the_same_version__FullListIfExpired(running):

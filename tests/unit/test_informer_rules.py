@@ -13,11 +13,13 @@ import pytest
 from kubeport.endpoints.apiserver.wire import Status, StatusCause, StatusDetails, is_too_large_resource_version
 from kubeport.endpoints.apiserver.reflector import (
     Reaction,
+    WatchListFailure,
     list_params,
     list_resource_version,
     page_limit,
     react,
     version_unavailable,
+    watch_list_failure,
     watch_list_resource_version,
 )
 
@@ -113,3 +115,32 @@ def test_react_to_an_error_status(code, status, verb, retry_after, expected):
 def test_version_unavailable_is_410_or_too_large():
     assert version_unavailable(410, None) and version_unavailable(504, TOO_LARGE)
     assert not version_unavailable(504, _status(504, "Timeout", "etcdserver: request timed out"))
+
+
+NO_PROGRESS_NOTIFY = _status(500, "InternalError", "a watch stream was requested by the client but the required "
+                             "storage feature RequestWatchProgress is disabled")
+FALL_BACK = WatchListFailure(fall_back=True, remember=True)
+
+
+@pytest.mark.parametrize("code, status, answered, expected", [
+    (500, NO_PROGRESS_NOTIFY, True, FALL_BACK),
+    (422, _status(422, "Invalid", "sendInitialEvents: Forbidden"), True, FALL_BACK),
+    (400, _status(400, "BadRequest"), True, FALL_BACK),
+    (503, _status(503, "ServiceUnavailable"), True, FALL_BACK),
+    (429, _status(429, "TooManyRequests"), True, FALL_BACK),
+    (None, None, True, FALL_BACK),
+    (410, _status(410, "Expired"), True, WatchListFailure(fall_back=True, unavailable=True)),
+    (504, TOO_LARGE, True, WatchListFailure(fall_back=True, unavailable=True)),
+    (504, None, True, FALL_BACK),
+    (401, _status(401, "Unauthorized"), True, WatchListFailure(fall_back=False)),
+    (403, _status(403, "Forbidden"), True, WatchListFailure(fall_back=False)),
+    (404, None, True, WatchListFailure(fall_back=False)),
+    (None, None, False, WatchListFailure(fall_back=False)),
+], ids=["etcd_without_progress_notify__cacher_RequestWatchProgress", "feature_off_422", "feature_off_400",
+        "any_5xx", "429", "ended_or_stalled_before_the_end_bookmark", "gone_version_lists_latest_this_round",
+        "too_large_lists_latest_this_round", "timeout_not_too_large", "401_reported", "403_reported",
+        "404_reported", "unreachable_retried_as_is"])
+def test_any_error_of_a_streaming_list_falls_back__fallbackToList(code, status, answered, expected):
+    """client-go: "falling back to the standard LIST/WATCH semantics because making progress is
+    better than deadlocking"; kubeport remembers it when the failure is the feature's."""
+    assert watch_list_failure(code, status, answered=answered) == expected
