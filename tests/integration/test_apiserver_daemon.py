@@ -28,7 +28,7 @@ from apiserver_netns import (
     start_daemon,
     status,
 )
-from fake_tls import TlsFiles, make_tls
+from support.apiserver.tls import TlsFiles, make_tls
 from netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, wait_until
 from policies_support import curl_exit_code, pods_over, settle_curl_exit, settle_on
 

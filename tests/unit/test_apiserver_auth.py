@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -19,9 +18,8 @@ from kubeport.endpoints.apiserver.source import ApiServerConfigError, ApiServerS
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import (  # noqa: E402,F401  (running, tls: fixtures)
+from support.apiserver import objects as k8s
+from support.apiserver.harness import (  # noqa: F401  (running, tls: fixtures)
     FAST,
     RecordingState,
     eventually,
@@ -31,8 +29,8 @@ from apiserver_harness import (  # noqa: E402,F401  (running, tls: fixtures)
     synced,
     tls,
 )
-from fake_apiserver import FakeApiServer  # noqa: E402
-from fake_tls import TlsFiles, _sign, make_tls, write_kubeconfig, write_service_account  # noqa: E402
+from support.apiserver.server import FakeApiServer
+from support.apiserver.tls import TlsFiles, _sign, make_tls, write_kubeconfig, write_service_account
 
 
 # --- permissions and credentials -----------------------------------------------------------------

@@ -9,15 +9,12 @@ a deadline, never a bare sleep.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 from kubeport.endpoints.apiserver.source import BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import (  # noqa: E402,F401  (running, tls: fixtures)
+from support.apiserver import objects as k8s
+from support.apiserver.harness import (  # noqa: F401  (running, tls: fixtures)
     API,
     WEB,
     RecordingState,

@@ -9,19 +9,16 @@ checked exactly and nothing waits for real; every wait is on a condition with a 
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
 from kubeport.endpoints.apiserver.source import BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import eventually, running, snapshot_where, synced, tls  # noqa: E402,F401 (fixtures)
-from fake_api_shapes import status  # noqa: E402
-from fake_apiserver import too_large_status  # noqa: E402
+from support.apiserver import objects as k8s
+from support.apiserver.harness import eventually, running, snapshot_where, synced, tls  # noqa: F401 (fixtures)
+from support.apiserver.server import too_large_status
+from support.apiserver.shapes import status
 
 #: jitter off: the delays are exactly 10 ms doubling
 STEPS = BackoffPolicy(initial=0.01, cap=1.0, jitter=0.0)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-import k8s_objects as k8s
 import pytest
-from fake_apiserver import FakeApiServer
-from fake_tls import TlsFiles, make_tls, write_kubeconfig
 
 from kubeport.endpoints.apiserver.source import ApiServerSource, BackoffPolicy
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
+
+from . import objects as k8s
+from .server import FakeApiServer
+from .tls import TlsFiles, make_tls, write_kubeconfig
 
 FAST = BackoffPolicy(initial=0.001, cap=0.004, jitter=0.0)
 WEB = ServiceName("default", "web")
