@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver_netns import (
+from support.netns.apiserver import (
     NetnsApiServer,
     dig_answer,
     k8s,
@@ -29,8 +29,8 @@ from apiserver_netns import (
     status,
 )
 from support.apiserver.tls import TlsFiles, make_tls
-from netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, wait_until
-from policies_support import curl_exit_code, pods_over, settle_curl_exit, settle_on
+from support.netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, wait_until
+from support.netns.policies import curl_exit_code, pods_over, settle_curl_exit, settle_on
 
 pytestmark = pytest.mark.integration
 

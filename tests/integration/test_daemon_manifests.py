@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from netns import KubeportDaemon, kubeport, wait_until
+from support.netns import KubeportDaemon, kubeport, wait_until
 
 pytestmark = pytest.mark.integration
 

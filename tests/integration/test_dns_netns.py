@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from dns_netns_support import (
+from support.netns.cluster_dns import (
     BIG_ENDPOINTS,
     FRESHNESS_PROBE,
     MALFORMED_PROBE,
@@ -34,7 +34,7 @@ from dns_netns_support import (
     start_fake_upstream,
     write,
 )
-from netns import DNS_SERVICE_IP, EXT_IPS, SERVICE_CIDRS, KubeportDaemon, python_in, run_in, spawn_in
+from support.netns import DNS_SERVICE_IP, EXT_IPS, SERVICE_CIDRS, KubeportDaemon, python_in, run_in, spawn_in
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import signal
 import sys
 
 import pytest
-from netns import (
+from support.netns import (
     KubeportDaemon,
     curl_in,
     dig_in,
@@ -18,9 +18,9 @@ from netns import (
     spawn_in,
     wait_until,
 )
-from test_proxy_support import DAEMON_ARGS
+from support.netns.manifests import DAEMON_ARGS
 
-from operating_support import (  # noqa: F401  (manifests: a fixture)
+from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
     CLIENT_LOOP, ECHO_IP, WEB_IP, manifests, scrape, total, unreachable_kubeconfig, vip_present,
 )
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from netns import (
+from support.netns import (
     KubeportDaemon,
     curl_in,
     dig_in,
@@ -19,9 +19,9 @@ from netns import (
     udp_request,
     wait_until,
 )
-from test_proxy_support import DAEMON_ARGS, endpoint_slice, node, service, write
+from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 
-from operating_support import (  # noqa: F401  (manifests: a fixture)
+from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
     CLIENT_LOOP, ECHO_IP, WEB_EXTERNAL_IP, WEB_IP, manifests, scrape, total, vip_present,
 )
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness_daemon import kubeport_bin
-from netns import (
+from support.netns.daemon import kubeport_bin
+from support.netns import (
     CommandFailed,
     KubeportDaemon,
     curl_in,
@@ -18,7 +18,7 @@ from netns import (
     stop_process,
     wait_until,
 )
-from test_proxy_support import DAEMON_ARGS, endpoint_slice, node, service, write
+from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from netns import CommandFailed, NoReply, python_in, udp_request, wait_until
-from policies_support import (
+from support.netns import CommandFailed, NoReply, python_in, udp_request, wait_until
+from support.netns.policies import (
     daemons_on,
     HTTP_PORT,
     HTTP_SLICE_PORT,
@@ -27,7 +27,7 @@ from policies_support import (
     settle_on,
     slice_of,
 )
-from test_proxy_support import node, service, write
+from support.netns.manifests import node, service, write
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ short-circuited to the cluster set. The client namespace is outside the cluster 
 from __future__ import annotations
 
 import pytest
-from netns import NoReply, udp_request
-from policies_support import (
+from support.netns import NoReply, udp_request
+from support.netns.policies import (
     daemons_on,
     HTTP_PORT,
     UDP_PORT,
@@ -25,7 +25,7 @@ from policies_support import (
     slice_of,
     terminating_not_serving,
 )
-from test_proxy_support import node, service, write
+from support.netns.manifests import node, service, write
 
 pytestmark = pytest.mark.integration
 

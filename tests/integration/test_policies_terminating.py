@@ -10,7 +10,7 @@ test_policies_local.py.
 from __future__ import annotations
 
 import pytest
-from policies_support import (
+from support.netns.policies import (
     daemons_on,
     HTTP_PORT,
     HTTP_SLICE_PORT,
@@ -21,7 +21,7 @@ from policies_support import (
     slice_of,
     terminating_not_serving,
 )
-from test_proxy_support import node, service, write
+from support.netns.manifests import node, service, write
 
 pytestmark = pytest.mark.integration
 

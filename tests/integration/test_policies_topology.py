@@ -14,8 +14,8 @@ like any pod IP): a zone-a endpoint that is not on node-a.
 from __future__ import annotations
 
 import pytest
-from policies_support import HTTP_PORT, daemons_on, endpoint, node_with_cpu, settle_on, slice_of, with_annotations
-from test_proxy_support import service, write
+from support.netns.policies import HTTP_PORT, daemons_on, endpoint, node_with_cpu, settle_on, slice_of, with_annotations
+from support.netns.manifests import service, write
 
 pytestmark = pytest.mark.integration
 

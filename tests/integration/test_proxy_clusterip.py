@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from netns import (
+from support.netns import (
     EXT_IPS,
     CommandFailed,
     curl_in,
@@ -25,7 +25,7 @@ from netns import (
     wait_for_output,
     wait_until,
 )
-from test_proxy_support import (
+from support.netns.manifests import (
     endpoint_slice,
     node,
     pod_answering,
@@ -296,7 +296,7 @@ def _listening(topology, which: str, host: str, port: int) -> bool:
 
 
 def _daemon_log(topology, which: str) -> str:
-    from netns import DAEMONS
+    from support.netns import DAEMONS
 
     return "\n".join(d.log_text() for d in DAEMONS if d.ns == topology.node(which))
 

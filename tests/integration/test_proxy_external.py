@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from netns import EXT_IPS, CommandFailed, curl_in, http_url, run_in, start_podserver, udp_request, wait_until
-from test_proxy_support import endpoint_slice, node, pods_seen, remove, service, start_daemon, write
+from support.netns import EXT_IPS, CommandFailed, curl_in, http_url, run_in, start_podserver, udp_request, wait_until
+from support.netns.manifests import endpoint_slice, node, pods_seen, remove, service, start_daemon, write
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,17 @@ import sys
 import time
 
 import pytest
-from netns import python_in, require_netns, run_in, spawn_in, start_podserver, unique_prefix, wait_for_output, wait_until
+from support.netns import (
+    python_in,
+    require_netns,
+    run_in,
+    script_env,
+    spawn_in,
+    start_podserver,
+    unique_prefix,
+    wait_for_output,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +128,8 @@ def namespace():
 
 
 def start_instance(ns: str, name: str) -> subprocess.Popen:
-    proc = spawn_in(ns, sys.executable, __file__, "proxier", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = spawn_in(ns, sys.executable, __file__, "proxier", env=script_env(), stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE)
     wait_for_output(proc, b"ready", 30, f"proxier {name}")
     return proc
 
@@ -146,7 +157,8 @@ def test_successor_takes_over__zero_failed_connections_and_queries__issue8(names
     ns = namespace
     start_podserver(ns, "p1")
     a = start_instance(ns, "A")
-    client = spawn_in(ns, sys.executable, __file__, "client", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    client = spawn_in(ns, sys.executable, __file__, "client", env=script_env(), stdin=subprocess.PIPE,
+                      stdout=subprocess.PIPE)
     wait_for_output(client, b"running", 30, "client")
 
     b = start_instance(ns, "B")  # binds the same frontends, adopts A's VIPs and nftables table

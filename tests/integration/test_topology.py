@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from netns import (
+from support.netns import (
     POD_ECHO_PORT,
     POD_HTTP_PORT,
     POD_UDP_PORT,

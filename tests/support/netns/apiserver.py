@@ -1,5 +1,5 @@
 """The fake kube-apiserver (support.apiserver) listening inside a node's network namespace, plus
-objects and probes for test_apiserver_daemon.py (no tests here).
+objects and probes for test_apiserver_daemon.py.
 
 The daemon runs in node-a's namespace and reads the API server at 127.0.0.1 there. The
 fake is served by this test process: its listening socket is made on a short-lived thread
@@ -20,10 +20,10 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from netns import KubeportDaemon, Pod, Topology, curl_in, kubeport, run_in
-from support.apiserver import objects as k8s
-from support.apiserver.server import FakeApiServer
-from support.apiserver.tls import TlsFiles, write_kubeconfig
+from ..apiserver import objects as k8s
+from ..apiserver.server import FakeApiServer
+from ..apiserver.tls import TlsFiles, write_kubeconfig
+from . import KubeportDaemon, Pod, Topology, curl_in, kubeport, run_in
 
 CLONE_NEWNET = 0x40000000
 CALL_TIMEOUT = 10.0

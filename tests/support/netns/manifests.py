@@ -1,4 +1,4 @@
-"""Manifest builders and daemon start-up shared by the proxy integration tests (no tests here).
+"""Manifest builders and daemon start-up shared by the proxy integration tests.
 
 Every Service gets explicit clusterIPs and nodePorts: one daemon runs per node, each with its
 own allocator, and the addresses must be the same on both.
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from netns import CLUSTER_CIDRS, SERVICE_CIDRS, KubeportDaemon, Pod, Topology, curl_in, http_url, parse_pod_reply
+from . import CLUSTER_CIDRS, SERVICE_CIDRS, KubeportDaemon, Pod, Topology, curl_in, http_url, parse_pod_reply
 
 NAMESPACE = "demo"
 DAEMON_ARGS = ("--service-cluster-ip-range", ",".join(SERVICE_CIDRS), "--cluster-cidr", ",".join(CLUSTER_CIDRS))

@@ -1,4 +1,4 @@
-"""Manifest builders and clients shared by the traffic-policy integration tests (issue #4; no tests here).
+"""Manifest builders and clients shared by the traffic-policy integration tests.
 
 Endpoints are written with explicit conditions, nodes and zones, so a test can state a kube-proxy
 rule's input directly (a serving-terminating pod, a pod declared on another node). Clients run
@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from netns import CommandFailed, Pod, Topology, curl_in, http_url, python_in, wait_until
-from test_proxy_support import NAMESPACE, start_daemon, write
+from . import CommandFailed, Pod, Topology, curl_in, http_url, python_in, wait_until
+from .manifests import NAMESPACE, start_daemon, write
 
 HTTP_SLICE_PORT = {"name": "http", "protocol": "TCP", "port": 8080}
 UDP_SLICE_PORT = {"name": "udp", "protocol": "UDP", "port": 9090}

@@ -1,4 +1,4 @@
-"""Manifests, dig parsing, the fake upstream and probes for test_dns_netns.py (no tests here).
+"""Manifests, dig parsing, the fake upstream and probes for test_dns_netns.py.
 
 Every Service has explicit clusterIPs: one daemon runs per node, each with its own
 allocator, so only explicit addresses are the same on both nodes.
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from netns import DNS_SERVICE_IP, EXT_IPS, Topology, WaitTimeout, dig_in, spawn_in, wait_for_output
+from . import DNS_SERVICE_IP, EXT_IPS, Topology, WaitTimeout, dig_in, spawn_in, wait_for_output
 
 NS = "shop"
 ZONE = "cluster.local"

@@ -1,7 +1,7 @@
 """Harness for integration tests in the netns topology of netns-scripts/topology.sh.
 
-The one module tests import: the address plan, Topology, pods, clients, and (re-exported from
-harness_proc / harness_daemon) processes, waiting and the kubeport daemon. Every process a test
+The address plan, Topology, pods, clients, and (re-exported from proc / daemon) processes,
+waiting and the kubeport daemon. Every process a test
 starts goes through `spawn_in` and is killed when its owner ends (the test, or the topology for
 processes started by module fixtures); every wait goes through `wait_until`.
 """
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-# Re-exported: tests import everything from this module.
-from harness_daemon import DAEMONS, DaemonExited, KubeportDaemon, Readyz, kubeport, probe_address  # noqa: F401
-from harness_proc import (  # noqa: F401
+
+# Re-exported: tests import everything from this package.
+from .daemon import DAEMONS, DaemonExited, KubeportDaemon, Readyz, kubeport, probe_address  # noqa: F401
+from .proc import (  # noqa: F401
     CommandFailed,
     WaitTimeout,
     current_scope,
@@ -38,7 +39,7 @@ from harness_proc import (  # noqa: F401
     wait_until,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOPOLOGY_SH = REPO / "netns-scripts" / "topology.sh"
 PODSERVER = REPO / "netns-scripts" / "podserver.py"
 
@@ -280,6 +281,13 @@ def dig_in(ns: str, *args: str, server: str | None = None, port: int | None = No
     cmd += [f"@{server}"] if server else []
     cmd += ["-p", str(port)] if port else []
     return run_in(ns, *cmd, *args, timeout=timeout + 5).stdout
+
+
+def script_env() -> dict[str, str]:
+    """The environment of a test file run as a script (its own subprocess runner): tests/ on
+    PYTHONPATH, as pytest has it, so that the script imports support as the tests do."""
+    paths = [str(REPO / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def python_in(ns: str, code: str, *args: Any, timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness_proc import (
+from .proc import (
     CommandFailed,
     WaitTimeout,
     current_scope,
