@@ -4,14 +4,14 @@ CNAME/ExternalName, TXT), expected answers as zone text.
 The reference is CoreDNS's kubernetes plugin (shared/reference/coredns-kubernetes.md,
 section numbers in the ids: b4 = B.4 answer matrix, ...) and the Kubernetes DNS
 specification (spec2xx). Every negative answer must carry the zone's SOA; the cluster
-and the helpers are in dns_answers_support.py.
+and the helpers are in support/dns_answers.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from dns_answers_support import answerer  # noqa: F401  (a fixture)
-from dns_answers_support import S, W, Case, case, check
+from support.dns_answers import answerer  # noqa: F401  (a fixture)
+from support.dns_answers import S, W, Case, case, check
 
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.testing import question, record_lines

@@ -5,14 +5,14 @@ outside the zone and the cluster-domain option.
 The reference is CoreDNS's kubernetes plugin (shared/reference/coredns-kubernetes.md,
 section numbers in the ids: b4 = B.4 answer matrix, ...) and the Kubernetes DNS
 specification (spec2xx). Every negative answer must carry the zone's SOA; the cluster
-and the helpers are in dns_answers_support.py.
+and the helpers are in support/dns_answers.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from dns_answers_support import answerer  # noqa: F401  (a fixture)
-from dns_answers_support import CLUSTER, SERIAL, SOA, S, W, Case, case, check, make_answerer
+from support.dns_answers import answerer  # noqa: F401  (a fixture)
+from support.dns_answers import CLUSTER, SERIAL, SOA, S, W, Case, case, check, make_answerer
 
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.testing import question, read_reply, snapshot_of

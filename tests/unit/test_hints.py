@@ -3,13 +3,13 @@ the topology-aware-hints Auto mode.
 
 B.3's worked examples and the controller's own TestAddHints / TestSetNodes /
 Test_getGivingAndReceivingZones cases. The B.2 trafficDistribution rules are in
-test_hints_distribution.py; the builders in hints_support.py.
+test_hints_distribution.py; the builders in support/hints.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from hints_support import endpoint, hint_counts, no_hints, node, nodes_by_cpu, slice_of, zone_endpoints
+from support.hints import endpoint, hint_counts, no_hints, node, nodes_by_cpu, slice_of, zone_endpoints
 
 from kubeport.endpoints.hints import (
     INSUFFICIENT_NODE_INFO, INSUFFICIENT_NUMBER_OF_ENDPOINTS, MIN_ALLOCATION_EXCEEDS_OVERLOAD_THRESHOLD,

@@ -2,13 +2,13 @@
 the B.2 trafficDistribution rules, which request wins over which, hints through
 ClusterState, and the ready flag as podToEndpoint writes it (publishNotReadyAddresses).
 
-The Auto mode (B.3) is in test_hints.py; the builders in hints_support.py.
+The Auto mode (B.3) is in test_hints.py; the builders in support/hints.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from hints_support import PORTS, endpoint, no_hints, nodes_by_cpu, service, slice_of
+from support.hints import PORTS, endpoint, no_hints, nodes_by_cpu, service, slice_of
 
 from kubeport.endpoints import model
 from kubeport.endpoints.hints import as_the_controller_writes, fill_hints

@@ -11,8 +11,8 @@ from kubeport.endpoints.manifests.lastgood import DIRECTORY_NAME, LastGoodFiles
 from kubeport.endpoints.manifests.read import content_digest
 from kubeport.endpoints.types import ServiceName
 
-from manifest_support import manifests  # noqa: F401  (a fixture)
-from manifest_support import WEB, Harness, endpoint_slice, running, service
+from support.manifests import manifests  # noqa: F401  (a fixture)
+from support.manifests import WEB, Harness, endpoint_slice, running, service
 
 BROKEN = "  oops: [\n"
 

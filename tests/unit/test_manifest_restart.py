@@ -15,8 +15,8 @@ from kubeport.endpoints.manifests.lastgood import DIRECTORY_NAME, HOLDERS_NAME, 
 from kubeport.endpoints.manifests.read import content_digest
 from kubeport.endpoints.types import ServiceName
 
-from manifest_support import manifests  # noqa: F401  (a fixture)
-from manifest_support import DEADLINE, Harness, running, service
+from support.manifests import manifests  # noqa: F401  (a fixture)
+from support.manifests import DEADLINE, Harness, running, service
 
 API = ServiceName("default", "api")
 INVALID_NAME = "HTTP"  # a port name the API server refuses

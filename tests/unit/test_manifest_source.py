@@ -7,8 +7,8 @@ import shutil
 from kubeport.endpoints.registry.store import AllocationStore, ServiceAllocation
 from kubeport.endpoints.types import ServiceName
 
-from manifest_support import manifests  # noqa: F401  (a fixture)
-from manifest_support import BROKEN, EXAMPLES, WEB, Harness, endpoint_slice, service
+from support.manifests import manifests  # noqa: F401  (a fixture)
+from support.manifests import BROKEN, EXAMPLES, WEB, Harness, endpoint_slice, service
 
 
 def test_examples_load_cleanly():

@@ -16,7 +16,7 @@ import pytest
 from kubeport.proxy.table import Frontend
 from kubeport.proxy.testing import DEADLINE, Backends, on_uvloop, until
 
-from proxy_support import (
+from support.proxy_loopback import (
     apply_states,
     greeted_connection,
     greeting,

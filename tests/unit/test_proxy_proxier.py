@@ -19,7 +19,7 @@ from kubeport.proxy.host.kernel import sctp_supported
 from kubeport.proxy.table import Frontend
 from kubeport.proxy.testing import DEADLINE, endpoint, endpoint_slice, on_uvloop, port, service, until
 
-from proxy_support import apply_states, echoed, greeted_connection, greeting, running_proxier, web
+from support.proxy_loopback import apply_states, echoed, greeted_connection, greeting, running_proxier, web
 
 
 async def refused(host: str, port_: int) -> bool:

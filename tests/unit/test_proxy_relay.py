@@ -15,7 +15,7 @@ import pytest
 
 from kubeport.proxy.testing import DEADLINE, LoopbackRelay, on_uvloop, until
 
-from proxy_support import read_all, relay_to
+from support.proxy_loopback import read_all, relay_to
 
 
 def pattern(size: int, seed: int) -> bytes:

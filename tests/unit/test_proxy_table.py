@@ -19,7 +19,7 @@ from kubeport.proxy.table import (
 )
 from kubeport.proxy.testing import endpoint, endpoint_slice, port, service, snapshot
 
-from proxy_table_support import (  # the node, two slices, the rule summary
+from support.proxy_table import (  # the node, two slices, the rule summary
     BOTH, CIP, CTX, DROP, EIP, FWD, LB, LOCAL, NP, REFUSE, REMOTE, REMOTE_SLICE, WEB_SLICE, summarize,
 )
 

@@ -17,7 +17,7 @@ from kubeport.proxy.table import (
 )
 from kubeport.proxy.testing import endpoint, endpoint_slice, port, service
 
-from proxy_table_support import CIP, CTX, DROP, FWD, LOCAL, REFUSE, REMOTE_SLICE, WEB_SLICE, summarize
+from support.proxy_table import CIP, CTX, DROP, FWD, LOCAL, REFUSE, REMOTE_SLICE, WEB_SLICE, summarize
 
 LB_CTX = TableContext(node_name="node-a", nodeport_addresses=("192.168.1.10", "fd00:1::10"),
                       node_ips=("192.168.1.10", "fd00:1::10"))

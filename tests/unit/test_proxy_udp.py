@@ -8,7 +8,7 @@ import asyncio
 from kubeport.endpoints.types import ServiceState
 from kubeport.proxy.testing import on_uvloop, until
 
-from proxy_support import apply_states, running_proxier, udp_ask, udp_client, web
+from support.proxy_loopback import apply_states, running_proxier, udp_ask, udp_client, web
 
 VIP = "127.0.0.30"
 

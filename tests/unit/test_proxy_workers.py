@@ -15,7 +15,7 @@ from kubeport.proxy.testing import DEADLINE, on_uvloop, until
 from kubeport.proxy.worker import SnapshotMirror, StatsReporter
 from kubeport.proxy.workers import SAME_NODE, ProxyWorkerError, create_proxier
 
-from proxy_support import NODE, apply_states, greeting, running_proxier, web
+from support.proxy_loopback import NODE, apply_states, greeting, running_proxier, web
 
 WEB, API = ServiceName("default", "web"), ServiceName("default", "api")
 

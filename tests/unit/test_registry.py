@@ -12,7 +12,7 @@ import pytest
 
 from kubeport.endpoints import model
 
-from registry_support import T0, V4, V6, make_registry, node_port_service, refused, service, snapshot  # noqa: F401
+from support.registry import T0, V4, V6, make_registry, node_port_service, refused, service, snapshot  # noqa: F401
 
 
 # --- the DNS address ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The kubeport daemon and CLI, run inside a network namespace (contract: /work/notes/CLI.md)."""
+"""The kubeport daemon and CLI, run inside a network namespace."""
 
 from __future__ import annotations
 
