@@ -21,6 +21,7 @@ import sys
 import time
 
 import pytest
+
 from support.netns import (
     python_in,
     require_netns,
@@ -44,7 +45,7 @@ HTTP, DNS = 80, 53
 
 def snapshot():
     from kubeport.endpoints.types import NodeInfo, ServiceState
-    from kubeport.proxy.testing import endpoint, endpoint_slice, port, service, snapshot as build
+    from support.slim import endpoint, endpoint_slice, port, service, snapshot as build
 
     web = service("web", [VIP], [port(HTTP, name="http", target=8080), port(DNS, name="dns", protocol="UDP",
                                                                             target=9090)])

@@ -10,11 +10,11 @@ and the helpers are in support/dns_answers.py.
 from __future__ import annotations
 
 import pytest
-from support.dns_answers import answerer  # noqa: F401  (a fixture)
-from support.dns_answers import S, W, Case, case, check
 
 from kubeport.dns.answer import Answerer, Forward
-from kubeport.dns.testing import question, record_lines
+
+from support.dns_answers import S, W, Case, answerer, case, check  # noqa: F401  (a fixture)
+from support.zonetext import question, record_lines
 
 
 ADDRESS_CASES = [

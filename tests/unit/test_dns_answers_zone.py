@@ -11,11 +11,23 @@ and the helpers are in support/dns_answers.py.
 from __future__ import annotations
 
 import pytest
-from support.dns_answers import answerer  # noqa: F401  (a fixture)
-from support.dns_answers import CLUSTER, SERIAL, SOA, S, W, Case, case, check, make_answerer
 
 from kubeport.dns.answer import Answerer, Forward
-from kubeport.dns.testing import question, read_reply, snapshot_of
+
+from support.api import snapshot_of
+from support.dns_answers import (  # noqa: F401  (a fixture)
+    CLUSTER,
+    S,
+    SERIAL,
+    SOA,
+    W,
+    Case,
+    answerer,
+    case,
+    check,
+    make_answerer,
+)
+from support.zonetext import question, read_reply
 
 
 PTR_CASES = [

@@ -19,9 +19,11 @@ from dnslib import QTYPE, RR, A, DNSRecord
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.server import DnsServer
 from kubeport.dns.stats import DnsStats
-from kubeport.dns.testing import LoopbackDnsPort, question, read_reply
 from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache
 from kubeport.dns.forward.policy import MAX_FAILS
+
+from support.dns_loopback import LoopbackDnsPort
+from support.zonetext import question, read_reply
 
 Behaviour = Callable[[str, DNSRecord], "bytes | None"]
 WWW = b"\x03www\x07example\x03com\x00\x00\x01\x00\x01"  # www.example.com. A IN

@@ -18,7 +18,6 @@ from kubeport.dns.config import DnsConfig
 from kubeport.dns.answer import Answerer
 from kubeport.dns.names import reverse_name_labels
 from kubeport.dns.records import RecordIndex, same_dns, service_records
-from kubeport.dns.testing import endpoint_slice, question, read_reply, service, snapshot_of
 from kubeport.endpoints.types import (
     EndpointInfo,
     EndpointPortInfo,
@@ -29,6 +28,9 @@ from kubeport.endpoints.types import (
     SliceInfo,
     Snapshot,
 )
+
+from support.api import endpoint_slice, service, snapshot_of
+from support.zonetext import question, read_reply
 
 WEB = ServiceName("default", "web")
 HTTP = (PortSpec("http", "TCP", 80, 8080),)
