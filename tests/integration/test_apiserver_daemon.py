@@ -29,7 +29,7 @@ from support.netns.apiserver import (
     status,
 )
 from support.apiserver.tls import TlsFiles, make_tls
-from support.netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, wait_until
+from support.netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, until_sync
 from support.netns.policies import curl_exit_code, pods_over, settle_curl_exit, settle_on
 
 pytestmark = pytest.mark.integration
@@ -103,7 +103,7 @@ def cluster(topology, pods, tls, tmp_path_factory) -> Iterator[Cluster]:
 
 def settle_dns(client: str, name: str, expected: tuple[str, list[str]]) -> None:
     """Wait until `dig name A` from `client` answers (rcode, sorted addresses) == expected."""
-    wait_until(lambda: dig_answer(client, name) == expected, 10, message=f"{name} A -> {expected}")
+    until_sync(lambda: dig_answer(client, name) == expected, f"{name} A -> {expected}", 10)
 
 
 def settled_status(node: str) -> dict:
@@ -113,7 +113,7 @@ def settled_status(node: str) -> dict:
         applied = (now["proxy"]["appliedGeneration"], now["dns"]["appliedGeneration"])
         return now if applied == (now["generation"], now["generation"]) else None
 
-    return wait_until(settled, 10, message="proxy and DNS on the latest generation")
+    return until_sync(settled, "proxy and DNS on the latest generation", 10)
 
 
 def restarts_for(status_now: dict, kind: str, reason: str) -> int:
@@ -132,8 +132,8 @@ def test_nothing_served_before_services_and_endpointslices_listed__issue6_sync_g
     with serving(topology, tls, tmp_path, "b", lambda api: held.append(api.hold("services", verb)),
                  watch_list=watch_list) as running:
         api, daemon, client = running.api, running.daemon, running.client
-        wait_until(lambda: api.count("services", verb) and resource_stats(daemon.ns, "EndpointSlice")["synced"],
-                   20, message="Services held while EndpointSlices completed their first list",
+        until_sync(lambda: api.count("services", verb) and resource_stats(daemon.ns, "EndpointSlice")["synced"],
+                   "Services held while EndpointSlices completed their first list", 20,
                    ignore=(CommandFailed, KeyError))
 
         ready = daemon.readyz()
@@ -209,7 +209,7 @@ def test_relist_after_410_changes_nothing__no_flap(cluster: Cluster):
         return all(now[kind]["relists"] > before["source"]["resources"][kind]["relists"]
                    for kind in ("Service", "EndpointSlice"))
 
-    wait_until(relisted, 20, message="Services and EndpointSlices relisted after 410")
+    until_sync(relisted, "Services and EndpointSlices relisted after 410", 20)
     after = status(node)
     assert after["generation"] == before["generation"]
     assert "applied generation" not in cluster.daemon.log_text()[log_mark:]
@@ -236,8 +236,8 @@ def test_heap_freed_by_changes_goes_back_to_the_kernel_once_they_stop(cluster: C
     # kubeport/lib/heap.py: measured at 10,000 services, 200 changes left ~7 MiB free inside the heap.
     cluster.set_web("b1")
     changed = settled_status(cluster.node)["generation"]
-    wait_until(lambda: (status(cluster.node)["heap"]["trimmedGeneration"] or 0) >= changed, 10,
-               message=f"heap trimmed after generation {changed}")
+    until_sync(lambda: (status(cluster.node)["heap"]["trimmedGeneration"] or 0) >= changed,
+               f"heap trimmed after generation {changed}", 10)
 
 
 # --- failures -------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_apiserver_gone_keeps_the_last_state_serving(topology, pods, tls, tmp_pa
             return all(stats[kind]["watchRestarts"] >= 1 and stats[kind]["failures"]
                        for kind in ("Service", "EndpointSlice"))
 
-        wait_until(restarts_seen, 20, message="watch restarts and failed reconnects in kubeport get status")
+        until_sync(restarts_seen, "watch restarts and failed reconnects in kubeport get status", 20)
         restarts = metric_samples(node, "kubeport_apiserver_watch_restarts_total")
         assert any('kind="EndpointSlice"' in labels and value >= 1 for labels, value in restarts.items()), restarts
         assert running.daemon.readyz().status == 200
@@ -285,8 +285,8 @@ def test_forbidden_endpointslices_names_the_missing_rule__rbac(topology, pods, t
         # The first request is the streaming list: a watch.
         expected = FORBIDDEN_LINE.format(verb="watch")
 
-        wait_until(lambda: expected in readyz_problems(daemon.readyz()), 20, message="the RBAC problem in /readyz",
-                   ignore=(ValueError,))
+        until_sync(lambda: expected in readyz_problems(daemon.readyz()),
+                   "the RBAC problem in /readyz", 20, ignore=(ValueError,))
         ready = daemon.readyz()
         assert ready.status == 503 and "source: first list not complete" in ready.body
         assert status(daemon.ns)["source"]["problems"] >= 1

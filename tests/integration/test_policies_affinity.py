@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.netns import CommandFailed, NoReply, python_in, udp_request, wait_until
+from support.netns import CommandFailed, NoReply, python_in, udp_request, until_sync
 from support.netns.policies import (
     daemons_on,
     HTTP_PORT,
@@ -115,15 +115,15 @@ def _assert_pinned_then_moved(session: dict) -> None:
 def test_client_ip_affinity__tcp_client_kept_on_one_pod__moved_after_timeout__c(cluster, topology, pod_of):
     _sticky(cluster, pod_of, "sticky-tcp", STICKY_TCP, [HTTP_PORT], [HTTP_SLICE_PORT])
     # Waiting from a1 leaves the client's (a2's) affinity untouched.
-    wait_until(lambda: pods_over(topology.pod("a", 1), STICKY_TCP, 80, 1)[0] in {"a1", "b1"}, 15,
-               ignore=(CommandFailed,), message="sticky-tcp answering")
+    until_sync(lambda: pods_over(topology.pod("a", 1), STICKY_TCP, 80, 1)[0] in {"a1", "b1"},
+               "sticky-tcp answering", 15, ignore=(CommandFailed,))
     _assert_pinned_then_moved(_session(topology.pod("a", 2), _TCP_SESSION, STICKY_TCP, 80))
 
 
 def test_client_ip_affinity__udp_flows_kept_on_one_pod__moved_after_timeout__c(cluster, topology, pod_of):
     _sticky(cluster, pod_of, "sticky-udp", STICKY_UDP, [UDP_PORT], [UDP_SLICE_PORT])
-    wait_until(lambda: udp_request(topology.pod("a", 1), STICKY_UDP, 90, "up?", timeout=1), 15,
-               ignore=(ConnectionRefusedError, NoReply, CommandFailed), message="sticky-udp answering")
+    until_sync(lambda: udp_request(topology.pod("a", 1), STICKY_UDP, 90, "up?", timeout=1),
+               "sticky-udp answering", 15, ignore=(ConnectionRefusedError, NoReply, CommandFailed))
     _assert_pinned_then_moved(_session(topology.pod("a", 2), _UDP_SESSION, STICKY_UDP, 90))
 
 

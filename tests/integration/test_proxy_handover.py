@@ -30,8 +30,8 @@ from support.netns import (
     spawn_in,
     start_podserver,
     unique_prefix,
+    until_sync,
     wait_for_output,
-    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -177,7 +177,7 @@ def test_successor_takes_over__zero_failed_connections_and_queries__issue8(names
     assert summary["tcp_ok"] > 20 and summary["udp_ok"] > 20, summary
 
     stop_instance(b, "B", grace=1.0, release=True)  # a plain shutdown: everything goes
-    wait_until(lambda: f"local {VIP} " not in vip_routes(ns), 5, message="the VIPs to be removed")
+    until_sync(lambda: f"local {VIP} " not in vip_routes(ns), "the VIPs to be removed", 5)
     assert nft_table(ns) == ""
 
 

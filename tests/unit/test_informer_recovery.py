@@ -16,9 +16,10 @@ from kubeport.endpoints.apiserver.source import BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 
 from support.apiserver import objects as k8s
-from support.apiserver.harness import eventually, running, snapshot_where, synced, tls  # noqa: F401 (fixtures)
+from support.apiserver.harness import running, snapshot_where, synced, tls  # noqa: F401 (fixtures)
 from support.apiserver.server import too_large_status
 from support.apiserver.shapes import status
+from support.wait import until
 
 #: jitter off: the delays are exactly 10 ms doubling
 STEPS = BackoffPolicy(initial=0.01, cap=1.0, jitter=0.0)
@@ -41,7 +42,7 @@ def list_params(server, plural: str = "services") -> list[dict[str, str]]:
 async def watching(server, source, state, plural: str = "services") -> None:
     """Synced, and the watch that follows the list is open (it is the list with watch-list)."""
     await synced(state, source)
-    await eventually(lambda: server.open_watches(plural) == 1, f"the {plural} watch")
+    await until(lambda: server.open_watches(plural) == 1, f"the {plural} watch")
 
 
 # --- responses that never come ------------------------------------------------------------------
@@ -54,7 +55,7 @@ async def test_a_watch_whose_response_headers_never_come_is_given_up_as_a_stall(
     server.hold("services", "watch")           # the reconnect gets no response headers
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: server.count("services", "watch") == 2, "the reconnect")
+    await until(lambda: server.count("services", "watch") == 2, "the reconnect")
     server.apply(k8s.service("late", cluster_ip="10.96.0.50"))
     await snapshot_where(state, lambda s: LATE in s.services, "the service after the stalled reconnect")
     stats = source.stats["Service"]
@@ -85,7 +86,7 @@ async def test_too_large_resource_version_on_a_watch_relists_the_latest__isTooLa
     server.fail_too_large("services", "watch")
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist")
     server.apply(k8s.service("late", cluster_ip="10.96.0.50"))
     await snapshot_where(state, lambda s: LATE in s.services, "events after the relist")
     assert list_params(server)[-1] == {"limit": "500"}     # the latest, from etcd, paged
@@ -97,7 +98,7 @@ async def test_too_large_in_a_watch_error_event_relists_the_latest(running):
     server, source, state = await running(backoff=STEPS, sleep=Delays())
     await watching(server, source, state)
     server.error_watches("services", too_large_status(5000, server.rv))
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist")
     stats = source.stats["Service"]
     assert stats.restart_reasons["too_large"] == 1
     relist = [r.params for r in server.requests if r.plural == "services" and "sendInitialEvents" in r.params][-1]
@@ -113,8 +114,8 @@ async def test_persistent_410_relists_back_off_exponentially__client_go_backoff_
     await watching(server, source, state)
     server.fail("services", "watch", 410, times=3)          # every relist's watch: 410 again
     server.error_watches("services", EXPIRED)               # a healthy stream ends with 410
-    await eventually(lambda: source.stats["Service"].relists == 4, "four relists")
-    await eventually(lambda: server.open_watches("services") == 1, "a watch that holds")
+    await until(lambda: source.stats["Service"].relists == 4, "four relists")
+    await until(lambda: server.open_watches("services") == 1, "a watch that holds")
     # The first relist waits only the first step; a LIST per round trip it is not.
     assert delays == [0.01, 0.02, 0.04, 0.08]
     assert source.stats["Service"].failures["410"] == 3
@@ -125,7 +126,7 @@ async def test_a_single_410_after_a_healthy_stream_waits_the_first_step(running)
     server, source, state = await running(backoff=STEPS, sleep=delays)
     await watching(server, source, state)
     server.error_watches("services", EXPIRED)
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist")
     assert delays == [0.01] and source.stats["Service"].restart_reasons["expired"] == 1
 
 
@@ -136,8 +137,8 @@ async def test_retry_after_zero_does_not_spin__retry_after_is_a_floor(running):
     server.fail("services", "watch", 429, times=2, retry_after=0)
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].failures["429"] == 2, "both 429s")
-    await eventually(lambda: server.open_watches("services") == 1, "the watch again")
+    await until(lambda: source.stats["Service"].failures["429"] == 2, "both 429s")
+    await until(lambda: server.open_watches("services") == 1, "the watch again")
     assert delays == [0.01, 0.02, 0.04]                     # the cut, then each 429 backs off further
 
 
@@ -148,7 +149,7 @@ async def test_retry_after_above_the_backoff_is_waited_for(running):
     server.fail("services", "watch", 503, retry_after=2)
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: server.open_watches("services") == 1 and source.stats["Service"].failures["503"],
+    await until(lambda: server.open_watches("services") == 1 and source.stats["Service"].failures["503"],
                      "the watch again")
     assert delays == [0.01, 2.0]
 
@@ -162,21 +163,21 @@ async def test_lists_ask_for_rv0_then_the_last_seen_then_the_latest__relistResou
     await watching(server, source, state)
     assert list_params(server) == [{"limit": "2", "resourceVersion": "0"}]   # the watch cache serves it
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].resource_version == str(server.rv), "the bookmark")
+    await until(lambda: source.stats["Service"].resource_version == str(server.rv), "the bookmark")
     held = source.stats["Service"].resource_version
     server.error_watches("services", EXPIRED)
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist after 410")
-    await eventually(lambda: server.open_watches("services") == 1, "the watch after it")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist after 410")
+    await until(lambda: server.open_watches("services") == 1, "the watch after it")
     # Not older than what was seen, whole (paging would bypass the watch cache).
     assert list_params(server)[-1] == {"resourceVersion": held}
     server.fail_too_large("services", "watch")
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].relists == 2, "the relist after too large")
-    await eventually(lambda: server.open_watches("services") == 1, "the watch after it")
+    await until(lambda: source.stats["Service"].relists == 2, "the relist after too large")
+    await until(lambda: server.open_watches("services") == 1, "the watch after it")
     assert list_params(server)[-1] == {"limit": "2"}
     server.error_watches("services", EXPIRED)                # a list succeeded: RV-based relists again
-    await eventually(lambda: source.stats["Service"].relists == 3, "the third relist")
+    await until(lambda: source.stats["Service"].relists == 3, "the third relist")
     assert "resourceVersion" in list_params(server)[-1]
 
 
@@ -191,7 +192,7 @@ async def test_a_list_at_an_unavailable_version_lists_the_latest_at_once(running
         server.fail_too_large("services", "list")
     held = source.stats["Service"].resource_version
     server.error_watches("services", EXPIRED)
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist")
     assert list_params(server)[1:] == [{"resourceVersion": held}, {"limit": "500"}]
     assert delays == [0.01]                                  # the retry at "" did not wait
 

@@ -3,7 +3,7 @@
 The address plan, Topology, pods, clients, and (re-exported from proc / daemon) processes,
 waiting and the kubeport daemon. Every process a test
 starts goes through `spawn_in` and is killed when its owner ends (the test, or the topology for
-processes started by module fixtures); every wait goes through `wait_until`.
+processes started by module fixtures); every wait goes through `until_sync`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 # Re-exported: tests import everything from this package.
+from ..wait import WaitTimeout, until_sync  # noqa: F401
 from .daemon import DAEMONS, DaemonExited, KubeportDaemon, Readyz, kubeport, probe_address  # noqa: F401
 from .proc import (  # noqa: F401
     CommandFailed,
-    WaitTimeout,
     current_scope,
     in_ns,
     process_scope,
@@ -36,7 +36,6 @@ from .proc import (  # noqa: F401
     spawn_in,
     stop_process,
     wait_for_output,
-    wait_until,
 )
 
 REPO = Path(__file__).resolve().parents[3]

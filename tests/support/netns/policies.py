@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from . import CommandFailed, Pod, Topology, curl_in, http_url, python_in, wait_until
+from . import CommandFailed, Pod, Topology, curl_in, http_url, python_in, until_sync
 from .manifests import NAMESPACE, start_daemon, write
 
 HTTP_SLICE_PORT = {"name": "http", "protocol": "TCP", "port": 8080}
@@ -135,7 +135,7 @@ def settle_on(ns: str, host: str, port: int, expected: set[str], deadline: float
         seen = set(pods_over(ns, host, port, count))
         return seen if seen == expected else set()
 
-    wait_until(window, deadline, interval=0.2, message=f"only {sorted(expected)} answering {host}:{port} from {ns}",
+    until_sync(window, f"only {sorted(expected)} answering {host}:{port} from {ns}", deadline, interval=0.2,
                ignore=(CommandFailed,))
     return Counter(pods_over(ns, host, port, count))
 
@@ -151,8 +151,8 @@ def curl_exit_code(ns: str, host: str, port: int, connect_timeout: float = 1.0) 
 
 def settle_curl_exit(ns: str, host: str, port: int, code: int, deadline: float = 15.0) -> None:
     """Wait until curl from `ns` to host:port exits with `code` (the daemon applied the change)."""
-    wait_until(lambda: curl_exit_code(ns, host, port) == code, deadline, interval=0.1,
-               message=f"curl {host}:{port} from {ns} exiting {code}")
+    until_sync(lambda: curl_exit_code(ns, host, port) == code,
+               f"curl {host}:{port} from {ns} exiting {code}", deadline, interval=0.1)
 
 
 def settle_health(ns: str, host: str, port: int, status: int, local_endpoints: int,
@@ -162,8 +162,8 @@ def settle_health(ns: str, host: str, port: int, status: int, local_endpoints: i
         got = http_get(ns, host, port, "/healthz")
         return got if got.status == status and got.json().get("localEndpoints") == local_endpoints else None
 
-    return wait_until(reply, deadline, interval=0.1, ignore=(CommandFailed, ValueError),
-                      message=f"{host}:{port} answering {status} with localEndpoints {local_endpoints} to {ns}")
+    return until_sync(reply, f"{host}:{port} answering {status} with localEndpoints {local_endpoints} to {ns}",
+                      deadline, interval=0.1, ignore=(CommandFailed, ValueError))
 
 
 @dataclass(frozen=True)
