@@ -9,15 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support.netns import (
-    DAEMONS,
-    Topology,
-    process_scope,
-    reap_all,
-    require_netns,
-    start_pods,
-    unique_prefix,
-)
+from support.netns import DAEMONS, Topology, process_scope, reap_all, require_netns, start_pods, unique_prefix
 
 _TEST_STARTED = pytest.StashKey[float]()
 

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support.apiserver.tls import TlsFiles, make_tls
+from support.netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, until_sync
 from support.netns.apiserver import (
     NetnsApiServer,
     dig_answer,
@@ -28,8 +31,6 @@ from support.netns.apiserver import (
     start_daemon,
     status,
 )
-from support.apiserver.tls import TlsFiles, make_tls
-from support.netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, until_sync
 from support.netns.policies import curl_exit_code, pods_over, settle_curl_exit, settle_on
 
 pytestmark = pytest.mark.integration

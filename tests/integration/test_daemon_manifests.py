@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from support.netns import KubeportDaemon, kubeport, until_sync
 
 pytestmark = pytest.mark.integration

@@ -9,19 +9,18 @@ import signal
 import sys
 
 import pytest
-from support.netns import (
-    KubeportDaemon,
-    curl_in,
-    dig_in,
-    http_url,
-    kubeport,
-    spawn_in,
-    until_sync,
-)
-from support.netns.manifests import DAEMON_ARGS
 
+from support.netns import KubeportDaemon, curl_in, dig_in, http_url, kubeport, spawn_in, until_sync
+from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
-    CLIENT_LOOP, ECHO_IP, WEB_IP, manifests, scrape, total, unreachable_kubeconfig, vip_present,
+    CLIENT_LOOP,
+    ECHO_IP,
+    WEB_IP,
+    manifests,
+    scrape,
+    total,
+    unreachable_kubeconfig,
+    vip_present,
 )
 
 pytestmark = pytest.mark.integration

@@ -9,20 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.netns import (
-    KubeportDaemon,
-    curl_in,
-    dig_in,
-    http_url,
-    run_in,
-    spawn_in,
-    udp_request,
-    until_sync,
-)
-from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 
+from support.netns import KubeportDaemon, curl_in, dig_in, http_url, run_in, spawn_in, udp_request, until_sync
+from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
-    CLIENT_LOOP, ECHO_IP, WEB_EXTERNAL_IP, WEB_IP, manifests, scrape, total, vip_present,
+    CLIENT_LOOP,
+    ECHO_IP,
+    WEB_EXTERNAL_IP,
+    WEB_IP,
+    manifests,
+    scrape,
+    total,
+    vip_present,
 )
 
 pytestmark = pytest.mark.integration

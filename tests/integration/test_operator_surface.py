@@ -8,16 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from support.netns import CommandFailed, KubeportDaemon, curl_in, run_in, spawn_in, stop_process, until_sync
 from support.netns.daemon import kubeport_bin
-from support.netns import (
-    CommandFailed,
-    KubeportDaemon,
-    curl_in,
-    run_in,
-    spawn_in,
-    stop_process,
-    until_sync,
-)
 from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 
 pytestmark = pytest.mark.integration

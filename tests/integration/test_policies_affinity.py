@@ -14,20 +14,19 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from support.netns import CommandFailed, NoReply, python_in, udp_request, until_sync
+from support.netns.manifests import endpoint, endpoint_slice, node, service, write
 from support.netns.policies import (
-    daemons_on,
     HTTP_PORT,
     HTTP_SLICE_PORT,
     PER_POD,
     UDP_PORT,
     UDP_SLICE_PORT,
-    endpoint,
+    daemons_on,
     pods_over,
     settle_on,
-    slice_of,
 )
-from support.netns.manifests import node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +48,7 @@ def _sticky(cluster, pod_of, name: str, ip: str, ports: list[dict], slice_ports:
     write(cluster, name,
           service(name, [ip], ports, sessionAffinity="ClientIP",
                   sessionAffinityConfig={"clientIP": {"timeoutSeconds": timeout}}),
-          slice_of(f"{name}-1", name, [endpoint(pod_of(p)) for p in pods], ports=slice_ports))
+          endpoint_slice(f"{name}-1", name, slice_ports, [endpoint(pod_of(p)) for p in pods]))
 
 
 # One process: pin with a kept-alive connection, N new connections, wait out the timeout, M more.
@@ -134,9 +133,9 @@ def _repick(cluster, pod_of, pods: tuple[str, ...]) -> None:
     write(cluster, "repick",
           service("repick", [REPICK], [HTTP_PORT], sessionAffinity="ClientIP",
                   sessionAffinityConfig={"clientIP": {"timeoutSeconds": 600}}),  # nothing may expire here
-          slice_of("repick-1", "repick", endpoints, ports=[HTTP_SLICE_PORT]),
+          endpoint_slice("repick-1", "repick", [HTTP_SLICE_PORT], endpoints),
           service("repick-probe", [REPICK_PROBE], [HTTP_PORT]),
-          slice_of("repick-probe-1", "repick-probe", endpoints, ports=[HTTP_SLICE_PORT]))
+          endpoint_slice("repick-probe-1", "repick-probe", [HTTP_SLICE_PORT], endpoints))
 
 
 def test_client_ip_affinity__removed_endpoint_forgotten__new_pick_sticks__c(cluster, topology, pod_of):

@@ -8,6 +8,7 @@ import sys
 import uuid
 
 import pytest
+
 from support.netns import require_netns, run_in
 
 pytestmark = pytest.mark.integration

@@ -11,12 +11,15 @@ import sys
 import time
 
 import pytest
+
 from support.netns import (
     EXT_IPS,
     CommandFailed,
     curl_in,
     http_url,
     pattern_sha256,
+    pod_answering,
+    pods_seen,
     python_in,
     run_in,
     spawn_in,
@@ -25,16 +28,7 @@ from support.netns import (
     until_sync,
     wait_for_output,
 )
-from support.netns.manifests import (
-    endpoint_slice,
-    node,
-    pod_answering,
-    pods_seen,
-    remove,
-    service,
-    start_daemon,
-    write,
-)
+from support.netns.manifests import endpoint_slice, node, remove, service, start_daemon, write
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,19 @@ from __future__ import annotations
 import re
 
 import pytest
-from support.netns import EXT_IPS, CommandFailed, curl_in, http_url, run_in, start_podserver, udp_request, until_sync
-from support.netns.manifests import endpoint_slice, node, pods_seen, remove, service, start_daemon, write
+
+from support.netns import (
+    EXT_IPS,
+    CommandFailed,
+    curl_in,
+    http_url,
+    pods_seen,
+    run_in,
+    start_podserver,
+    udp_request,
+    until_sync,
+)
+from support.netns.manifests import endpoint_slice, node, remove, service, start_daemon, write
 
 pytestmark = pytest.mark.integration
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from support.netns import (
     POD_ECHO_PORT,
     POD_HTTP_PORT,

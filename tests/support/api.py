@@ -1,5 +1,9 @@
 """Builders of API objects as manifest-like dicts (what a manifest file or the API server
-holds), their models, and a ClusterState or Snapshot made of them."""
+holds), their models, and a ClusterState or Snapshot made of them.
+
+Each builder writes only what it is given: a test states the fields it is about, and the
+model's defaulting (as the API server's) fills the rest.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,23 @@ from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import Snapshot
 
 
-def service(name: str, namespace: str = "default", **spec: Any) -> dict[str, Any]:
-    return {"kind": "Service", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+def service(name: str = "web", namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+            "spec": spec}
 
 
-def endpoint_slice(service_name: str, namespace: str = "default", *, name: str | None = None,
+def endpoint(address: str, **fields: Any) -> dict[str, Any]:
+    """One endpoint of a slice: ``fields`` as the API names them (conditions, nodeName, ...)."""
+    return {"addresses": [address], **fields}
+
+
+def endpoint_slice(service_name: str = "web", namespace: str = "default", *, name: str | None = None,
                    address_type: str = "IPv4", endpoints: Iterable[dict[str, Any] | str] = (),
                    ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """An EndpointSlice; endpoints may be plain addresses (ready) or full endpoint dicts."""
-    items = [{"addresses": [e]} if isinstance(e, str) else e for e in endpoints]
+    items = [endpoint(e) if isinstance(e, str) else e for e in endpoints]
     body: dict[str, Any] = {
+        "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {"name": name or f"{service_name}-{address_type.lower()}", "namespace": namespace,
                      "labels": {model.LABEL_SERVICE_NAME: service_name}},
@@ -31,8 +42,20 @@ def endpoint_slice(service_name: str, namespace: str = "default", *, name: str |
     return body
 
 
+def node(name: str = "node-a", *, zone: str | None = None, addresses: Iterable[tuple[str, str]] = (),
+         cpu: str | None = None) -> dict[str, Any]:
+    """A Node as the kubelet reports it: its zone label, (type, address) pairs, allocatable CPU."""
+    metadata: dict[str, Any] = {"name": name}
+    if zone is not None:
+        metadata["labels"] = {model.LABEL_ZONE: zone}
+    status: dict[str, Any] = {"addresses": [{"type": kind, "address": address} for kind, address in addresses]}
+    if cpu is not None:
+        status["allocatable"] = {"cpu": cpu}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "status": status}
+
+
 def namespace(name: str) -> dict[str, Any]:
-    return {"kind": "Namespace", "metadata": {"name": name}}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
 def to_model(obj: dict[str, Any]) -> model.KubeObject:

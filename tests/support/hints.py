@@ -1,20 +1,17 @@
-"""Builders shared by the topology-hint tests (test_hints.py: Auto hints;
-test_hints_distribution.py: trafficDistribution and what the controller writes): nodes,
-endpoints and slices in slim types, and checks on the hints they carry."""
+"""What the topology-hint tests (test_hints.py: Auto hints; test_hints_distribution.py:
+trafficDistribution and what the controller writes) share beside the slim builders: nodes
+and slices by zone, and checks on the hints the endpoints carry."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from kubeport.endpoints.types import (
-    EndpointInfo, EndpointPortInfo, NodeInfo, PortSpec, ServiceInfo, ServiceName, SliceInfo,
-)
+from kubeport.endpoints.types import EndpointInfo, EndpointPortInfo, NodeInfo, SliceInfo
 
+from .slim import endpoint, endpoint_slice, node
+
+#: the ports of every slice here (slim.endpoint_slice's default)
 PORTS = (EndpointPortInfo("", "TCP", 8080),)
-
-
-def node(name: str, zone: str | None, cpu: int = 1000, *, ready: bool = True, control_plane: bool = False) -> NodeInfo:
-    return NodeInfo(name=name, zone=zone, allocatable_cpu_millis=cpu, ready=ready, control_plane=control_plane)
 
 
 def nodes_by_cpu(**cpu_by_zone: int) -> dict[str, NodeInfo]:
@@ -22,17 +19,8 @@ def nodes_by_cpu(**cpu_by_zone: int) -> dict[str, NodeInfo]:
     return {f"n-{zone}": node(f"n-{zone}", zone, cpu) for zone, cpu in cpu_by_zone.items()}
 
 
-def endpoint(address: str, zone: str | None, *, ready: bool = True, node_name: str | None = None,
-             zones: tuple[str, ...] = (), nodes: tuple[str, ...] = ()) -> EndpointInfo:
-    return EndpointInfo(
-        address=address, ready=ready, serving=ready, zone=zone,
-        node_name=node_name if node_name is not None else (f"n-{zone}" if zone else None),
-        zone_hints=frozenset(zones) or None, node_hints=frozenset(nodes) or None,
-    )
-
-
 def slice_of(name: str, *endpoints: EndpointInfo, family: str = "IPv4") -> SliceInfo:
-    return SliceInfo(name=name, address_type=family, ports=PORTS, endpoints=tuple(endpoints))
+    return endpoint_slice(name, endpoints, address_type=family)
 
 
 def zone_endpoints(**count_by_zone: int) -> SliceInfo:
@@ -40,7 +28,7 @@ def zone_endpoints(**count_by_zone: int) -> SliceInfo:
     endpoints = []
     for zone, count in count_by_zone.items():
         for _ in range(count):
-            endpoints.append(endpoint(f"10.0.0.{len(endpoints) + 1}", zone))
+            endpoints.append(endpoint(f"10.0.0.{len(endpoints) + 1}", zone, node=f"n-{zone}"))
     return slice_of("svc-1", *endpoints)
 
 
@@ -56,11 +44,3 @@ def hint_counts(slices: tuple[SliceInfo, ...]) -> dict[str, int]:
 
 def no_hints(slices: tuple[SliceInfo, ...]) -> bool:
     return all(e.zone_hints is None and e.node_hints is None for s in slices for e in s.endpoints)
-
-
-def service(*, topology_mode: str | None = None, traffic_distribution: str | None = None) -> ServiceInfo:
-    return ServiceInfo(
-        name=ServiceName("default", "web"), uid="u", type="ClusterIP", cluster_ips=("10.96.0.20",),
-        headless=False, external_name=None, ports=(PortSpec("", "TCP", 80, 8080),),
-        topology_mode=topology_mode, traffic_distribution=traffic_distribution,
-    )

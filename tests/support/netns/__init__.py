@@ -274,6 +274,21 @@ def curl_in(ns: str, url: str, *curl_args: str, timeout: float = 5.0) -> str:
     return run_in(ns, *cmd, timeout=timeout + 5).stdout
 
 
+def pod_answering(ns: str, host: str, port: int, path: str = "/", timeout: float = 3.0) -> str:
+    """The pod name in podserver's answer to one HTTP request."""
+    return parse_pod_reply(curl_in(ns, http_url(host, port, path), timeout=timeout))[0]
+
+
+def pods_seen(ns: str, host: str, port: int, want: set[str], attempts: int = 80) -> set[str]:
+    """Request until every pod in `want` has answered (or attempts run out); the pods seen."""
+    seen: set[str] = set()
+    for _ in range(attempts):
+        seen.add(pod_answering(ns, host, port))
+        if want <= seen:
+            break
+    return seen
+
+
 def dig_in(ns: str, *args: str, server: str | None = None, port: int | None = None, timeout: int = 2) -> str:
     """dig's stdout, e.g. dig_in(ns, "+short", "web.default.svc.cluster.local", "A", server=DNS_SERVICE_IP)."""
     cmd = ["dig", f"+time={timeout}", "+tries=1"]
