@@ -1,7 +1,7 @@
 """The daemon reading a kube-apiserver (issue #6 "Tests"), end to end in network namespaces.
 
 kubeport runs in a node's namespace with `--kubeconfig`, against the in-process fake API
-server of tests/fakes listening inside that namespace (https, bearer token). The node's pods
+server of tests/support/apiserver listening inside that namespace (https, bearer token). The node's pods
 ask with real dig, curl and UDP; the daemon's own view comes from `kubeport get status -o
 json`, /readyz and /metrics. Services have explicit clusterIPs (nothing is allocated with an
 API server).

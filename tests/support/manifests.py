@@ -1,5 +1,8 @@
-"""Builders and a harness for the manifest-source tests: real files, a real registry, a
-real ClusterState and real inotify."""
+"""Manifest text and a harness for the manifest-source tests: real files, a real registry, a
+real ClusterState and real inotify.
+
+The builders here write YAML text, not objects (support.api): the reader is under test, so
+the text a file holds is the input."""
 
 from __future__ import annotations
 

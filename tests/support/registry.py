@@ -1,4 +1,4 @@
-"""Builders shared by the registry tests (the embedded API server)."""
+"""The registry tests' registry (the embedded API server) and what they ask of it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Harness for integration tests in the netns topology of netns-scripts/topology.sh.
 
-The address plan, Topology, pods, clients, and (re-exported from proc / daemon) processes,
-waiting and the kubeport daemon. Every process a test
+The address plan, Topology, pods, clients, and (re-exported from proc, daemon and
+support.wait) processes, the kubeport daemon and waiting. Every process a test
 starts goes through `spawn_in` and is killed when its owner ends (the test, or the topology for
 processes started by module fixtures); every wait goes through `until_sync`.
 """
