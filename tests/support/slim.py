@@ -1,5 +1,8 @@
 """Builders of the slim frozen types (kubeport.endpoints.types): ports, services, endpoints,
-slices and snapshots, as the proxy and DNS read them."""
+slices, nodes and snapshots, as the proxy and DNS read them.
+
+Left out, a service is web in default on 10.96.0.20:80 -> 8080, an endpoint runs on node-a,
+and a slice serves 8080/TCP: what most tables need, so a row states only what it is about."""
 
 from __future__ import annotations
 
@@ -18,8 +21,6 @@ from kubeport.endpoints.types import (
     Snapshot,
 )
 
-
-#: what a service and its slices default to: web in default, 10.96.0.20:80 -> 8080
 WEB_IP = "10.96.0.20"
 
 
