@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The test suite's fake kube-apiserver (tests/fakes/fake_apiserver.py), loaded with N services
+"""The test suite's fake kube-apiserver (tests/support/apiserver/server.py), loaded with N services
 x M endpoints shaped like a real server's JSON, for the control-plane benchmark's API source.
 
     apiserver.py --listen IP --port N --services N --endpoints M --token T [--node NAME]
@@ -16,18 +16,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import signal
 import socket
 import sys
 from pathlib import Path
 
-# The fake lives with the tests; generate.py is found beside this script (sys.path[0]).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fakes"))
+from aiohttp import web
+# generate.py is found beside this script (sys.path[0]).
+from generate import NAMESPACE, SERVICE_PORT, TARGET_PORT, cluster_ip, pod_ip, service_name
 
-import k8s_objects as k8s  # noqa: E402
-from aiohttp import web  # noqa: E402
-from fake_apiserver import FakeApiServer  # noqa: E402
-from generate import NAMESPACE, SERVICE_PORT, TARGET_PORT, cluster_ip, pod_ip, service_name  # noqa: E402
+TEST_SUPPORT = Path(__file__).resolve().parents[1] / "tests" / "support"
+
+
+def load_test_support() -> None:
+    """The fake lives in the test suite's support package: load tests/support as the package
+    ``support``, the name the tests import it by, without putting tests/ on sys.path."""
+    spec = importlib.util.spec_from_file_location("support", TEST_SUPPORT / "__init__.py",
+                                                  submodule_search_locations=[str(TEST_SUPPORT)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["support"] = package
+    spec.loader.exec_module(package)
+
+
+load_test_support()
+from support.apiserver import objects as k8s  # noqa: E402
+from support.apiserver.server import FakeApiServer  # noqa: E402
 
 
 def cluster_objects(services: int, endpoints: int) -> list[dict]:

@@ -243,7 +243,7 @@ def run(workdir: Path, rounds: int, quick: bool, with_kubeport: bool, progress: 
     ]
     if source == API:
         bench.notes.append(
-            "API source: bench/apiserver.py serves tests/fakes/fake_apiserver.py (the real list/watch protocol; "
+            "API source: bench/apiserver.py serves tests/support/apiserver/server.py (the real list/watch protocol; "
             "objects shaped like a real server's, with uids, managedFields and ownerReferences) over plain HTTP "
             "with a bearer token, from the node namespace, in a process of its own (not in the daemon's RSS or "
             "CPU). The daemon takes its initial state as a streaming list (watch with sendInitialEvents=true), "

@@ -202,50 +202,6 @@ class NetlinkAddresses:
         self._executor.shutdown(wait=True)
 
 
-class FakeAddresses:
-    """For unit tests: a set of addresses, plus fixed node addresses.
-
-    ``owned``: addresses a predecessor left (NetlinkAddresses adopts those by their route protocol).
-    """
-
-    def __init__(self, node_addresses: Iterable[str] = (), owned: Iterable[str] = ()) -> None:
-        self.node_addresses = tuple(node_addresses)
-        self._owned: set[str] = set(owned)
-        self.history: list[frozenset[str]] = []
-        self.released: bool | None = None
-
-    @property
-    def owned(self) -> frozenset[str]:
-        return frozenset(self._owned)
-
-    async def sync(self, wanted: Iterable[str], *, prune: bool = True) -> None:
-        wanted = set(wanted) - set(self.node_addresses)
-        if not prune:
-            wanted |= self._owned
-        if wanted != self._owned:
-            self._owned = wanted
-            self.history.append(frozenset(wanted))
-
-    async def change(self, add: Iterable[str], remove: Iterable[str]) -> None:
-        wanted = (self._owned | (set(add) - set(self.node_addresses))) - set(remove)
-        if wanted != self._owned:
-            self._owned = wanted
-            self.history.append(frozenset(wanted))
-
-    async def interface_addresses(self) -> tuple[str, ...]:
-        return self.node_addresses
-
-    async def repair(self, wanted: Iterable[str]) -> list[str]:
-        vanished = sorted((set(wanted) - set(self.node_addresses)) - self._owned)
-        await self.sync(wanted)
-        return vanished
-
-    async def stop(self, *, release: bool = True) -> None:
-        self.released = release
-        if release:
-            self._owned = set()
-
-
 class SharedAddresses:
     """A relay worker's view: another process owns the addresses; the node's link addresses are told.
 

@@ -3,25 +3,13 @@ kubeport log tail in the report of a failed test."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# --import-mode=importlib keeps test folders off sys.path; the harness modules live here.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from netns import (  # noqa: E402
-    DAEMONS,
-    Topology,
-    process_scope,
-    reap_all,
-    require_netns,
-    start_pods,
-    unique_prefix,
-)
+from support.netns import DAEMONS, Topology, process_scope, reap_all, require_netns, start_pods, unique_prefix
 
 _TEST_STARTED = pytest.StashKey[float]()
 

@@ -1,7 +1,7 @@
 """The daemon reading a kube-apiserver, end to end in network namespaces.
 
 kubeport runs in a node's namespace with `--kubeconfig`, against the in-process fake API
-server of tests/fakes listening inside that namespace (https, bearer token). The node's pods
+server of tests/support/apiserver listening inside that namespace (https, bearer token). The node's pods
 ask with real dig, curl and UDP; the daemon's own view comes from `kubeport get status -o
 json`, /readyz and /metrics. Services have explicit clusterIPs (nothing is allocated with an
 API server).
@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver_netns import (
+
+from support.apiserver.tls import TlsFiles, make_tls
+from support.netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, until_sync
+from support.netns.apiserver import (
     NetnsApiServer,
     dig_answer,
     k8s,
@@ -29,9 +32,7 @@ from apiserver_netns import (
     start_daemon,
     status,
 )
-from fake_tls import TlsFiles, make_tls
-from netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, wait_until
-from policies_support import curl_exit_code, pods_over, settle_curl_exit, settle_on
+from support.netns.policies import curl_exit_code, pods_over, settle_curl_exit, settle_on
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +105,7 @@ def cluster(topology, pods, tls, tmp_path_factory) -> Iterator[Cluster]:
 
 def settle_dns(client: str, name: str, expected: tuple[str, list[str]]) -> None:
     """Wait until `dig name A` from `client` answers (rcode, sorted addresses) == expected."""
-    wait_until(lambda: dig_answer(client, name) == expected, 10, message=f"{name} A -> {expected}")
+    until_sync(lambda: dig_answer(client, name) == expected, f"{name} A -> {expected}", 10)
 
 
 def settled_status(node: str) -> dict:
@@ -114,7 +115,7 @@ def settled_status(node: str) -> dict:
         applied = (now["proxy"]["appliedGeneration"], now["dns"]["appliedGeneration"])
         return now if applied == (now["generation"], now["generation"]) else None
 
-    return wait_until(settled, 10, message="proxy and DNS on the latest generation")
+    return until_sync(settled, "proxy and DNS on the latest generation", 10)
 
 
 def restarts_for(status_now: dict, kind: str, reason: str) -> int:
@@ -134,8 +135,8 @@ def test_nothing_served_before_services_and_endpointslices_listed(
     with serving(topology, tls, tmp_path, "b", lambda api: held.append(api.hold("services", verb)),
                  watch_list=watch_list) as running:
         api, daemon, client = running.api, running.daemon, running.client
-        wait_until(lambda: api.count("services", verb) and resource_stats(daemon.ns, "EndpointSlice")["synced"],
-                   20, message="Services held while EndpointSlices completed their first list",
+        until_sync(lambda: api.count("services", verb) and resource_stats(daemon.ns, "EndpointSlice")["synced"],
+                   "Services held while EndpointSlices completed their first list", 20,
                    ignore=(CommandFailed, KeyError))
 
         ready = daemon.readyz()
@@ -257,7 +258,7 @@ def test_relist_after_410_changes_nothing__no_flap(cluster: Cluster):
         return all(now[kind]["relists"] > before["source"]["resources"][kind]["relists"]
                    for kind in ("Service", "EndpointSlice"))
 
-    wait_until(relisted, 20, message="Services and EndpointSlices relisted after 410")
+    until_sync(relisted, "Services and EndpointSlices relisted after 410", 20)
     after = status(node)
     assert after["generation"] == before["generation"]
     assert "applied generation" not in cluster.daemon.log_text()[log_mark:]
@@ -284,8 +285,8 @@ def test_heap_freed_by_changes_goes_back_to_the_kernel_once_they_stop(cluster: C
     # kubeport/lib/heap.py: measured at 10,000 services, 200 changes left ~7 MiB free inside the heap.
     cluster.set_web("b1")
     changed = settled_status(cluster.node)["generation"]
-    wait_until(lambda: (status(cluster.node)["heap"]["trimmedGeneration"] or 0) >= changed, 10,
-               message=f"heap trimmed after generation {changed}")
+    until_sync(lambda: (status(cluster.node)["heap"]["trimmedGeneration"] or 0) >= changed,
+               f"heap trimmed after generation {changed}", 10)
 
 
 # --- failures -------------------------------------------------------------------------------
@@ -302,7 +303,7 @@ def test_apiserver_gone_keeps_the_last_state_serving(topology, pods, tls, tmp_pa
             return all(stats[kind]["watchRestarts"] >= 1 and stats[kind]["failures"]
                        for kind in ("Service", "EndpointSlice"))
 
-        wait_until(restarts_seen, 20, message="watch restarts and failed reconnects in kubeport get status")
+        until_sync(restarts_seen, "watch restarts and failed reconnects in kubeport get status", 20)
         restarts = metric_samples(node, "kubeport_apiserver_watch_restarts_total")
         assert any('kind="EndpointSlice"' in labels and value >= 1 for labels, value in restarts.items()), restarts
         assert running.daemon.readyz().status == 200
@@ -333,8 +334,8 @@ def test_forbidden_endpointslices_names_the_missing_rule__rbac(topology, pods, t
         # The first request is the streaming list: a watch.
         expected = FORBIDDEN_LINE.format(verb="watch")
 
-        wait_until(lambda: expected in readyz_problems(daemon.readyz()), 20, message="the RBAC problem in /readyz",
-                   ignore=(ValueError,))
+        until_sync(lambda: expected in readyz_problems(daemon.readyz()),
+                   "the RBAC problem in /readyz", 20, ignore=(ValueError,))
         ready = daemon.readyz()
         assert ready.status == 503 and "source: first list not complete" in ready.body
         assert status(daemon.ns)["source"]["problems"] >= 1

@@ -12,7 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from netns import KubeportDaemon, kubeport, wait_until
+
+from support.netns import KubeportDaemon, kubeport, until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -124,14 +125,14 @@ def test_allocations_live_reload_broken_files_and_restart(topology, tmp_path):
 
     # A live edit: the new port appears, the ClusterIP stays.
     write(manifests, "web.yaml", WEB_TWO_PORTS)
-    web = wait_until(lambda: services(node)["shop/web"] if len(services(node)["shop/web"]["spec"]["ports"]) == 2
-                     else None, 10, message="web gets its second port")
+    web = until_sync(lambda: services(node)["shop/web"] if len(services(node)["shop/web"]["spec"]["ports"]) == 2
+                     else None, "web gets its second port", 10)
     assert web["spec"]["clusterIP"] == held["shop/web"]["spec"]["clusterIP"]
 
     # A broken file keeps its last good objects and is reported, naming the file.
     write(manifests, "web.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: web\n")
-    reported = wait_until(lambda: [p for p in problems(daemon) if "web.yaml" in p], 10,
-                          message="the broken web.yaml is reported")
+    reported = until_sync(lambda: [p for p in problems(daemon) if "web.yaml" in p],
+                          "the broken web.yaml is reported", 10)
     assert reported
     assert len(services(node)["shop/web"]["spec"]["ports"]) == 2
     ready = daemon.readyz()
@@ -139,7 +140,7 @@ def test_allocations_live_reload_broken_files_and_restart(topology, tmp_path):
 
     # Other files still reload while one is broken.
     write(manifests, "api.yaml", WEB.replace("name: web", "name: api").replace("web-1", "api-1"))
-    wait_until(lambda: "shop/api" in services(node), 10, message="api appears")
+    until_sync(lambda: "shop/api" in services(node), "api appears", 10)
 
     # Restart: allocations are the same; the broken file is still reported, and what it held
     # before it broke is still served (its last version that parsed is saved in --state-dir).
@@ -154,11 +155,11 @@ def test_allocations_live_reload_broken_files_and_restart(topology, tmp_path):
 
     # Fixing the file: its new version is served, with the ClusterIP web had all along.
     write(manifests, "web.yaml", WEB)
-    wait_until(lambda: not problems(daemon) and len(services(node)["shop/web"]["spec"]["ports"]) == 1, 10,
-               message="web.yaml fixed")
+    until_sync(lambda: not problems(daemon) and len(services(node)["shop/web"]["spec"]["ports"]) == 1,
+               "web.yaml fixed", 10)
     assert services(node)["shop/web"]["spec"]["clusterIP"] == held["shop/web"]["spec"]["clusterIP"]
 
     # Deleting a file removes its objects.
     (manifests / "edge.yaml").unlink()
-    wait_until(lambda: "shop/edge" not in services(node), 10, message="edge removed")
+    until_sync(lambda: "shop/edge" not in services(node), "edge removed", 10)
 

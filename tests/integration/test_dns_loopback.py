@@ -17,15 +17,10 @@ from dnslib import QTYPE, RCODE, RR, SOA, A, DNSRecord
 
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.server import DnsServer
-from kubeport.dns.testing import (
-    LoopbackDnsPort,
-    cluster_state,
-    endpoint_slice,
-    header_only,
-    question,
-    service,
-    to_model,
-)
+
+from support.api import cluster_state, endpoint_slice, service, to_model
+from support.dns_loopback import LoopbackDnsPort
+from support.zonetext import header_only, question
 
 pytestmark = [
     pytest.mark.integration,

@@ -16,25 +16,23 @@ import sys
 import time
 
 import pytest
-from dns_netns_support import (
+
+from support.netns import DNS_SERVICE_IP, EXT_IPS, SERVICE_CIDRS, KubeportDaemon, python_in, run_in, spawn_in
+from support.netns.cluster_dns import (
     BIG_ENDPOINTS,
     FRESHNESS_PROBE,
     MALFORMED_PROBE,
+    NS,
     SOA,
     LineReader,
     big_addresses,
-    cluster_ip_service,
     dig,
-    endpoint_slice,
     fqdn,
-    node,
     pod_resolv_conf,
     same_records,
-    service,
     start_fake_upstream,
-    write,
 )
-from netns import DNS_SERVICE_IP, EXT_IPS, SERVICE_CIDRS, KubeportDaemon, python_in, run_in, spawn_in
+from support.netns.manifests import endpoint, endpoint_slice, node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +44,8 @@ LIVE_BEFORE, LIVE_AFTER = ["10.244.9.1"], ["10.244.9.1", "10.244.9.2"]
 
 
 def live(addresses: list[str]) -> tuple[dict, dict]:
-    return (service("live", clusterIP="None", ports=POSTGRES),
-            endpoint_slice("live-1", "live", addresses, POSTGRES))
+    return (service("live", ports=POSTGRES, namespace=NS, clusterIP="None"),
+            endpoint_slice("live-1", "live", POSTGRES, addresses, namespace=NS))
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +54,21 @@ def cluster(topology, tmp_path_factory):
     manifests = tmp_path_factory.mktemp("manifests")
     state = tmp_path_factory.mktemp("state")
     write(manifests, "nodes", node(topology, "a"), node(topology, "b"))
-    write(manifests, "web", cluster_ip_service("web", ["10.96.0.20", "fd00:10:96::20"], HTTP),
-          endpoint_slice("web-v4", "web", ["10.244.1.11", "10.244.1.12"], [{"name": "http", "port": 8080}]))
-    write(manifests, "db", service("db", clusterIP="None", ports=POSTGRES),
-          endpoint_slice("db-1", "db", [DB_0, DB_1], POSTGRES, hostnames={DB_0: "db-0"}))
-    write(manifests, "big", service("big", clusterIP="None", ports=HTTP),
-          endpoint_slice("big-1", "big", big_addresses(), [{"name": "http", "port": 8080}]))
-    write(manifests, "ext", service("ext", type="ExternalName", externalName="www.example.test"),
-          service("inner", type="ExternalName", externalName=WEB))
+    write(manifests, "web", service("web", ["10.96.0.20", "fd00:10:96::20"], HTTP, namespace=NS),
+          endpoint_slice("web-v4", "web", [{"name": "http", "port": 8080}], ["10.244.1.11", "10.244.1.12"],
+                         namespace=NS))
+    write(manifests, "db", service("db", ports=POSTGRES, namespace=NS, clusterIP="None"),
+          endpoint_slice("db-1", "db", POSTGRES, [endpoint(DB_0, hostname="db-0"), DB_1], namespace=NS))
+    write(manifests, "big", service("big", ports=HTTP, namespace=NS, clusterIP="None"),
+          endpoint_slice("big-1", "big", [{"name": "http", "port": 8080}], big_addresses(), namespace=NS))
+    write(manifests, "ext", service("ext", namespace=NS, type="ExternalName", externalName="www.example.test"),
+          service("inner", namespace=NS, type="ExternalName", externalName=WEB))
     write(manifests, "live", *live(LIVE_BEFORE))
     # Manifest mode writes ready as the EndpointSlice controller would: publishNotReadyAddresses.
-    unready = endpoint_slice("warming-1", "warming", ["10.244.1.13"], [{"name": "http", "port": 8080}])
+    unready = endpoint_slice("warming-1", "warming", [{"name": "http", "port": 8080}], ["10.244.1.13"], namespace=NS)
     unready["endpoints"][0]["conditions"] = {"ready": False}
-    write(manifests, "warming", service("warming", clusterIP="None", ports=HTTP, publishNotReadyAddresses=True),
+    write(manifests, "warming", service("warming", ports=HTTP, namespace=NS, clusterIP="None",
+                                        publishNotReadyAddresses=True),
           unready)
     start_fake_upstream(topology)
     args = ("--upstream", EXT_IPS[0], "--service-cluster-ip-range", ",".join(SERVICE_CIDRS))

@@ -9,19 +9,18 @@ import signal
 import sys
 
 import pytest
-from netns import (
-    KubeportDaemon,
-    curl_in,
-    dig_in,
-    http_url,
-    kubeport,
-    spawn_in,
-    wait_until,
-)
-from test_proxy_support import DAEMON_ARGS
 
-from operating_support import (  # noqa: F401  (manifests: a fixture)
-    CLIENT_LOOP, ECHO_IP, WEB_IP, manifests, scrape, total, unreachable_kubeconfig, vip_present,
+from support.netns import KubeportDaemon, curl_in, dig_in, http_url, kubeport, spawn_in, until_sync
+from support.netns.manifests import DAEMON_ARGS
+from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
+    CLIENT_LOOP,
+    ECHO_IP,
+    WEB_IP,
+    manifests,
+    scrape,
+    total,
+    unreachable_kubeconfig,
+    vip_present,
 )
 
 pytestmark = pytest.mark.integration
@@ -38,7 +37,7 @@ def test_pod_handover_waits_for_its_sigterm_and_leaves_the_node_to_the_new_pod(t
     old = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS, "--shutdown-grace-period", "20s",
                          "--after-handover", "wait", "--ready-file", str(old_ready))
     old.wait_ready()
-    wait_until(old_ready.exists, 5, message="the old pod's readiness file")
+    until_sync(old_ready.exists, "the old pod's readiness file", 5)
     status = tmp_path / "client.json"
     client = spawn_in(topology.pod("a", 1), sys.executable, str(CLIENT_LOOP), "--tcp", f"{WEB_IP}:80",
                       "--udp", f"{ECHO_IP}:9090", "--status", str(status),
@@ -50,15 +49,15 @@ def test_pod_handover_waits_for_its_sigterm_and_leaves_the_node_to_the_new_pod(t
         except (OSError, ValueError):
             return {"tcp_ok": 0, "udp_ok": 0}
 
-    wait_until(lambda: progress()["tcp_ok"] >= 30 and progress()["udp_ok"] >= 30, 20, message="client running")
+    until_sync(lambda: progress()["tcp_ok"] >= 30 and progress()["udp_ok"] >= 30, "client running", 20)
     slow = spawn_in(topology.pod("a", 2), "curl", "-s", "--max-time", "30", http_url(WEB_IP, 80, "/sleep/6"),
                     stdout=__import__("subprocess").PIPE, text=True)
-    wait_until(lambda: total(scrape(topology.node("a")), "kubeport_proxy_connections_active") >= 1, 5,
-               message="the slow request is relayed by the old pod")
+    until_sync(lambda: total(scrape(topology.node("a")), "kubeport_proxy_connections_active") >= 1,
+               "the slow request is relayed by the old pod", 5)
     new = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS,
                          "--healthz-bind-address", "0.0.0.0:10356", "--metrics-bind-address", "127.0.0.1:10349",
                          "--after-handover", "wait", "--ready-file", str(new_ready), log_path=tmp_path / "new.log")
-    wait_until(new_ready.exists, 30, message="the new pod ready")
+    until_sync(new_ready.exists, "the new pod ready", 30)
     assert "now serves node" in new.log_text(), "ready only once it holds the node"
     assert not old_ready.exists(), "the old pod is no longer ready"
     old.proc.send_signal(signal.SIGTERM)  # what deleting the old pod does, once the new one is ready
@@ -67,7 +66,7 @@ def test_pod_handover_waits_for_its_sigterm_and_leaves_the_node_to_the_new_pod(t
     assert old.proc.wait(timeout=30) == 0, old.log_tail()
     assert "waiting for SIGTERM" in old.log_text() or "exiting" in old.log_text()
     after = progress()["tcp_ok"]
-    wait_until(lambda: progress()["tcp_ok"] >= after + 50, 20, message="client keeps working after the old pod left")
+    until_sync(lambda: progress()["tcp_ok"] >= after + 50, "client keeps working after the old pod left", 20)
     assert vip_present(topology, WEB_IP), "the old pod's exit left the new pod's service address"
     client.send_signal(signal.SIGTERM)
     out, _ = client.communicate(timeout=10)
@@ -86,7 +85,7 @@ def test_old_pod_after_handover_stays_until_its_sigterm(topology, manifests, tmp
                          log_path=tmp_path / "new.log")
     new.wait_ready()  # its /readyz (a port of its own here) is 200 only once it holds the node
     assert "now serves node" in new.log_text()
-    wait_until(lambda: "waiting for SIGTERM" in old.log_text(), 15, message="the old instance idles")
+    until_sync(lambda: "waiting for SIGTERM" in old.log_text(), "the old instance idles", 15)
     assert old.proc.poll() is None, "a pod's process that exits is restarted and takes the node back"
     assert dig_in(topology.pod("a", 1), "+short", "web.demo.svc.cluster.local", server="10.96.0.10").split() == [WEB_IP]
     old.proc.send_signal(signal.SIGTERM)
@@ -109,7 +108,7 @@ def test_each_pod_vouches_for_its_own_liveness_a_hung_one_stops(topology, manife
     new = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS, *NEW_PORTS,
                          "--after-handover", "wait", "--live-file", str(new_live), log_path=tmp_path / "new.log")
     new.wait_ready()
-    wait_until(lambda: "waiting for SIGTERM" in old.log_text(), 15, message="the old instance idles")
+    until_sync(lambda: "waiting for SIGTERM" in old.log_text(), "the old instance idles", 15)
 
     def vouched(path) -> int:
         try:
@@ -118,11 +117,11 @@ def test_each_pod_vouches_for_its_own_liveness_a_hung_one_stops(topology, manife
             return 0
 
     first = vouched(old_live)
-    wait_until(lambda: vouched(old_live) > first, 15, message="the idle handed-over pod still renews its file")
+    until_sync(lambda: vouched(old_live) > first, "the idle handed-over pod still renews its file", 15)
     old.proc.send_signal(signal.SIGSTOP)
     try:
         hung = vouched(old_live)
-        wait_until(lambda: vouched(new_live) > hung + 1, 15, message="the live pod renews past the hung one")
+        until_sync(lambda: vouched(new_live) > hung + 1, "the live pod renews past the hung one", 15)
         assert vouched(old_live) == hung, "a stopped process renewed its liveness"
     finally:
         old.proc.send_signal(signal.SIGCONT)
@@ -149,13 +148,13 @@ def test_old_pod_stopped_before_the_new_one_is_ready_leaves_it_the_node(topology
     old.wait_ready()
     new = KubeportDaemon(topology.node("a"), None, tmp_path / "new-state", *DAEMON_ARGS, *NEW_PORTS,
                          kubeconfig=unreachable_kubeconfig(tmp_path), log_path=tmp_path / "new.log")
-    wait_until(lambda: "a new instance is starting" in old.log_text(), 15, message="the new instance announced")
-    wait_until(lambda: "kubeport started" in new.log_text(), 15, message="the new instance started")
+    until_sync(lambda: "a new instance is starting" in old.log_text(), "the new instance announced", 15)
+    until_sync(lambda: "kubeport started" in new.log_text(), "the new instance started", 15)
     # With both sockets bound, the kernel would send about half the queries to the unsynced one.
     assert cluster_name_answers(topology, 12) == [[WEB_IP]] * 12
     old.proc.send_signal(signal.SIGTERM)
     assert cluster_name_answers(topology, 4) == [[WEB_IP]] * 4, "the old instance's lame duck"
-    wait_until(lambda: "now serves node" in new.log_text(), 10, message="the new instance took the node")
+    until_sync(lambda: "now serves node" in new.log_text(), "the new instance took the node", 10)
     reply = dig_in(topology.pod("a", 1), "web.demo.svc.cluster.local", server="10.96.0.10")
     assert "status: SERVFAIL" in reply, reply  # answering, unsynced: not silence
     assert old.proc.wait(timeout=20) == 0
@@ -171,7 +170,7 @@ def test_instance_started_while_the_old_one_stops_is_its_successor(topology, pod
     old = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS, "--dns-lame-duck", "6s")
     old.wait_ready()
     old.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: "stopping" in old.log_text(), 5, message="the old instance stopping")
+    until_sync(lambda: "stopping" in old.log_text(), "the old instance stopping", 5)
     new = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS, *NEW_PORTS,
                          log_path=tmp_path / "new.log")
     new.wait_ready()  # its own /readyz: 200 once it holds the node
@@ -190,7 +189,7 @@ def test_udp_flows_drain_on_the_old_instance_beside_an_unsynced_successor(topolo
     old.wait_ready()
     KubeportDaemon(topology.node("a"), None, tmp_path / "new-state", *DAEMON_ARGS, *NEW_PORTS,
                    kubeconfig=unreachable_kubeconfig(tmp_path), log_path=tmp_path / "new.log")
-    wait_until(lambda: "a new instance is starting" in old.log_text(), 15, message="the new instance announced")
+    until_sync(lambda: "a new instance is starting" in old.log_text(), "the new instance announced", 15)
     status = tmp_path / "client.json"
     client = spawn_in(topology.pod("a", 1), sys.executable, str(CLIENT_LOOP), "--udp", f"{ECHO_IP}:9090",
                       "--status", str(status), stdout=__import__("subprocess").PIPE, text=True)
@@ -201,12 +200,12 @@ def test_udp_flows_drain_on_the_old_instance_beside_an_unsynced_successor(topolo
         except (OSError, ValueError):
             return 0
 
-    wait_until(lambda: udp_ok() >= 20, 20, message="the UDP flow running")
+    until_sync(lambda: udp_ok() >= 20, "the UDP flow running", 20)
     old.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: "a new instance serves this node" in old.log_text() or "stopped" in old.log_text()
-               or "now serves node" in (tmp_path / "new.log").read_text(), 15, message="the new instance took the node")
+    until_sync(lambda: "a new instance serves this node" in old.log_text() or "stopped" in old.log_text()
+               or "now serves node" in (tmp_path / "new.log").read_text(), "the new instance took the node", 15)
     after = udp_ok()
-    wait_until(lambda: udp_ok() >= after + 20, 20, message="the flow still answered during the drain")
+    until_sync(lambda: udp_ok() >= after + 20, "the flow still answered during the drain", 20)
     client.send_signal(signal.SIGTERM)
     out, _ = client.communicate(timeout=10)
     counts = json.loads(out.strip().splitlines()[-1])
@@ -222,8 +221,8 @@ def test_an_old_pods_restarted_container_does_not_take_the_node_back(topology, m
     new.wait_ready()
     restarted = KubeportDaemon(topology.node("a"), manifests, tmp_path / "old-state", *DAEMON_ARGS, *NEW_PORTS,
                                "--handover-generation", "1", log_path=tmp_path / "restarted.log")
-    wait_until(lambda: "of a later generation" in restarted.log_text(), 15, message="the restarted one refused")
-    wait_until(lambda: "proxy: first snapshot applied" in restarted.log_text(), 15, message="it synced")
+    until_sync(lambda: "of a later generation" in restarted.log_text(), "the restarted one refused", 15)
+    until_sync(lambda: "proxy: first snapshot applied" in restarted.log_text(), "it synced", 15)
     readyz = restarted.readyz()
     assert readyz.status == 503 and "still serves this node" in readyz.body, readyz
     status = json.loads(kubeport(topology.node("a"), "get", "status", "--server", "127.0.0.1:10349", "-o", "json"))
@@ -231,7 +230,7 @@ def test_an_old_pods_restarted_container_does_not_take_the_node_back(topology, m
                                   "successors": 0}
     assert "taking over" not in new.log_text()
     assert new.stop() == 0  # the new pod goes after all (its rollout undone): the old one takes the node
-    wait_until(lambda: "now serves node" in restarted.log_text(), 10, message="the restarted one took the node")
+    until_sync(lambda: "now serves node" in restarted.log_text(), "the restarted one took the node", 10)
     assert vip_present(topology, WEB_IP)
     restarted.wait_ready()
     assert restarted.stop() == 0
@@ -245,7 +244,7 @@ def test_a_handed_over_pod_exits_when_nothing_serves_the_node_any_more(topology,
     new = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS, *NEW_PORTS,
                          log_path=tmp_path / "new.log")
     new.wait_ready()
-    wait_until(lambda: "waiting for SIGTERM" in old.log_text(), 15, message="the old instance idles")
+    until_sync(lambda: "waiting for SIGTERM" in old.log_text(), "the old instance idles", 15)
     new.proc.kill()
     assert old.proc.wait(timeout=15) != 0
     assert "none serves it" in old.log_text()

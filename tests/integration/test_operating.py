@@ -9,20 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from netns import (
-    KubeportDaemon,
-    curl_in,
-    dig_in,
-    http_url,
-    run_in,
-    spawn_in,
-    udp_request,
-    wait_until,
-)
-from test_proxy_support import DAEMON_ARGS, endpoint_slice, node, service, write
 
-from operating_support import (  # noqa: F401  (manifests: a fixture)
-    CLIENT_LOOP, ECHO_IP, WEB_EXTERNAL_IP, WEB_IP, manifests, scrape, total, vip_present,
+from support.netns import KubeportDaemon, curl_in, dig_in, http_url, run_in, spawn_in, udp_request, until_sync
+from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
+from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
+    CLIENT_LOOP,
+    ECHO_IP,
+    WEB_EXTERNAL_IP,
+    WEB_IP,
+    manifests,
+    scrape,
+    total,
+    vip_present,
 )
 
 pytestmark = pytest.mark.integration
@@ -35,10 +33,10 @@ def test_sigterm_drains_an_open_stream_then_removes_addresses(topology, pods, ma
     client = topology.pod("a", 1)
     slow = spawn_in(client, "curl", "-s", "--max-time", "15", http_url(WEB_IP, 80, "/sleep/3"),
                     stdout=__import__("subprocess").PIPE, text=True)
-    wait_until(lambda: total(scrape(topology.node("a")), "kubeport_proxy_connections_active") >= 1, 5,
-               message="the slow request is being relayed")
+    until_sync(lambda: total(scrape(topology.node("a")), "kubeport_proxy_connections_active") >= 1,
+               "the slow request is being relayed", 5)
     daemon.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: daemon.readyz().status in (503, 0), 5, message="readiness off after SIGTERM")
+    until_sync(lambda: daemon.readyz().status in (503, 0), "readiness off after SIGTERM", 5)
     out, _ = slow.communicate(timeout=15)
     assert slow.returncode == 0 and out.startswith("pod="), out
     assert daemon.proc.wait(timeout=15) == 0
@@ -64,8 +62,8 @@ def test_restart_hands_over_with_zero_failures(topology, pods, manifests, tmp_pa
         except (OSError, ValueError):
             return {"tcp_ok": 0, "udp_ok": 0}
 
-    wait_until(lambda: progress()["tcp_ok"] >= 30 and progress()["udp_ok"] >= 30, 20, message="client running")
-    wait_until(lambda: progress(external_status)["tcp_ok"] >= 30, 20, message="externalIP client running")
+    until_sync(lambda: progress()["tcp_ok"] >= 30 and progress()["udp_ok"] >= 30, "client running", 20)
+    until_sync(lambda: progress(external_status)["tcp_ok"] >= 30, "externalIP client running", 20)
     new = KubeportDaemon(topology.node("a"), manifests, state, *DAEMON_ARGS,
                          "--healthz-bind-address", "0.0.0.0:10356", "--metrics-bind-address", "127.0.0.1:10349",
                          log_path=tmp_path / "new.log")
@@ -73,9 +71,9 @@ def test_restart_hands_over_with_zero_failures(topology, pods, manifests, tmp_pa
     assert old.proc.wait(timeout=30) == 0, old.log_tail()
     assert "handing over" in old.log_text()
     after, after_external = progress()["tcp_ok"], progress(external_status)["tcp_ok"]
-    wait_until(lambda: progress()["tcp_ok"] >= after + 50, 20, message="client keeps working after the handover")
-    wait_until(lambda: progress(external_status)["tcp_ok"] >= after_external + 50, 20,
-               message="externalIP client keeps working after the handover")
+    until_sync(lambda: progress()["tcp_ok"] >= after + 50, "client keeps working after the handover", 20)
+    until_sync(lambda: progress(external_status)["tcp_ok"] >= after_external + 50,
+               "externalIP client keeps working after the handover", 20)
     assert vip_present(topology, WEB_IP), "the new instance kept the service address"
     client.send_signal(signal.SIGTERM)
     out, _ = client.communicate(timeout=10)
@@ -100,9 +98,9 @@ def test_what_is_removed_behind_its_back_comes_back__full_sync(topology, pods, m
     run_in(node_ns, "nft", "delete", "table", "inet", "kubeport")
     assert not vip_present(topology, WEB_IP)
     daemon.proc.send_signal(signal.SIGHUP)
-    wait_until(lambda: vip_present(topology, WEB_IP), 10, message="the VIP added back")
-    wait_until(lambda: "table inet kubeport" in run_in(node_ns, "nft", "list", "tables").stdout, 10,
-               message="the nftables table written again")
+    until_sync(lambda: vip_present(topology, WEB_IP), "the VIP added back", 10)
+    until_sync(lambda: "table inet kubeport" in run_in(node_ns, "nft", "list", "tables").stdout,
+               "the nftables table written again", 10)
     assert curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")).startswith("pod=")
     assert "added back" in daemon.log_text()
     assert daemon.stop() == 0
@@ -116,7 +114,7 @@ def test_sighup_to_every_process_leaves_the_relay_workers_running(topology, pods
     assert children, "a relay worker process"
     for pid in [daemon.proc.pid, *map(int, children)]:
         os.kill(int(pid), signal.SIGHUP)
-    wait_until(lambda: "added back" in daemon.log_text() or daemon.readyz().status == 200, 5, message="after HUP")
+    until_sync(lambda: "added back" in daemon.log_text() or daemon.readyz().status == 200, "after HUP", 5)
     assert daemon.proc.poll() is None, daemon.log_tail()
     for _ in range(8):  # both processes serve
         assert curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")).startswith("pod=")
@@ -150,9 +148,9 @@ def test_a_node_ip_that_appears_after_start_gets_its_node_ports(topology, pods, 
     run_in(node_ns, "ip", "link", "set", "late0", "up")
     run_in(node_ns, "ip", "addr", "add", f"{late_ip}/24", "dev", "late0")
     daemon.proc.send_signal(signal.SIGHUP)
-    wait_until(lambda: {f"{late_ip}:30191", f"{late_ip}:30190"} <= listening(), 10,
-               message="the NodePort and the health-check node port on the late IP")
-    wait_until(lambda: late_ip not in daemon.readyz().body, 10, message="the nodePortAddresses problem cleared")
+    until_sync(lambda: {f"{late_ip}:30191", f"{late_ip}:30190"} <= listening(),
+               "the NodePort and the health-check node port on the late IP", 10)
+    until_sync(lambda: late_ip not in daemon.readyz().body, "the nodePortAddresses problem cleared", 10)
     assert daemon.stop() == 0
 
 
@@ -177,10 +175,10 @@ def test_sighup_changes_the_dns_ttl_live(topology, manifests, tmp_path):
     assert ttl() == 5
     write_config(30)
     daemon.proc.send_signal(signal.SIGHUP)
-    assert wait_until(lambda: ttl() == 30, 5, message="TTL 30 after SIGHUP")
+    assert until_sync(lambda: ttl() == 30, "TTL 30 after SIGHUP", 5)
     write_config("lots")  # a broken file: the running configuration stays
     daemon.proc.send_signal(signal.SIGHUP)
-    wait_until(lambda: "keeping the running configuration" in daemon.log_text(), 5, message="bad reload logged")
+    until_sync(lambda: "keeping the running configuration" in daemon.log_text(), "bad reload logged", 5)
     assert ttl() == 30
 
 

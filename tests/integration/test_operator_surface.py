@@ -8,17 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness_daemon import kubeport_bin
-from netns import (
-    CommandFailed,
-    KubeportDaemon,
-    curl_in,
-    run_in,
-    spawn_in,
-    stop_process,
-    wait_until,
-)
-from test_proxy_support import DAEMON_ARGS, endpoint_slice, node, service, write
+
+from support.netns import CommandFailed, KubeportDaemon, curl_in, run_in, spawn_in, stop_process, until_sync
+from support.netns.daemon import kubeport_bin
+from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -81,11 +74,11 @@ def test_busy_health_check_node_port_is_retried_until_it_opens(topology, manifes
     assert blocker.stdout.readline().strip() == "bound"
     daemon(topology, manifests, tmp_path)
     failure = f"failed to start healthcheck 'demo/etp' on port {HEALTH_PORT}"
-    wait_until(lambda: failure in problems(ns), 10, message="the busy port among the problems")
+    until_sync(lambda: failure in problems(ns), "the busy port among the problems", 10)
     stop_process(blocker)
     # Nothing else changes: no new snapshot arrives, only the retry (1 s doubling to 30 s) opens it.
-    wait_until(lambda: curl_in(ns, f"http://{node_ip}:{HEALTH_PORT}/healthz", timeout=2), 40,
-               ignore=(CommandFailed,), message="health-check node port open after the retry")
+    until_sync(lambda: curl_in(ns, f"http://{node_ip}:{HEALTH_PORT}/healthz", timeout=2),
+               "health-check node port open after the retry", 40, ignore=(CommandFailed,))
     assert '"localEndpoints": 1' in curl_in(ns, f"http://{node_ip}:{HEALTH_PORT}/healthz")
     assert failure not in problems(ns)
 
@@ -95,7 +88,7 @@ def test_nodeport_addresses_matching_nothing_open_no_health_check_port(topology,
     ns, node_ip = topology.node("a"), topology.node_spec("a").lan_ips[0]
     kp = daemon(topology, manifests, tmp_path, "--nodeport-addresses", "10.9.0.0/16,fd09::/64")
     said = "nodePortAddresses '10.9.0.0/16,fd09::/64': no local IPv4 address in 10.9.0.0/16"
-    wait_until(lambda: said in problems(ns), 10, message="the unmatched nodePortAddresses among the problems")
+    until_sync(lambda: said in problems(ns), "the unmatched nodePortAddresses among the problems", 10)
     for host in (node_ip, "127.0.0.1"):  # not the wildcard: nowhere at all
         with pytest.raises(CommandFailed) as refused:
             curl_in(ns, f"http://{host}:{HEALTH_PORT}/healthz", timeout=2)

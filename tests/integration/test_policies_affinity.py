@@ -15,20 +15,19 @@ from __future__ import annotations
 import json
 
 import pytest
-from netns import CommandFailed, NoReply, python_in, udp_request, wait_until
-from policies_support import (
-    daemons_on,
+
+from support.netns import CommandFailed, NoReply, python_in, udp_request, until_sync
+from support.netns.manifests import endpoint, endpoint_slice, node, service, write
+from support.netns.policies import (
     HTTP_PORT,
     HTTP_SLICE_PORT,
     PER_POD,
     UDP_PORT,
     UDP_SLICE_PORT,
-    endpoint,
+    daemons_on,
     pods_over,
     settle_on,
-    slice_of,
 )
-from test_proxy_support import node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +49,7 @@ def _sticky(cluster, pod_of, name: str, ip: str, ports: list[dict], slice_ports:
     write(cluster, name,
           service(name, [ip], ports, sessionAffinity="ClientIP",
                   sessionAffinityConfig={"clientIP": {"timeoutSeconds": timeout}}),
-          slice_of(f"{name}-1", name, [endpoint(pod_of(p)) for p in pods], ports=slice_ports))
+          endpoint_slice(f"{name}-1", name, slice_ports, [endpoint(pod_of(p)) for p in pods]))
 
 
 # One process: pin with a kept-alive connection, N new connections, wait out the timeout, M more.
@@ -117,16 +116,16 @@ def test_client_ip_affinity__tcp_client_kept_on_one_pod__moved_after_timeout(clu
     """pkg/proxy/iptables/proxier.go writeServiceToEndpointRules: `recent --rcheck --seconds` per endpoint."""
     _sticky(cluster, pod_of, "sticky-tcp", STICKY_TCP, [HTTP_PORT], [HTTP_SLICE_PORT])
     # Waiting from a1 leaves the client's (a2's) affinity untouched.
-    wait_until(lambda: pods_over(topology.pod("a", 1), STICKY_TCP, 80, 1)[0] in {"a1", "b1"}, 15,
-               ignore=(CommandFailed,), message="sticky-tcp answering")
+    until_sync(lambda: pods_over(topology.pod("a", 1), STICKY_TCP, 80, 1)[0] in {"a1", "b1"},
+               "sticky-tcp answering", 15, ignore=(CommandFailed,))
     _assert_pinned_then_moved(_session(topology.pod("a", 2), _TCP_SESSION, STICKY_TCP, 80))
 
 
 def test_client_ip_affinity__udp_flows_kept_on_one_pod__moved_after_timeout(cluster, topology, pod_of):
     """pkg/proxy/iptables/proxier.go writeServiceToEndpointRules: UDP flows pinned like TCP connections."""
     _sticky(cluster, pod_of, "sticky-udp", STICKY_UDP, [UDP_PORT], [UDP_SLICE_PORT])
-    wait_until(lambda: udp_request(topology.pod("a", 1), STICKY_UDP, 90, "up?", timeout=1), 15,
-               ignore=(ConnectionRefusedError, NoReply, CommandFailed), message="sticky-udp answering")
+    until_sync(lambda: udp_request(topology.pod("a", 1), STICKY_UDP, 90, "up?", timeout=1),
+               "sticky-udp answering", 15, ignore=(ConnectionRefusedError, NoReply, CommandFailed))
     _assert_pinned_then_moved(_session(topology.pod("a", 2), _UDP_SESSION, STICKY_UDP, 90))
 
 
@@ -137,9 +136,9 @@ def _repick(cluster, pod_of, pods: tuple[str, ...]) -> None:
     write(cluster, "repick",
           service("repick", [REPICK], [HTTP_PORT], sessionAffinity="ClientIP",
                   sessionAffinityConfig={"clientIP": {"timeoutSeconds": 600}}),  # nothing may expire here
-          slice_of("repick-1", "repick", endpoints, ports=[HTTP_SLICE_PORT]),
+          endpoint_slice("repick-1", "repick", [HTTP_SLICE_PORT], endpoints),
           service("repick-probe", [REPICK_PROBE], [HTTP_PORT]),
-          slice_of("repick-probe-1", "repick-probe", endpoints, ports=[HTTP_SLICE_PORT]))
+          endpoint_slice("repick-probe-1", "repick-probe", [HTTP_SLICE_PORT], endpoints))
 
 
 def test_client_ip_affinity__removed_endpoint_forgotten__new_pick_sticks(cluster, topology, pod_of):

@@ -11,22 +11,22 @@ short-circuited to the cluster set. The client namespace is outside the cluster 
 from __future__ import annotations
 
 import pytest
-from netns import NoReply, udp_request
-from policies_support import (
-    daemons_on,
+
+from support.netns import NoReply, udp_request
+from support.netns.manifests import endpoint, endpoint_slice, node, service, write
+from support.netns.policies import (
     HTTP_PORT,
+    SLICE_PORTS,
     UDP_PORT,
     curl_exit_code,
-    endpoint,
+    daemons_on,
     http_get,
     serving_terminating,
     settle_curl_exit,
     settle_health,
     settle_on,
-    slice_of,
     terminating_not_serving,
 )
-from test_proxy_support import node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def cluster(topology, pods, tmp_path_factory):
 def _itp(cluster, endpoints: list[dict], name: str = "itp", ip: str = ITP) -> None:
     write(cluster, name,
           service(name, [ip], [HTTP_PORT, UDP_PORT], internalTrafficPolicy="Local"),
-          slice_of(f"{name}-1", name, endpoints))
+          endpoint_slice(f"{name}-1", name, SLICE_PORTS, endpoints))
 
 
 def test_itp_local_without_local_endpoints__dropped_not_refused(cluster, topology, pod_of):
@@ -107,7 +107,7 @@ def _etp(cluster, endpoints: list[dict]) -> None:
     write(cluster, "etp",
           service("etp", [ETP], [port], type="LoadBalancer", externalTrafficPolicy="Local",
                   healthCheckNodePort=HEALTH_PORT, status={"loadBalancer": {"ingress": [{"ip": LB_IP}]}}),
-          slice_of("etp-1", "etp", endpoints, ports=[{"name": "http", "protocol": "TCP", "port": 8080}]))
+          endpoint_slice("etp-1", "etp", [{"name": "http", "protocol": "TCP", "port": 8080}], endpoints))
 
 
 def _health_body(local_endpoints: int) -> dict:

@@ -10,18 +10,17 @@ test_policies_local.py.
 from __future__ import annotations
 
 import pytest
-from policies_support import (
-    daemons_on,
+
+from support.netns.manifests import endpoint, endpoint_slice, node, service, write
+from support.netns.policies import (
     HTTP_PORT,
     HTTP_SLICE_PORT,
-    endpoint,
+    daemons_on,
     serving_terminating,
     settle_curl_exit,
     settle_on,
-    slice_of,
     terminating_not_serving,
 )
-from test_proxy_support import node, service, write
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +41,7 @@ def drain(cluster, topology):
     def write_slice(**builders) -> None:
         endpoints = [build(topology.pod_info(name[0], int(name[1:]))) for name, build in builders.items()]
         write(cluster, "drain", service("drain", [DRAIN], [HTTP_PORT]),
-              slice_of("drain-1", "drain", endpoints, ports=[HTTP_SLICE_PORT]))
+              endpoint_slice("drain-1", "drain", [HTTP_SLICE_PORT], endpoints))
     return write_slice
 
 

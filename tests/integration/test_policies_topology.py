@@ -16,8 +16,9 @@ like any pod IP): a zone-a endpoint that is not on node-a.
 from __future__ import annotations
 
 import pytest
-from policies_support import HTTP_PORT, daemons_on, endpoint, node_with_cpu, settle_on, slice_of, with_annotations
-from test_proxy_support import service, write
+
+from support.netns.manifests import endpoint, endpoint_slice, node, service, with_annotations, write
+from support.netns.policies import HTTP_PORT, SLICE_PORTS, daemons_on, settle_on
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ BY_DISTRIBUTION = {"PreferSameZone": ("same-zone", "10.96.0.73"), "PreferClose":
 @pytest.fixture(scope="module")
 def cluster(topology, pods, tmp_path_factory):
     # 3:1 allocatable CPU gives topology-mode Auto a zone-a share of 3/4.
-    nodes = [node_with_cpu(topology, "a", "3"), node_with_cpu(topology, "b", "1")]
+    nodes = [node(topology, "a", cpu="3"), node(topology, "b", cpu="1")]
     with daemons_on(topology, tmp_path_factory, nodes, on=("a", "b")) as manifests:
         yield manifests
 
@@ -43,7 +44,7 @@ def clients(topology):
 def _zonal(cluster, pod_of, distribution: str, *pods: str, name: str = "zonal", ip: str = ZONAL) -> None:
     write(cluster, name,
           service(name, [ip], [HTTP_PORT], trafficDistribution=distribution),
-          slice_of(f"{name}-1", name, [endpoint(pod_of(p)) for p in pods]))
+          endpoint_slice(f"{name}-1", name, SLICE_PORTS, [endpoint(pod_of(p)) for p in pods]))
 
 
 @pytest.mark.parametrize("distribution", sorted(BY_DISTRIBUTION))
@@ -75,7 +76,7 @@ def test_prefer_same_zone__no_endpoint_in_own_zone__falls_back_to_all(cluster, p
 def _nodal(cluster, pod_of, endpoints: list[dict]) -> None:
     write(cluster, "nodal",
           service("nodal", [NODAL], [HTTP_PORT], trafficDistribution="PreferSameNode"),
-          slice_of("nodal-1", "nodal", endpoints))
+          endpoint_slice("nodal-1", "nodal", SLICE_PORTS, endpoints))
 
 
 def _b1_on_node_c(pod_of, zone: str) -> dict:
@@ -106,7 +107,7 @@ def test_prefer_same_node__falls_back_to_same_zone_then_to_all(cluster, pod_of, 
 def _auto(cluster, pod_of, *pods: str) -> None:
     write(cluster, "auto",
           with_annotations(service("auto", [AUTO], [HTTP_PORT]), **{"service.kubernetes.io/topology-mode": "Auto"}),
-          slice_of("auto-1", "auto", [endpoint(pod_of(p)) for p in pods]))
+          endpoint_slice("auto-1", "auto", SLICE_PORTS, [endpoint(pod_of(p)) for p in pods]))
 
 
 def test_topology_mode_auto__zones_get_endpoints_in_proportion_to_cpu(cluster, pod_of, clients):

@@ -8,7 +8,8 @@ import sys
 import uuid
 
 import pytest
-from netns import require_netns, run_in
+
+from support.netns import require_netns, run_in
 
 pytestmark = pytest.mark.integration
 

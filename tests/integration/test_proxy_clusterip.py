@@ -11,30 +11,24 @@ import sys
 import time
 
 import pytest
-from netns import (
+
+from support.netns import (
     EXT_IPS,
     CommandFailed,
     curl_in,
     http_url,
     pattern_sha256,
+    pod_answering,
+    pods_seen,
     python_in,
     run_in,
     spawn_in,
     start_podserver,
     udp_request,
+    until_sync,
     wait_for_output,
-    wait_until,
 )
-from test_proxy_support import (
-    endpoint_slice,
-    node,
-    pod_answering,
-    pods_seen,
-    remove,
-    service,
-    start_daemon,
-    write,
-)
+from support.netns.manifests import endpoint_slice, node, remove, service, start_daemon, write
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +99,7 @@ def test_named_target_port_resolved_per_pod(topology, cluster):
           endpoint_slice("named-a", "named", [{"name": "web", "port": 8080}], [topology.pod_info("a", 1)]),
           endpoint_slice("named-b", "named", [{"name": "web", "port": 8181}], [topology.pod_info("b", 2)]))
     try:
-        wait_until(lambda: _answers(topology.pod("a", 2), NAMED), 15, message="named service answering")
+        until_sync(lambda: _answers(topology.pod("a", 2), NAMED), "named service answering", 15)
         assert pods_seen(topology.pod("a", 2), NAMED, 80, {"a1", "b2"}) == {"a1", "b2"}
     finally:
         remove(cluster, "named")
@@ -117,15 +111,15 @@ def test_added_service_answers__removed_service_stops__new_endpoint_gets_traffic
     ports = [{"name": "http", "port": 80, "targetPort": 8080}]
     write(cluster, "other", service("other", [OTHER], ports),
           endpoint_slice("other-1", "other", [HTTP], [a1]))
-    wait_until(lambda: _answers(client, OTHER), 15, message="the new service answering")
+    until_sync(lambda: _answers(client, OTHER), "the new service answering", 15)
     assert pod_answering(client, OTHER, 80) == "a1"
 
     write(cluster, "other", service("other", [OTHER], ports),
           endpoint_slice("other-1", "other", [HTTP], [a1, b2]))
-    wait_until(lambda: pod_answering(client, OTHER, 80) == "b2", 15, message="the new endpoint answering")
+    until_sync(lambda: pod_answering(client, OTHER, 80) == "b2", "the new endpoint answering", 15)
 
     remove(cluster, "other")
-    wait_until(lambda: _refused(client, OTHER), 15, message="the removed service refusing")
+    until_sync(lambda: _refused(client, OTHER), "the removed service refusing", 15)
 
 
 _STREAM_CLIENT = """
@@ -164,7 +158,7 @@ def test_established_stream_survives_unrelated_and_own_endpoint_changes(topology
 
     echo_service(a1)
     client = topology.pod("b", 2)
-    wait_until(lambda: _answers(client, ECHO), 15, message="the echo service")
+    until_sync(lambda: _answers(client, ECHO), "the echo service", 15)
     stream = spawn_in(client, sys.executable, "-I", "-c", _STREAM_CLIENT, ECHO, "7000",
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
@@ -178,14 +172,14 @@ def test_established_stream_survives_unrelated_and_own_endpoint_changes(topology
         step("before")
         write(cluster, "other", service("other", [OTHER], [{"name": "http", "port": 80, "targetPort": 8080}]),
               endpoint_slice("other-1", "other", [HTTP], [a1]))
-        wait_until(lambda: _answers(client, OTHER), 15, message="the unrelated service")
+        until_sync(lambda: _answers(client, OTHER), "the unrelated service", 15)
         step("unrelated")
         echo_service(a1, b1)
-        wait_until(lambda: pod_answering(client, ECHO, 80) == "b1", 15, message="the added endpoint")
+        until_sync(lambda: pod_answering(client, ECHO, 80) == "b1", "the added endpoint", 15)
         step("added")
         echo_service(a1)
-        wait_until(lambda: {pod_answering(client, ECHO, 80) for _ in range(8)} == {"a1"}, 15,
-                   message="the removed endpoint gone")
+        until_sync(lambda: {pod_answering(client, ECHO, 80) for _ in range(8)} == {"a1"},
+                   "the removed endpoint gone", 15)
         step("removed")
         stream.stdin.write(b"stop\n")
         stream.stdin.flush()
@@ -203,7 +197,7 @@ def test_refusing_backend_is_skipped_and_ejected(topology, cluster):
           endpoint_slice("flaky-bad", "flaky", [{"name": "http", "port": 8089}], [a1]))  # nothing listens
     client = topology.pod("a", 2)
     try:
-        wait_until(lambda: _answers(client, FLAKY), 15, message="the flaky service")
+        until_sync(lambda: _answers(client, FLAKY), "the flaky service", 15)
         for _ in range(20):
             assert pod_answering(client, FLAKY, 80) == "a1"  # every request answered: retried
         daemon_log = _daemon_log(topology, "a")
@@ -249,7 +243,7 @@ def test_backend_killed_mid_stream__client_gets_a_reset__others_still_served(top
           endpoint_slice("doomed-1", "doomed", [{"name": "t", "port": 7100}], [b2]))
     client = topology.pod("a", 1)
     try:
-        wait_until(lambda: _listening(topology, "a", "10.96.0.26", 7100), 15, message="the doomed service")
+        until_sync(lambda: _listening(topology, "a", "10.96.0.26", 7100), "the doomed service", 15)
         victim = spawn_in(client, sys.executable, "-I", "-c", _RESET_CLIENT, "10.96.0.26", stdout=subprocess.PIPE)
         wait_for_output(victim, b"streaming\n", 10, "reset client")
         wait_for_output(server, b"accepted\n", 10, "hold server accept")
@@ -297,7 +291,7 @@ def _listening(topology, which: str, host: str, port: int) -> bool:
 
 
 def _daemon_log(topology, which: str) -> str:
-    from netns import DAEMONS
+    from support.netns import DAEMONS
 
     return "\n".join(d.log_text() for d in DAEMONS if d.ns == topology.node(which))
 

@@ -8,8 +8,19 @@ from __future__ import annotations
 import re
 
 import pytest
-from netns import EXT_IPS, CommandFailed, curl_in, http_url, run_in, start_podserver, udp_request, wait_until
-from test_proxy_support import endpoint_slice, node, pods_seen, remove, service, start_daemon, write
+
+from support.netns import (
+    EXT_IPS,
+    CommandFailed,
+    curl_in,
+    http_url,
+    pods_seen,
+    run_in,
+    start_podserver,
+    udp_request,
+    until_sync,
+)
+from support.netns.manifests import endpoint_slice, node, remove, service, start_daemon, write
 
 pytestmark = pytest.mark.integration
 
@@ -106,8 +117,8 @@ def test_external_ip_that_is_a_real_hosts_address__its_other_ports_still_reach_i
     server = start_podserver(topology.ext, "beyond")
     try:
         for client in (node_a, pod):
-            wait_until(lambda: "pod=" in curl_in(client, http_url(host, 80), timeout=1), 15,  # noqa: B023
-                       message="the externalIP's service port taken", ignore=(CommandFailed,))
+            until_sync(lambda: "pod=" in curl_in(client, http_url(host, 80), timeout=1),  # noqa: B023
+                       "the externalIP's service port taken", 15, ignore=(CommandFailed,))
             assert "pod=beyond" not in curl_in(client, http_url(host, 80))  # a pod of the service
             assert "pod=beyond" in curl_in(client, http_url(host, 8080))  # any other port: the host itself
         with pytest.raises(CommandFailed) as refused:  # no endpoint: REJECT, from outside too

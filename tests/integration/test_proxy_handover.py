@@ -21,7 +21,18 @@ import sys
 import time
 
 import pytest
-from netns import python_in, require_netns, run_in, spawn_in, start_podserver, unique_prefix, wait_for_output, wait_until
+
+from support.netns import (
+    python_in,
+    require_netns,
+    run_in,
+    script_env,
+    spawn_in,
+    start_podserver,
+    unique_prefix,
+    until_sync,
+    wait_for_output,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +45,7 @@ HTTP, DNS = 80, 53
 
 def snapshot():
     from kubeport.endpoints.types import NodeInfo, ServiceState
-    from kubeport.proxy.testing import endpoint, endpoint_slice, port, service, snapshot as build
+    from support.slim import endpoint, endpoint_slice, port, service, snapshot as build
 
     web = service("web", [VIP], [port(HTTP, name="http", target=8080), port(DNS, name="dns", protocol="UDP",
                                                                             target=9090)])
@@ -118,7 +129,8 @@ def namespace():
 
 
 def start_instance(ns: str, name: str) -> subprocess.Popen:
-    proc = spawn_in(ns, sys.executable, __file__, "proxier", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = spawn_in(ns, sys.executable, __file__, "proxier", env=script_env(), stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE)
     wait_for_output(proc, b"ready", 30, f"proxier {name}")
     return proc
 
@@ -147,7 +159,8 @@ def test_successor_takes_over__zero_failed_connections_and_queries(namespace):
     ns = namespace
     start_podserver(ns, "p1")
     a = start_instance(ns, "A")
-    client = spawn_in(ns, sys.executable, __file__, "client", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    client = spawn_in(ns, sys.executable, __file__, "client", env=script_env(), stdin=subprocess.PIPE,
+                      stdout=subprocess.PIPE)
     wait_for_output(client, b"running", 30, "client")
 
     b = start_instance(ns, "B")  # binds the same frontends, adopts A's VIPs and nftables table
@@ -165,7 +178,7 @@ def test_successor_takes_over__zero_failed_connections_and_queries(namespace):
     assert summary["tcp_ok"] > 20 and summary["udp_ok"] > 20, summary
 
     stop_instance(b, "B", grace=1.0, release=True)  # a plain shutdown: everything goes
-    wait_until(lambda: f"local {VIP} " not in vip_routes(ns), 5, message="the VIPs to be removed")
+    until_sync(lambda: f"local {VIP} " not in vip_routes(ns), "the VIPs to be removed", 5)
     assert nft_table(ns) == ""
 
 

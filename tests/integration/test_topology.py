@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from netns import (
+
+from support.netns import (
     POD_ECHO_PORT,
     POD_HTTP_PORT,
     POD_UDP_PORT,
@@ -39,7 +40,7 @@ from netns import (
     topology_script,
     udp_request,
     unique_prefix,
-    wait_until,
+    until_sync,
 )
 
 pytestmark = pytest.mark.integration
@@ -273,8 +274,8 @@ def test_down_kills_every_process_and_removes_every_namespace(fresh_prefix):
     # Not spawn_in: the script alone must find and kill these, including an orphaned daemon.
     direct = subprocess.Popen(["ip", "netns", "exec", topo.pod("a", 1), "sleep", "600"])
     run_in(topo.node("b"), "sh", "-c", "sleep 600 >/dev/null 2>&1 &")
-    orphan_pids = wait_until(lambda: run_in(None, "ip", "netns", "pids", topo.node("b")).stdout.split(), 5,
-                             message="the orphaned sleep in node-b")
+    orphan_pids = until_sync(lambda: run_in(None, "ip", "netns", "pids", topo.node("b")).stdout.split(),
+                             "the orphaned sleep in node-b", 5)
     topology_script("down", "--prefix", fresh_prefix)
     assert direct.wait(5) == -signal.SIGKILL
     assert all(_process_gone(int(pid)) for pid in orphan_pids)
@@ -306,7 +307,7 @@ def _kill_up_midway(prefix: str) -> None:
     up = subprocess.Popen([TOPOLOGY_SH, "up", "--prefix", prefix, "--pods-per-node", "40"],
                           start_new_session=True, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: namespaces_with_prefix(prefix), 10, interval=0.005, message=f"{prefix}-* namespaces")
+        until_sync(lambda: namespaces_with_prefix(prefix), f"{prefix}-* namespaces", 10, interval=0.005)
     finally:
         os.killpg(up.pid, signal.SIGKILL)
         up.wait()

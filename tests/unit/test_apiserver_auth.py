@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -19,20 +18,19 @@ from kubeport.endpoints.apiserver.source import ApiServerConfigError, ApiServerS
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import (  # noqa: E402,F401  (running, tls: fixtures)
+from support.apiserver import objects as k8s
+from support.apiserver.harness import (  # noqa: F401  (running, tls: fixtures)
     FAST,
     RecordingState,
-    eventually,
     running,
     seed,
     snapshot_where,
     synced,
     tls,
 )
-from fake_apiserver import FakeApiServer  # noqa: E402
-from fake_tls import TlsFiles, _sign, make_tls, write_kubeconfig, write_service_account  # noqa: E402
+from support.apiserver.server import FakeApiServer
+from support.apiserver.tls import TlsFiles, _sign, make_tls, write_kubeconfig, write_service_account
+from support.wait import until
 
 
 # --- permissions and credentials -----------------------------------------------------------------
@@ -43,7 +41,7 @@ async def test_rbac_403_names_the_missing_permission_and_the_rule_to_add(running
     server.forbid("endpointslices", "watch")
     server.forbid("endpointslices", "list")
     seed(server)
-    await eventually(lambda: source.problems, "a problem")
+    await until(lambda: source.problems, "a problem")
     [problem] = source.problems
     assert ('endpointslices.discovery.k8s.io is forbidden: User "system:serviceaccount:kube-system:kubeport" '
             'cannot watch resource "endpointslices" in API group "discovery.k8s.io" at the cluster scope') in problem
@@ -59,7 +57,7 @@ async def test_rbac_403_names_the_missing_permission_and_the_rule_to_add(running
 async def test_wrong_token_is_reported_as_unauthorized(running, tmp_path, tls):
     server, source, state = await running(kubeconfig=lambda server: write_kubeconfig(
         tmp_path / "kubeconfig", server.url, ca=tls.ca_cert, token="stolen"))
-    await eventually(lambda: source.problems, "a problem")
+    await until(lambda: source.problems, "a problem")
     assert all("401 Unauthorized" in p for p in source.problems)
     assert not state.snapshot.synced
 
@@ -103,7 +101,7 @@ async def test_a_rotated_service_account_token_is_reread_after_401(tmp_path, tls
         await snapshot_where(state, lambda s: ServiceName("default", "after-rotation") in s.services,
                              "the service seen with the new token")
         assert source.stats["Service"].failures["401"] >= 1
-        await eventually(lambda: not source.problems, "the 401 problem to clear")
+        await until(lambda: not source.problems, "the 401 problem to clear")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -204,14 +202,14 @@ async def test_a_client_certificate_rotated_in_place_is_used__client_go_cert_rot
         server.cut_watches("services")
         server.bookmark("services")
         # client-go keeps the certificate it has while the new pair does not load; so does kubeport
-        await eventually(lambda: any("TLS set-up" in p and "previous files is kept" in p for p in source.problems),
+        await until(lambda: any("TLS set-up" in p and "previous files is kept" in p for p in source.problems),
                          "the half-rotated pair reported")
         shutil.copy(new_key, key)                            # ...then its key
         server.apply(k8s.service("after-rotation", cluster_ip="10.96.0.70"))
         await snapshot_where(state, lambda s: ServiceName("default", "after-rotation") in s.services,
                              "the service seen with the new certificate")
         assert source.stats["Service"].failures["401"] >= 1
-        await eventually(lambda: not source.problems, "the problems to clear")
+        await until(lambda: not source.problems, "the problems to clear")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

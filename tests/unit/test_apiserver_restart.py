@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -22,14 +20,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kubeport.endpoints.apiserver.source import ApiServerSource, BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 from kubeport.printers import render_status
-from kubeport.status import source_status
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import RecordingState, eventually, seed, snapshot_where, synced, tls  # noqa: E402,F401
-from fake_api_shapes import status  # noqa: E402
-from fake_apiserver import FakeApiServer  # noqa: E402
-from fake_tls import write_kubeconfig  # noqa: E402
+from support.apiserver import objects as k8s
+from support.apiserver.harness import RecordingState, seed, snapshot_where, synced, tls  # noqa: F401 (fixtures)
+from support.apiserver.server import FakeApiServer
+from support.apiserver.shapes import status
+from support.apiserver.tls import write_kubeconfig
+from support.wait import until
 
 #: A node follows the API server within this long of it being ready.
 FOLLOW = 2.0
@@ -99,13 +96,13 @@ async def test_ready_within_2s_on_an_etcd_without_progress_notify__cacher_Reques
         assert stats.watch_list is False, kind
         assert "RequestWatchProgress is disabled" in stats.watch_list_fallback
         assert stats.watch_list_fallback.startswith("500 InternalError")
-    await eventually(lambda: server.open_watches("services") == 1, "the plain watch", FOLLOW)
+    await until(lambda: server.open_watches("services") == 1, "the plain watch", FOLLOW)
     server.error_watches("services", EXPIRED)       # a relist: not a new streaming-list attempt
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist", FOLLOW)
+    await until(lambda: source.stats["Service"].relists == 1, "the relist", FOLLOW)
     assert all(streaming_lists(server, plural) == 1 for plural in PLURALS)
     assert server.count("services", "list") == 2
     # `kubeport get status` names the fallback and its reason, the relist and its cause.
-    listed = render_status(source_status("apiserver", source, 0))
+    listed = render_status({"kind": "apiserver", **source.status(), "problems": 0})
     service = source.status()["resources"]["Service"]
     assert service["watchList"] is False and service["relistCause"] == "expired"
     assert service["lastRelist"] is not None and service["backoff"] == 0.0
@@ -131,10 +128,10 @@ async def test_a_new_service_is_seen_within_2s_of_each_api_server_restart(node, 
     stats = source.stats["Service"]
     followed = []
     for restart in range(2):
-        await eventually(lambda: server.open_watches("services") == 1, "the watch before the restart", FOLLOW)
+        await until(lambda: server.open_watches("services") == 1, "the watch before the restart", FOLLOW)
         failed = sum(stats.failures.values())
         await server.go_down()
-        await eventually(lambda: sum(stats.failures.values()) > failed, "the node to see the outage", 5.0)
+        await until(lambda: sum(stats.failures.values()) > failed, "the node to see the outage", 5.0)
         await server.come_up(compact=compact)
         t0 = now()
         late = ServiceName("default", f"late-{restart}")
@@ -153,7 +150,7 @@ async def test_started_before_the_api_server_synced_within_2s_of_it_coming_up(no
     server = node.server()
     seed(server)
     source, state = node(server)                      # nothing listens yet
-    await eventually(lambda: sum(source.stats["Service"].failures.values()) >= 5, "the node to fail a few times",
+    await until(lambda: sum(source.stats["Service"].failures.values()) >= 5, "the node to fail a few times",
                      10.0)
     t0 = now()
     await server.start()

@@ -9,25 +9,22 @@ a deadline, never a bare sleep.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 from kubeport.endpoints.apiserver.source import BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import (  # noqa: E402,F401  (running, tls: fixtures)
+from support.apiserver import objects as k8s
+from support.apiserver.harness import (  # noqa: F401  (running, tls: fixtures)
     API,
     WEB,
     RecordingState,
-    eventually,
     running,
     seed,
     snapshot_where,
     synced,
     tls,
 )
+from support.wait import until
 
 
 # --- initial sync ------------------------------------------------------------------------
@@ -66,8 +63,8 @@ async def test_falls_back_to_paged_list_and_watch_when_watch_list_is_rejected__k
     for i in range(5):
         server.apply(k8s.service(f"svc-{i}", cluster_ip=f"10.96.1.{i}"))
     await synced(state, source)
-    await eventually(lambda: len(state.snapshot.services) == 7, "all services")
-    await eventually(lambda: server.open_watches("services") == 1, "the watch")
+    await until(lambda: len(state.snapshot.services) == 7, "all services")
+    await until(lambda: server.open_watches("services") == 1, "the watch")
     stats = source.stats["Service"]
     assert stats.watch_list is False and stats.lists == 1 and stats.relists == 0
     kinds = [(r.verb, "sendInitialEvents" in r.params, "continue" in r.params)
@@ -112,7 +109,7 @@ async def test_each_watch_event_type_reaches_the_state(running):
 
     server.bookmark("services")
     rv = str(server.rv)
-    await eventually(lambda: source.stats["Service"].resource_version == rv, "the bookmark's RV")  # BOOKMARK
+    await until(lambda: source.stats["Service"].resource_version == rv, "the bookmark's RV")  # BOOKMARK
     events = source.stats["Service"].events
     assert events["ADDED"] >= 3 and events["MODIFIED"] == 1 and events["BOOKMARK"] >= 2
     assert source.stats["EndpointSlice"].events["DELETED"] == 1
@@ -125,12 +122,12 @@ async def test_events_arriving_together_are_committed_once(running):
     hold = server.hold("services", "watch")
     server.cut_watches("services")
     server.apply(k8s.service("a", cluster_ip="10.96.0.41"))      # cut half-way: the watch reconnects
-    await eventually(lambda: server.count("services", "watch") == 2, "the reconnect")
+    await until(lambda: server.count("services", "watch") == 2, "the reconnect")
     for name, ip in (("b", "10.96.0.42"), ("c", "10.96.0.43")):
         server.apply(k8s.service(name, cluster_ip=ip))
     hold.set()                                                     # a, b, c are replayed in one write
     snap = await state.wait_newer(generation)
-    await eventually(lambda: len(state.snapshot.services) == 5, "a, b and c")
+    await until(lambda: len(state.snapshot.services) == 5, "a, b and c")
     assert state.snapshot.generation == generation + 1 == snap.generation
 
 
@@ -147,7 +144,7 @@ async def test_relist_after_410_applies_only_real_changes__no_flap(running):
     server.apply(k8s.service("web", cluster_ip="10.96.0.20", ports=[
         {"name": "http", "protocol": "TCP", "port": 81, "targetPort": 8080}]))
     server.compact()
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist after 410")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist after 410")
     after = state.snapshot
     assert after.changed == frozenset({WEB})
     assert after.services[API] is before.services[API]   # unchanged objects: same object, no change
@@ -176,7 +173,7 @@ async def test_cut_mid_line_loses_nothing_and_applies_nothing_twice(running):
     server.cut_watches("services")
     rv_a = server.apply(k8s.service("a", cluster_ip="10.96.0.41"))   # written half, then the cut
     rv_b = server.apply(k8s.service("b", cluster_ip="10.96.0.42"))
-    await eventually(lambda: len(state.snapshot.services) == 4, "a and b")
+    await until(lambda: len(state.snapshot.services) == 4, "a and b")
     assert [entry for entry in state.log if entry[1] == "Service"] == [
         ("upsert", "Service", "a", str(rv_a)), ("upsert", "Service", "b", str(rv_b))]
     stats = source.stats["Service"]
@@ -190,7 +187,7 @@ async def test_a_silent_watch_is_detected_and_reopened(running):
     await synced(state, source)
     server.stall_watches("services")
     rv = server.apply(k8s.service("late", cluster_ip="10.96.0.50"))
-    await eventually(lambda: ServiceName("default", "late") in state.snapshot.services, "the late service")
+    await until(lambda: ServiceName("default", "late") in state.snapshot.services, "the late service")
     stats = source.stats["Service"]
     assert stats.restart_reasons["stall"] == 1 and stats.relists == 0
     assert stats.resource_version >= str(rv)
@@ -201,9 +198,9 @@ async def test_a_silent_watch_is_detected_and_reopened(running):
 async def test_a_clean_end_of_the_watch_resumes_without_relisting(running):
     server, source, state = await running(server_options={"watch_timeout": 0.05, "bookmark_interval": 0.01})
     await synced(state, source)
-    await eventually(lambda: source.stats["Service"].restart_reasons["timeout"] >= 2, "two clean ends")
+    await until(lambda: source.stats["Service"].restart_reasons["timeout"] >= 2, "two clean ends")
     server.apply(k8s.service("after", cluster_ip="10.96.0.51"))
-    await eventually(lambda: ServiceName("default", "after") in state.snapshot.services, "the new service")
+    await until(lambda: ServiceName("default", "after") in state.snapshot.services, "the new service")
     assert source.stats["Service"].lists == 1
 
 
@@ -216,7 +213,7 @@ async def test_a_very_short_empty_watch_backs_off__client_go(running):
 
     server, source, state = await running(server_options={"watch_timeout": 0.001}, sleep=sleep)
     await synced(state, source)
-    await eventually(lambda: source.stats["Service"].restart_reasons["short"] >= 3, "short watches")
+    await until(lambda: source.stats["Service"].restart_reasons["short"] >= 3, "short watches")
     assert delays and source.stats["Service"].lists == 1
 
 
@@ -231,8 +228,8 @@ async def test_429_waits_for_retry_after(running):
     server.fail("services", "watch", 429, retry_after=3)
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].failures["429"] == 1, "the 429")
-    await eventually(lambda: server.open_watches("services") == 1, "the watch again")
+    await until(lambda: source.stats["Service"].failures["429"] == 1, "the 429")
+    await until(lambda: server.open_watches("services") == 1, "the watch again")
     assert 3.0 in delays
 
 
@@ -260,8 +257,8 @@ async def test_not_synced_until_services_and_endpointslices_have_both_listed(run
     server, source, state = await running()
     # The source task has not run yet: its first EndpointSlice request will wait.
     release = server.hold("endpointslices", "watch")
-    await eventually(lambda: source.stats["Service"].synced, "the services' list")
-    await eventually(lambda: state.snapshot.generation > 0, "a first snapshot")
+    await until(lambda: source.stats["Service"].synced, "the services' list")
+    await until(lambda: state.snapshot.generation > 0, "a first snapshot")
     assert not state.snapshot.synced          # services alone: the proxy and DNS wait
     assert WEB in state.snapshot.services     # (the data is there, only not published as synced)
     release.set()
@@ -273,7 +270,7 @@ async def test_a_lost_connection_keeps_the_last_known_state(running):
     server, source, state = await running()
     before = await synced(state, source)
     await server.stop()                       # the API server goes away entirely
-    await eventually(lambda: source.stats["Service"].failures, "a failed reconnect")
+    await until(lambda: source.stats["Service"].failures, "a failed reconnect")
     assert state.snapshot.synced and set(state.snapshot.services) == set(before.services)
 
 
@@ -285,7 +282,7 @@ async def test_an_invalid_object_keeps_its_last_good_version_and_is_reported(run
     await synced(state, source)
     bad = k8s.service("web", ports=[{"name": "http", "protocol": "QUIC", "port": 80, "targetPort": 8080}])
     server.apply(bad)
-    await eventually(lambda: source.problems, "the problem")
+    await until(lambda: source.problems, "the problem")
     assert source.problems == ["Service default/web: spec.ports[0].protocol: "
                                "Input should be 'TCP', 'UDP' or 'SCTP'"]
     assert state.snapshot.services[WEB].service.ports[0].protocol == "TCP"

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +21,7 @@ from kubeport.endpoints.apiserver.wire import (
 )
 from kubeport.endpoints.apiserver.resources import watched_resources
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-import k8s_objects as k8s  # noqa: E402
+from support.apiserver import objects as k8s
 
 SERVICES = WireParser("Service", model.Service)
 SLICES = WireParser("EndpointSlice", model.EndpointSlice)

@@ -5,17 +5,17 @@ What the cases restate, named in a comment by each: the Kubernetes DNS-Based Ser
 specification (kubernetes/dns docs/specification.md; "spec 2.4.1" is its section 2.4.1) and
 CoreDNS's kubernetes plugin (coredns/coredns; a bare file name is in plugin/kubernetes/).
 Every negative answer must carry the zone's SOA; the cluster and the helpers are in
-dns_answers_support.py.
+support/dns_answers.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from dns_answers_support import answerer  # noqa: F401  (a fixture)
-from dns_answers_support import S, W, Case, case, check
 
 from kubeport.dns.answer import Answerer, Forward
-from kubeport.dns.testing import question, record_lines
+
+from support.dns_answers import S, W, Case, answerer, case, check  # noqa: F401  (a fixture)
+from support.zonetext import question, record_lines
 
 
 ADDRESS_CASES = [

@@ -6,17 +6,29 @@ What the cases restate, named in a comment by each: the Kubernetes DNS-Based Ser
 specification (kubernetes/dns docs/specification.md; "spec 2.3.3" is its section 2.3.3) and
 CoreDNS's kubernetes plugin (coredns/coredns; a bare file name is in plugin/kubernetes/).
 Every negative answer must carry the zone's SOA; the cluster and the helpers are in
-dns_answers_support.py.
+support/dns_answers.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from dns_answers_support import answerer  # noqa: F401  (a fixture)
-from dns_answers_support import CLUSTER, SERIAL, SOA, S, W, Case, case, check, make_answerer
 
 from kubeport.dns.answer import Answerer, Forward
-from kubeport.dns.testing import question, read_reply, snapshot_of
+
+from support.api import snapshot_of
+from support.dns_answers import (  # noqa: F401  (a fixture)
+    CLUSTER,
+    S,
+    SERIAL,
+    SOA,
+    W,
+    Case,
+    answerer,
+    case,
+    check,
+    make_answerer,
+)
+from support.zonetext import question, read_reply
 
 
 PTR_CASES = [

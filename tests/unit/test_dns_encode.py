@@ -23,7 +23,8 @@ from kubeport.dns.encode import (
     srv_record,
     txt_data,
 )
-from kubeport.dns.testing import record_lines
+
+from support.zonetext import record_lines
 
 WEB = (b"web", b"default", b"svc", b"cluster", b"local")
 ZONE = (b"cluster", b"local")

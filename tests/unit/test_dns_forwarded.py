@@ -12,8 +12,10 @@ from kubeport.dns.config import DnsConfig
 from kubeport.dns.forward.replies import ForwardedAnswers, ForwardedReply
 from kubeport.dns.records import RecordIndex
 from kubeport.dns.stats import DnsStats
-from kubeport.dns.testing import question, read_reply, service, snapshot_of
 from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache, without_opt
+
+from support.api import service, snapshot_of
+from support.zonetext import question, read_reply
 
 NAME = "www.example.com."
 

@@ -20,9 +20,12 @@ from dnslib import QTYPE, RR, A, DNSRecord
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.server import DnsServer
 from kubeport.dns.stats import DnsStats
-from kubeport.dns.testing import LoopbackDnsPort, question, read_reply
 from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache
 from kubeport.dns.forward.policy import MAX_FAILS
+
+from support.dns_loopback import LoopbackDnsPort
+from support.wait import until
+from support.zonetext import question, read_reply
 
 Behaviour = Callable[[str, DNSRecord], "bytes | None"]
 WWW = b"\x03www\x07example\x03com\x00\x00\x01\x00\x01"  # www.example.com. A IN
@@ -111,15 +114,6 @@ async def resolve_timed(forwarder: Forwarder, question_bytes: bytes = WWW, **kwa
     started = time.monotonic()
     message = await forwarder.resolve(question_bytes, do=False, cd=False, **kwargs)
     return message, time.monotonic() - started
-
-
-async def wait_until(condition: Callable[[], bool], deadline: float = 3.0) -> None:
-    """Wait for a condition that background tasks make true, for at most ``deadline`` s."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline
-    while not condition():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_lost_packet_is_asked_again_not_servfail__forward_deadline(fakes) -> None:
@@ -243,7 +237,7 @@ async def test_upstream_down_after_failed_checks_is_skipped_until_it_answers__fo
         assert (await resolve_timed(forward, ask_for(f"d{index}")))[0] is not None
         if any(name != "." for _, name in flaky.queries):
             break
-    await wait_until(lambda: flaky.address in forward.health.down)
+    await until(lambda: flaky.address in forward.health.down, "the silent upstream marked down", 3)
     assert flaky.asked(".") > MAX_FAILS and "is down" in caplog.text
     assert forward.stats.forward_healthcheck_failures[f"127.0.0.1:{flaky.port}"] > MAX_FAILS
     tried = len(flaky.queries) - flaky.asked(".")
@@ -251,7 +245,7 @@ async def test_upstream_down_after_failed_checks_is_skipped_until_it_answers__fo
         assert (await resolve_timed(forward, ask_for(f"u{index}")))[0] is not None
     assert len(flaky.queries) - flaky.asked(".") == tried  # the silent one is not tried while down
     flaky.behaviour = answer_a
-    await wait_until(lambda: not forward.health.down)
+    await until(lambda: not forward.health.down, "the upstream back up", 3)
     assert "answers again" in caplog.text
     forward.close()
     await forward.wait_closed()
@@ -261,7 +255,7 @@ async def test_every_upstream_down_still_asks_one__forward_healthcheck_broken(fa
     lone = await fakes(silent)
     forward = forwarder(lone.address, timeout=0.1, deadline=0.15, check_interval=0.01)
     assert (await resolve_timed(forward))[0] is None
-    await wait_until(lambda: lone.address in forward.health.down)
+    await until(lambda: lone.address in forward.health.down, "the lone upstream marked down", 3)
     asked = lone.asked()
     assert (await resolve_timed(forward))[0] is None
     assert lone.asked() > asked and forward.stats.forward_healthcheck_broken == 1
@@ -294,7 +288,7 @@ async def test_a_handed_over_server_answers_its_forwards_in_flight(fakes) -> Non
     client.connect(("127.0.0.1", old.port))
     try:
         client.send(question("www.example.com.", "A", query_id=7))
-        await wait_until(lambda: len(attempts) == 1)  # in flight at the old server
+        await until(lambda: len(attempts) == 1, "the query at the old server", 3)  # in flight at the old server
         new = DnsServer(dataclasses.replace(config, port=old.port))
         await new.start()  # beside it, SO_REUSEPORT
         await old.stop(hand_over=True)

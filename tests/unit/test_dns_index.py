@@ -18,17 +18,10 @@ from kubeport.dns.config import DnsConfig
 from kubeport.dns.names import reverse_name_labels
 from kubeport.dns.records import IndexChange, RecordIndex
 from kubeport.dns.server import DnsServer
-from kubeport.dns.testing import (
-    cluster_state,
-    endpoint_slice,
-    namespace,
-    question,
-    read_reply,
-    service,
-    snapshot_of,
-    to_model,
-)
 from kubeport.endpoints.types import ServiceName
+
+from support.api import cluster_state, endpoint_slice, namespace, service, snapshot_of, to_model
+from support.zonetext import question, read_reply
 
 NAMESPACES = ["default", "ns1", "ns2"]
 NAMES = ["a", "b", "c", "d"]

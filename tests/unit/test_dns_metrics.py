@@ -17,7 +17,9 @@ from kubeport.dns.config import DnsConfig
 from kubeport.dns.metrics import BUCKET_BOUNDS, DnsCollector, family_label, type_label
 from kubeport.dns.server import DnsServer
 from kubeport.dns.stats import DURATION_BUCKETS, DurationHistogram
-from kubeport.dns.testing import cluster_state, endpoint_slice, question, service
+
+from support.api import cluster_state, endpoint_slice, service
+from support.zonetext import question
 
 HTTP = [{"name": "http", "port": 80}]
 CLUSTER = [

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import tracemalloc
-from types import MappingProxyType
 
 import pytest
 
@@ -18,7 +17,6 @@ from kubeport.dns.config import DnsConfig
 from kubeport.dns.answer import Answerer
 from kubeport.dns.names import reverse_name_labels
 from kubeport.dns.records import RecordIndex, same_dns, service_records
-from kubeport.dns.testing import endpoint_slice, question, read_reply, service, snapshot_of
 from kubeport.endpoints.types import (
     EndpointInfo,
     EndpointPortInfo,
@@ -27,8 +25,11 @@ from kubeport.endpoints.types import (
     ServiceName,
     ServiceState,
     SliceInfo,
-    Snapshot,
 )
+
+from support import slim
+from support.api import endpoint_slice, service, snapshot_of
+from support.zonetext import question, read_reply
 
 WEB = ServiceName("default", "web")
 HTTP = (PortSpec("http", "TCP", 80, 8080),)
@@ -38,14 +39,9 @@ SLICE_HTTP = (EndpointPortInfo("http", "TCP", 8080),)
 def state(*endpoints: EndpointInfo, headless: bool = False, publish: bool = False,
           address_type: str = "IPv4", ports: tuple[PortSpec, ...] = HTTP,
           slice_ports: tuple[EndpointPortInfo, ...] | None = SLICE_HTTP) -> ServiceState:
-    info = ServiceInfo(WEB, "uid", "ClusterIP", () if headless else ("10.96.0.20",), headless, None, ports,
-                       publish_not_ready_addresses=publish)
+    info = slim.service("web", () if headless else ("10.96.0.20",), ports, headless=headless,
+                        publish_not_ready_addresses=publish)
     return ServiceState(info, (SliceInfo("web-1", address_type, slice_ports, endpoints),))
-
-
-def snapshot(*states: ServiceState, generation: int = 1) -> Snapshot:
-    services = {s.service.name: s for s in states}
-    return Snapshot(generation, MappingProxyType(services), frozenset(n.namespace for n in services), synced=True)
 
 
 def test_all_published_records_share_the_snapshots_objects() -> None:
@@ -53,7 +49,7 @@ def test_all_published_records_share_the_snapshots_objects() -> None:
     records = service_records(held)
     assert records.slices is held.slices
     assert records.ports is held.service.ports
-    index = RecordIndex.build(snapshot(held))
+    index = RecordIndex.build(slim.snapshot([held]))
     assert index.endpoint_owners["10.244.0.1"] is records.name  # no container per address
     assert index.cluster_ip_owners["10.96.0.20"] is records.name
 
@@ -64,7 +60,7 @@ def test_not_ready_endpoints_are_cut_and_kept_as_pod_addresses() -> None:
     records = service_records(state(ready, not_ready))
     assert records.slices[0].endpoints == (ready,)
     assert records.unready_addresses == ("10.244.0.2",)
-    index = RecordIndex.build(snapshot(state(ready, not_ready)))
+    index = RecordIndex.build(slim.snapshot([state(ready, not_ready)]))
     assert index.knows_pod("default", "10.244.0.2") and index.knows_pod("default", "10.244.0.1")
     assert not index.knows_pod("other", "10.244.0.2")
     assert index.ptr_targets("10.244.0.2") == []
@@ -168,7 +164,7 @@ def test_index_memory_per_endpoint_stays_small() -> None:
         endpoints = tuple(EndpointInfo(f"10.{200 + i // 6000}.{i // 25 % 240}.{i % 25 * 10 + j}")
                           for j in range(10))
         states.append(ServiceState(info, (SliceInfo(f"svc-{i}-1", "IPv4", SLICE_HTTP, endpoints),)))
-    held = snapshot(*states)
+    held = slim.snapshot(states)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]

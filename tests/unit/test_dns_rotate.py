@@ -16,9 +16,11 @@ from kubeport.dns.config import DnsConfig
 from kubeport.dns.encode import Packer, Record, address_record
 from kubeport.dns.records import RecordIndex
 from kubeport.dns.rotate import Rotation, Run, address_run, rotation
-from kubeport.dns.testing import endpoint_slice, header_only, question, read_reply, service, snapshot_of
 from kubeport.dns.forward.forwarder import UpstreamCache, without_opt
 from kubeport.endpoints.types import ServiceName
+
+from support.api import endpoint_slice, service, snapshot_of
+from support.zonetext import header_only, question, read_reply
 
 HTTP = [{"name": "http", "port": 80}]
 ZONE = "default.svc.cluster.local."

@@ -16,8 +16,10 @@ from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.records import RecordIndex
 from kubeport.dns.stats import DnsStats
-from kubeport.dns.testing import endpoint_slice, header_only, question, read_reply, service, snapshot_of
 from kubeport.dns.udp import BatchedUdpListener, UdpListener, bind_udp, udp_listener
+
+from support.api import endpoint_slice, service, snapshot_of
+from support.zonetext import header_only, question, read_reply
 
 WEB = "web.default.svc.cluster.local."
 BIG = "big.default.svc.cluster.local."

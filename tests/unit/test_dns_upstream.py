@@ -9,9 +9,11 @@ from dnslib import EDNS0, NS, QTYPE, RCODE, RR, SOA, TXT, A, DNSRecord
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.records import RecordIndex
-from kubeport.dns.testing import header_only, question, read_reply, service, snapshot_of
 from kubeport.dns.forward.forwarder import UpstreamCache, without_opt
 from kubeport.dns.wire import parse_query
+
+from support.api import service, snapshot_of
+from support.zonetext import header_only, question, read_reply
 
 
 def upstream_reply(name: str = "www.example.com.", *, answers: int = 1, ttl: int = 300, rcode: int = 0,

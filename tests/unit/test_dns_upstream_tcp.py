@@ -15,6 +15,8 @@ from kubeport.dns.stats import DnsStats
 from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache
 from kubeport.dns.forward.tcp import EXPIRE, TcpPool
 
+from support.wait import until
+
 WWW = b"\x03www\x07example\x03com\x00\x00\x01\x00\x01"  # www.example.com. A IN
 
 
@@ -47,8 +49,13 @@ class FakeTcpUpstream:
         await self._server.wait_closed()
 
     async def until(self, condition: Callable[[], bool], deadline: float = 2.0) -> None:
+        await until(condition, "the upstream's connections and queries as awaited", deadline,
+                    changed=self._next_change)
+
+    async def _next_change(self) -> None:
+        # Called right after a check, with no await in between: no notification is missed.
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(condition), deadline)
+            await self._changed.wait()
 
     async def _notify(self) -> None:
         async with self._changed:

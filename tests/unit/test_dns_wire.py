@@ -15,7 +15,6 @@ from dnslib import EDNSOption
 from kubeport.dns.answer import Answerer
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.records import RecordIndex
-from kubeport.dns.testing import endpoint_slice, header_only, question, read_reply, service, snapshot_of
 from kubeport.dns.wire import (
     BADVERS,
     FORMERR,
@@ -27,6 +26,9 @@ from kubeport.dns.wire import (
     read_name,
     walk_message,
 )
+
+from support.api import endpoint_slice, service, snapshot_of
+from support.zonetext import header_only, question, read_reply
 
 WEB = "web.default.svc.cluster.local."
 BIG = "big.default.svc.cluster.local."

@@ -13,6 +13,8 @@ import pytest
 from kubeport.endpoints.types import ServiceName
 from kubeport.proxy.healthcheck import RETRY_MAX, HealthCheckServers, next_retry_delay
 
+from support.wait import until
+
 WEB = ServiceName("default", "web")
 
 
@@ -53,12 +55,6 @@ class FakeSleep:
         await asyncio.sleep(0)
 
 
-async def until(condition, deadline: float = 5.0) -> None:
-    async with asyncio.timeout(deadline):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
 @contextlib.asynccontextmanager
 async def retrying(servers: HealthCheckServers, sleep: FakeSleep):
     task = asyncio.create_task(servers.keep_retrying(sleep))
@@ -89,7 +85,7 @@ async def test_busy_port_opens_once_freed_without_a_new_snapshot(servers):
     assert list(failures) == [port] and servers.failures == failures
     sleep = FakeSleep(blocker, free_after=3)
     async with retrying(servers, sleep):
-        await until(lambda: port in servers.ports)
+        await until(lambda: port in servers.ports, "the freed port open", 5)
     assert sleep.delays == [1.0, 2.0, 4.0]
     assert servers.failures == {}
     assert await probe(port) == 200
@@ -101,13 +97,13 @@ async def test_backoff_starts_over_after_success(servers):
     sleep = FakeSleep(first, free_after=2)
     async with retrying(servers, sleep):
         await servers.sync({first_port: (WEB, 1)}, ["127.0.0.1"])
-        await until(lambda: not servers.failures)
+        await until(lambda: not servers.failures, "the first port open", 5)
         second = busy_port()
         try:
             port = second.getsockname()[1]
             await servers.sync({first_port: (WEB, 1), port: (ServiceName("default", "api"), 1)}, ["127.0.0.1"])
             assert list(servers.failures) == [port]
-            await until(lambda: len(sleep.delays) >= 4)
+            await until(lambda: len(sleep.delays) >= 4, "the retries to start over", 5)
         finally:
             second.close()
     assert sleep.delays[:4] == [1.0, 2.0, 1.0, 2.0]

@@ -4,20 +4,13 @@ changes of a burst (a trim walks the whole heap: ~5 ms on the loop at 10,000 ser
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
 from kubeport.lib.quiet import quiet_moment
 
-
-async def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, message
-        await asyncio.sleep(0.01)
+from support.wait import until
 
 
 class Releases:
@@ -45,9 +38,9 @@ async def test_a_burst_is_trimmed_once_after_it_stops():
             changed.set()
             await asyncio.sleep(0.02)  # the burst's pace: well inside the quiet time
             assert releases.calls == 0
-        await wait_until(lambda: trimmed == [1], 5, "no trim once the burst stopped")
+        await until(lambda: trimmed == [1], "a trim once the burst stopped", 5)
         changed.set()  # a later change: one more trim
-        await wait_until(lambda: trimmed == [1, 2], 5, "no trim after a later change")
+        await until(lambda: trimmed == [1, 2], "a trim after a later change", 5)
     finally:
         task.cancel()
 
@@ -56,12 +49,11 @@ async def test_changes_that_never_stop_are_trimmed_after_max_delay():
     changed, releases = asyncio.Event(), Releases()
     task = asyncio.create_task(keep_heap_trimmed(changed, quiet=10, max_delay=0.1, release=releases))
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
-        while releases.calls == 0:
-            assert loop.time() < deadline, "the trim waited past max_delay"
+        def trimmed() -> bool:
             changed.set()  # a change every 10 ms, never a quiet 10 s
-            await asyncio.sleep(0.01)
+            return releases.calls > 0
+
+        await until(trimmed, "a trim once max_delay passed", 5, interval=0.01)
     finally:
         task.cancel()
 

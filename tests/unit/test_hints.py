@@ -5,19 +5,21 @@ topologycache/utils.go getGivingAndReceivingZones, redistributeHints).
 
 Worked examples of that arithmetic and the controller's own TestAddHints / TestSetNodes /
 Test_getGivingAndReceivingZones cases. The trafficDistribution rules (trafficdist/trafficdist.go)
-are in test_hints_distribution.py; the builders in hints_support.py.
+are in test_hints_distribution.py; the builders in support/hints.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from hints_support import endpoint, hint_counts, no_hints, node, nodes_by_cpu, slice_of, zone_endpoints
 
 from kubeport.endpoints.hints import (
     INSUFFICIENT_NODE_INFO, INSUFFICIENT_NUMBER_OF_ENDPOINTS, MIN_ALLOCATION_EXCEEDS_OVERLOAD_THRESHOLD,
     NO_ZONE_SPECIFIED, Allocation, HintsDisabled, allocations, auto_hints, giving_and_receiving_zones,
     zone_cpu_ratios,
 )
+
+from support.hints import hint_counts, no_hints, nodes_by_cpu, slice_of, zone_endpoints
+from support.slim import endpoint, node
 
 # --- worked examples (topologycache.go getAllocations, utils.go redistributeHints) -------
 

@@ -4,13 +4,12 @@
 (utils.go hintsEnabled: the annotation first), hints through ClusterState, and the ready flag
 as utils.go podToEndpoint writes it (publishNotReadyAddresses).
 
-The Auto mode (KEP-2433) is in test_hints.py; the builders in hints_support.py.
+The Auto mode (KEP-2433) is in test_hints.py; the builders in support/hints.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from hints_support import PORTS, endpoint, no_hints, nodes_by_cpu, service, slice_of
 
 from kubeport.endpoints import model
 from kubeport.endpoints.hints import as_the_controller_writes, fill_hints
@@ -18,15 +17,18 @@ from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.topology import categorize_endpoints
 from kubeport.endpoints.types import EndpointInfo, ServiceInfo, ServiceName, SliceInfo, endpoints_for_port
 
+from support.hints import PORTS, no_hints, nodes_by_cpu, slice_of
+from support.slim import endpoint, service
+
 AUTO = service(topology_mode="Auto")
 
 # --- trafficDistribution (trafficdist.go ReconcileHints) ---------------------------------------
 
 THREE = slice_of(
     "svc-1",
-    endpoint("10.0.0.1", "zone-a", node_name="node-a"),
-    endpoint("10.0.0.2", "zone-b", node_name="node-b"),
-    endpoint("10.0.0.3", "zone-b", node_name="node-c", ready=False),
+    endpoint("10.0.0.1", "zone-a", node="node-a"),
+    endpoint("10.0.0.2", "zone-b", node="node-b"),
+    endpoint("10.0.0.3", "zone-b", node="node-c", ready=False),
 )
 
 
@@ -48,7 +50,7 @@ def test_traffic_distribution_hints(value, zone_hints, node_hints) -> None:
 
 
 def test_traffic_distribution_endpoint_without_zone_gets_no_zone_hint() -> None:
-    zoneless = slice_of("s", endpoint("10.0.0.1", "zone-a"), endpoint("10.0.0.2", None, node_name="node-z"))
+    zoneless = slice_of("s", endpoint("10.0.0.1", "zone-a"), endpoint("10.0.0.2", None, node="node-z"))
     (filled,) = fill_hints(service(traffic_distribution="PreferSameNode"), (zoneless,), {})
     assert filled.endpoints[1].zone_hints is None
     assert filled.endpoints[1].node_hints == frozenset({"node-z"})
@@ -60,7 +62,7 @@ def test_one_zoneless_endpoint_makes_kube_proxy_ignore_zone_hints_for_whole_serv
     """trafficdist.go writes no forZones for a zoneless endpoint, and then kube-proxy's
     pkg/proxy/topology.go topologyModeFromHints switches zone filtering off for the service."""
     zoneless = slice_of("s", endpoint("10.0.0.1", "zone-a"), endpoint("10.0.0.2", "zone-b"),
-                        endpoint("10.0.0.3", None, node_name="node-z"))
+                        endpoint("10.0.0.3", None, node="node-z"))
     filled = fill_hints(service(traffic_distribution="PreferClose"), (zoneless,), {})
     sets = categorize_endpoints(endpoints_for_port(filled, "", "TCP"), node_name="node-a", zone="zone-a",
                                 internal_local=False, external_local=False, externally_accessible=False)

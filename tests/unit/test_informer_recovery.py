@@ -9,19 +9,17 @@ checked exactly and nothing waits for real; every wait is on a condition with a 
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
 from kubeport.endpoints.apiserver.source import BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-import k8s_objects as k8s  # noqa: E402
-from apiserver_harness import eventually, running, seed, snapshot_where, synced, tls  # noqa: E402,F401 (fixtures)
-from fake_api_shapes import status  # noqa: E402
-from fake_apiserver import too_large_status  # noqa: E402
+from support.apiserver import objects as k8s
+from support.apiserver.harness import running, snapshot_where, synced, tls  # noqa: F401 (fixtures)
+from support.apiserver.server import too_large_status
+from support.apiserver.shapes import status
+from support.wait import until
 
 #: jitter off: the delays are exactly 10 ms doubling; a relist after 410 waits 4 ms times rand
 STEPS = BackoffPolicy(initial=0.01, cap=1.0, jitter=0.0, relist_jitter=0.004)
@@ -46,7 +44,7 @@ def list_params(server, plural: str = "services") -> list[dict[str, str]]:
 async def watching(server, source, state, plural: str = "services") -> None:
     """Synced, and the watch that follows the list is open (it is the list with watch-list)."""
     await synced(state, source)
-    await eventually(lambda: server.open_watches(plural) == 1, f"the {plural} watch")
+    await until(lambda: server.open_watches(plural) == 1, f"the {plural} watch")
 
 
 # --- responses that never come ------------------------------------------------------------------
@@ -59,7 +57,7 @@ async def test_a_watch_whose_response_headers_never_come_is_given_up_as_a_stall(
     server.hold("services", "watch")           # the reconnect gets no response headers
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: server.count("services", "watch") == 2, "the reconnect")
+    await until(lambda: server.count("services", "watch") == 2, "the reconnect")
     server.apply(k8s.service("late", cluster_ip="10.96.0.50"))
     await snapshot_where(state, lambda s: LATE in s.services, "the service after the stalled reconnect")
     stats = source.stats["Service"]
@@ -73,7 +71,7 @@ async def test_a_streaming_list_whose_response_never_comes_falls_back_to_list__f
     server, source, state = await running(server_options={"bookmark_interval": 0.05}, stall_timeout=0.3)
     server.hold("services", "watch")           # before the source's first request
     await synced(state, source)
-    await eventually(lambda: server.open_watches("services") == 1, "the watch after the list")
+    await until(lambda: server.open_watches("services") == 1, "the watch after the list")
     stats = source.stats["Service"]
     assert stats.restart_reasons["stall"] == 1 and stats.lists == 1 and server.count("services", "list") == 1
     assert stats.watch_list is False and stats.watch_list_fallback.startswith("stall")
@@ -97,10 +95,10 @@ async def test_any_failure_of_a_streaming_list_falls_back_and_is_remembered__fal
     stats = source.stats["Service"]
     assert stats.watch_list is False and stats.watch_list_fallback
     server.error_watches("services", EXPIRED)                # a relist
-    await eventually(lambda: stats.relists == 1 and server.open_watches("services") == 1, "the relist's watch")
+    await until(lambda: stats.relists == 1 and server.open_watches("services") == 1, "the relist's watch")
     server.cut_watches("services")                           # a reconnect
     server.bookmark("services")
-    await eventually(lambda: stats.restart_reasons["cut"] == 1 and server.open_watches("services") == 1,
+    await until(lambda: stats.restart_reasons["cut"] == 1 and server.open_watches("services") == 1,
                      "the reconnect")
     streaming = [r for r in server.requests if r.plural == "services" and "sendInitialEvents" in r.params]
     assert len(streaming) == 1 and server.count("services", "list") == 2
@@ -117,7 +115,7 @@ async def test_too_large_resource_version_on_a_watch_relists_the_latest__isTooLa
     server.fail_too_large("services", "watch")
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist")
     server.apply(k8s.service("late", cluster_ip="10.96.0.50"))
     await snapshot_where(state, lambda s: LATE in s.services, "events after the relist")
     assert list_params(server)[-1] == {"limit": "500"}     # the latest, from etcd, paged
@@ -129,7 +127,7 @@ async def test_too_large_in_a_watch_error_event_relists_the_latest(running):
     server, source, state = await running(backoff=STEPS, sleep=Delays())
     await watching(server, source, state)
     server.error_watches("services", too_large_status(5000, server.rv))
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist")
     stats = source.stats["Service"]
     assert stats.restart_reasons["too_large"] == 1
     relist = [r.params for r in server.requests if r.plural == "services" and "sendInitialEvents" in r.params][-1]
@@ -146,8 +144,8 @@ async def test_persistent_410_relists_promptly__a_gone_version_is_no_failure(run
     await watching(server, source, state)
     server.fail("services", "watch", 410, times=3)          # every relist's watch: 410 again
     server.error_watches("services", EXPIRED)               # a healthy stream ends with 410
-    await eventually(lambda: source.stats["Service"].relists == 4, "four relists")
-    await eventually(lambda: server.open_watches("services") == 1, "a watch that holds")
+    await until(lambda: source.stats["Service"].relists == 4, "four relists")
+    await until(lambda: server.open_watches("services") == 1, "a watch that holds")
     # Each list succeeded: no failure backoff grows, every relist waits only its jitter.
     assert delays == [0.002] * 4
     assert source.stats["Service"].failures["410"] == 3
@@ -158,7 +156,7 @@ async def test_a_single_410_after_a_healthy_stream_relists_after_a_jitter_only(r
     server, source, state = await running(backoff=STEPS, sleep=delays, **HALF)
     await watching(server, source, state)
     server.error_watches("services", EXPIRED)
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist")
     assert delays == [0.002] and source.stats["Service"].restart_reasons["expired"] == 1
     assert source.stats["Service"].relist_cause == "expired"
 
@@ -170,8 +168,8 @@ async def test_retry_after_zero_does_not_spin__retry_after_is_a_floor(running):
     server.fail("services", "watch", 429, times=2, retry_after=0)
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].failures["429"] == 2, "both 429s")
-    await eventually(lambda: server.open_watches("services") == 1, "the watch again")
+    await until(lambda: source.stats["Service"].failures["429"] == 2, "both 429s")
+    await until(lambda: server.open_watches("services") == 1, "the watch again")
     assert delays == [0.01, 0.02, 0.04]                     # the cut, then each 429 backs off further
 
 
@@ -182,7 +180,7 @@ async def test_retry_after_above_the_backoff_is_waited_for(running):
     server.fail("services", "watch", 503, retry_after=2)
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: server.open_watches("services") == 1 and source.stats["Service"].failures["503"],
+    await until(lambda: server.open_watches("services") == 1 and source.stats["Service"].failures["503"],
                      "the watch again")
     assert delays == [0.01, 2.0]
 
@@ -196,21 +194,21 @@ async def test_lists_ask_for_rv0_then_the_last_seen_then_the_latest__relistResou
     await watching(server, source, state)
     assert list_params(server) == [{"limit": "2", "resourceVersion": "0"}]   # the watch cache serves it
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].resource_version == str(server.rv), "the bookmark")
+    await until(lambda: source.stats["Service"].resource_version == str(server.rv), "the bookmark")
     held = source.stats["Service"].resource_version
     server.error_watches("services", EXPIRED)
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist after 410")
-    await eventually(lambda: server.open_watches("services") == 1, "the watch after it")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist after 410")
+    await until(lambda: server.open_watches("services") == 1, "the watch after it")
     # Not older than what was seen, whole (paging would bypass the watch cache).
     assert list_params(server)[-1] == {"resourceVersion": held}
     server.fail_too_large("services", "watch")
     server.cut_watches("services")
     server.bookmark("services")
-    await eventually(lambda: source.stats["Service"].relists == 2, "the relist after too large")
-    await eventually(lambda: server.open_watches("services") == 1, "the watch after it")
+    await until(lambda: source.stats["Service"].relists == 2, "the relist after too large")
+    await until(lambda: server.open_watches("services") == 1, "the watch after it")
     assert list_params(server)[-1] == {"limit": "2"}
     server.error_watches("services", EXPIRED)                # a list succeeded: RV-based relists again
-    await eventually(lambda: source.stats["Service"].relists == 3, "the third relist")
+    await until(lambda: source.stats["Service"].relists == 3, "the third relist")
     assert "resourceVersion" in list_params(server)[-1]
 
 
@@ -226,7 +224,7 @@ async def test_a_list_at_an_unavailable_version_lists_the_latest_at_once(running
         server.fail_too_large("services", "list")
     held = source.stats["Service"].resource_version
     server.error_watches("services", EXPIRED)
-    await eventually(lambda: source.stats["Service"].relists == 1, "the relist")
+    await until(lambda: source.stats["Service"].relists == 1, "the relist")
     assert list_params(server)[1:] == [{"resourceVersion": held}, {"limit": "500"}]
     assert delays == [0.002]                                 # the retry at "" did not wait
 

@@ -14,6 +14,8 @@ from kubeport import components, config, handover
 from kubeport.readiness import LIVE_VALIDITY, LiveFile, ReadyFile
 from kubeport.reload import Reloader
 
+from support.wait import until
+
 
 def unique_node() -> str:
     return f"test-node-{os.getpid()}-{id(object())}"
@@ -39,12 +41,6 @@ async def test_first_instance_claims_the_node_and_a_second_takes_over():
     assert not handover.abstract_name_in_use(node)
 
 
-async def until(condition) -> None:
-    async with asyncio.timeout(5):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
 async def announced(on_takeover=lambda: None, successor_on_takeover=lambda: None,
                     ) -> tuple[str, handover.Instance, handover.Instance]:
     """A running instance and a successor that has announced itself to it."""
@@ -54,7 +50,7 @@ async def announced(on_takeover=lambda: None, successor_on_takeover=lambda: None
     second = handover.Instance(node, successor_on_takeover)
     assert not await second.claim()
     await second.announce()
-    await until(lambda: first.successors == 1)
+    await until(lambda: first.successors == 1, "the successor announced", 5)
     return node, first, second
 
 
@@ -73,7 +69,7 @@ async def test_an_announced_successor_is_known_until_it_takes_over():
     async with asyncio.timeout(5):
         await second.take_over()  # over the announced connection
         await left.wait()
-    await until(lambda: first.successors == 0)
+    await until(lambda: first.successors == 0, "the successor gone", 5)
     assert handover.abstract_name_in_use(node)
     second.release()
 
@@ -81,7 +77,7 @@ async def test_an_announced_successor_is_known_until_it_takes_over():
 async def test_a_successor_that_dies_before_taking_over_is_forgotten():
     _, first, second = await announced()
     second._link[1].close()  # what the kernel does when the process dies
-    await until(lambda: first.successors == 0)
+    await until(lambda: first.successors == 0, "the successor gone", 5)
     first.release()
 
 
@@ -294,7 +290,7 @@ async def test_an_instance_of_an_earlier_generation_never_asks_a_later_one_to_le
     ready = asyncio.Event()
     ready.set()
     taking = asyncio.create_task(older.take_over_once(ready))
-    await until(lambda: holder.successors == 1)
+    await until(lambda: holder.successors == 1, "the successor announced", 5)
     assert not taking.done() and not left.is_set()  # ready, and still waiting
     holder.leave()  # the later one goes: the earlier one takes the node rather than none
     async with asyncio.timeout(5):
@@ -336,7 +332,7 @@ async def test_two_successors__the_later_one_takes_the_node_from_the_first_to_ta
     third = handover.Instance(node, lambda: None)
     assert not await third.claim()
     await third.announce()
-    await until(lambda: first.successors == 2)
+    await until(lambda: first.successors == 2, "both successors announced", 5)
     ready = asyncio.Event()
     ready.set()
     async with asyncio.timeout(10):
@@ -376,10 +372,7 @@ def test_live_file_left_by_a_killed_process_is_removed_at_start(tmp_path: Path):
 async def test_live_file_is_renewed_until_the_process_ends_then_removed(tmp_path: Path):
     path = tmp_path / "live"
     keeping = asyncio.create_task(LiveFile(path).keep(lambda now: True))
-    deadline = time.monotonic() + 5
-    while not path.exists():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await until(path.exists, "the live file written", 5)
     assert 0 < int(path.read_text()) - time.time() <= LIVE_VALIDITY
     keeping.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -12,8 +12,7 @@ import pytest
 from kubeport.endpoints.manifests.check import SKIPPED, check_manifests
 from kubeport.endpoints.types import ServiceName
 
-from manifest_support import manifests  # noqa: F401  (a fixture)
-from manifest_support import WEB, Harness, endpoint_slice, running, service
+from support.manifests import WEB, Harness, endpoint_slice, manifests, running, service  # noqa: F401  (a fixture)
 
 WEB_YAML = service() + "---\n" + endpoint_slice()
 SERVICE_META = "metadata:\n  name: web\n  namespace: default\n"

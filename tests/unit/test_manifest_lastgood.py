@@ -11,8 +11,8 @@ from kubeport.endpoints.manifests.lastgood import DIRECTORY_NAME, LastGoodFiles
 from kubeport.endpoints.manifests.read import content_digest
 from kubeport.endpoints.types import ServiceName
 
-from manifest_support import manifests  # noqa: F401  (a fixture)
-from manifest_support import WEB, Harness, endpoint_slice, running, service
+from support.manifests import WEB, Harness, endpoint_slice, manifests, running, service  # noqa: F401  (a fixture)
+from support.wait import until
 
 BROKEN = "  oops: [\n"
 
@@ -118,10 +118,7 @@ async def test_copies_wait_for_a_quiet_moment(tmp_path):
             wanted.set()
             await asyncio.sleep(0.02)  # the burst's pace: well inside the quiet time
             assert not copy.exists()
-        deadline = asyncio.get_running_loop().time() + 5
-        while not copy.exists():
-            assert asyncio.get_running_loop().time() < deadline, "no copy once the burst stopped"
-            await asyncio.sleep(0.01)
+        await until(copy.exists, "a copy once the burst stopped", 5)
         assert copy.read_text() == service(port=82)
     finally:
         saver.cancel()
@@ -136,10 +133,10 @@ async def test_a_burst_that_never_stops_is_saved_after_max_delay(tmp_path):
     try:
         (manifests / "web.yaml").write_text(service(port=80))
         last_good.keep("web.yaml", content_digest((manifests / "web.yaml").read_bytes()))
-        deadline = asyncio.get_running_loop().time() + 5
-        while not (last_good.files / "web.yaml").exists():
-            assert asyncio.get_running_loop().time() < deadline, "the copy waited past max_delay"
+        def saved() -> bool:
             wanted.set()  # a change every 10 ms, never a quiet 10 s
-            await asyncio.sleep(0.01)
+            return (last_good.files / "web.yaml").exists()
+
+        await until(saved, "a copy once max_delay passed", 5, interval=0.01)
     finally:
         saver.cancel()

@@ -9,8 +9,7 @@ import pytest
 from kubeport.endpoints.manifests.read import STREAM_ABOVE_BYTES
 from kubeport.endpoints.types import ServiceName
 
-from manifest_support import manifests  # noqa: F401  (a fixture)
-from manifest_support import WEB, Harness, endpoint_slice, running, service
+from support.manifests import WEB, Harness, endpoint_slice, manifests, running, service  # noqa: F401  (a fixture)
 
 
 async def test_edit_publishes_a_new_snapshot(manifests):

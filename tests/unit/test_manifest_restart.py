@@ -4,7 +4,6 @@ objects, the valid changes made beside them, and the same holder of each duplica
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -15,8 +14,8 @@ from kubeport.endpoints.manifests.lastgood import DIRECTORY_NAME, HOLDERS_NAME, 
 from kubeport.endpoints.manifests.read import content_digest
 from kubeport.endpoints.types import ServiceName
 
-from manifest_support import manifests  # noqa: F401  (a fixture)
-from manifest_support import DEADLINE, Harness, running, service
+from support.manifests import Harness, manifests, running, service  # noqa: F401  (a fixture)
+from support.wait import DEADLINE, until
 
 API = ServiceName("default", "api")
 INVALID_NAME = "HTTP"  # a port name the API server refuses
@@ -71,12 +70,13 @@ async def until_saved(state_dir, path: str, text: str) -> None:
     """Wait (deadline: DEADLINE) until the copy of ``path`` is the one of this version."""
     index = state_dir / DIRECTORY_NAME / INDEX_NAME
     digest = content_digest(text.encode()).hex()
-    async with asyncio.timeout(DEADLINE):
-        while True:
-            saved = json.loads(index.read_text()).get(path) if index.exists() else None
-            if digest in (saved if isinstance(saved, list) else [saved]):
-                return
-            await asyncio.sleep(0.01)  # polling a file another task writes: no event to wait on
+
+    def saved() -> bool:
+        copies = json.loads(index.read_text()).get(path) if index.exists() else None
+        return digest in (copies if isinstance(copies, list) else [copies])
+
+    # polling a file another task writes: no event to wait on
+    await until(saved, f"the copy of this version of {path}", DEADLINE, interval=0.01)
 
 
 def two(web_port: int | str = 80, api_port: int = 90, web_port_name: str = "http", api_port_name: str = "http") -> str:

@@ -7,8 +7,15 @@ import shutil
 from kubeport.endpoints.registry.store import AllocationStore, ServiceAllocation
 from kubeport.endpoints.types import ServiceName
 
-from manifest_support import manifests  # noqa: F401  (a fixture)
-from manifest_support import BROKEN, EXAMPLES, WEB, Harness, endpoint_slice, service
+from support.manifests import (  # noqa: F401  (a fixture)
+    BROKEN,
+    EXAMPLES,
+    WEB,
+    Harness,
+    endpoint_slice,
+    manifests,
+    service,
+)
 
 
 def test_examples_load_cleanly():

@@ -25,8 +25,9 @@ from kubeport.endpoints.manifests.watch import (
     parse_events,
 )
 
+from support.wait import DEADLINE
+
 QUIET, SETTLE, MAX_DELAY = 0.001, 0.05, 1.0
-DEADLINE = 10
 
 
 def raw(wd: int, mask: int, name: str, pad_to: int = 16) -> bytes:

@@ -7,9 +7,11 @@ import pytest
 
 from kubeport.endpoints import model
 
+from support import api
 
-def service(spec: dict, **meta) -> model.Service:
-    return model.Service.model_validate({"metadata": {"name": "web", **meta}, "spec": spec})
+
+def service(spec: dict) -> model.Service:
+    return api.to_model(api.service("web", **spec))
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,8 @@ import pytest
 from kubeport.endpoints.types import PortEndpoint, ServiceName, ServicePortName
 from kubeport.proxy.affinity import AffinityTable
 from kubeport.proxy.balancer import Balancer, EndpointState, Route, ServicePortPool
-from kubeport.proxy.testing import endpoint
+
+from support.slim import endpoint
 
 
 def states(*loads: int) -> list[EndpointState]:

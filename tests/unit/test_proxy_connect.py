@@ -14,9 +14,8 @@ from typing import Iterator
 
 import pytest
 
-from kubeport.proxy.testing import DEADLINE, on_uvloop, until
-
-from proxy_support import backend_server, read_all, relay_in_front_of, relay_to
+from support.proxy_loopback import backend_server, on_uvloop, read_all, relay_in_front_of, relay_to
+from support.wait import DEADLINE, until
 
 
 async def answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.proxy.host.nftables import CAPTURE_CHAINS, RULES, FakeFirewall, render_changes, render_setup
+from kubeport.proxy.host.nftables import CAPTURE_CHAINS, RULES, render_changes, render_setup
 from kubeport.proxy.table import Frontend
+
+from support.fake_host import FakeFirewall
 
 CIP = Frontend("10.96.0.20", 80, "TCP")
 NP6 = Frontend("fd00:1::10", 30053, "UDP")

@@ -8,7 +8,9 @@ import pytest
 
 from kubeport.proxy.affinity import AffinityTable
 from kubeport.proxy.housekeeping import AffinitySweeper, sweep_tables
-from kubeport.proxy.testing import on_uvloop, until
+
+from support.proxy_loopback import on_uvloop
+from support.wait import until
 
 
 def table_with(clients: int, *, timeout: float = 10.0, last_used: float = 0.0) -> AffinityTable:

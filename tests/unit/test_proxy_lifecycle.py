@@ -14,17 +14,19 @@ import socket
 import pytest
 
 from kubeport.proxy.table import Frontend
-from kubeport.proxy.testing import DEADLINE, Backends, on_uvloop, until
 
-from proxy_support import (
+from support.proxy_loopback import (
+    Backends,
     apply_states,
     greeted_connection,
     greeting,
+    on_uvloop,
     relay_in_front_of,
     running_proxier,
     udp_ask_once,
     web,
 )
+from support.wait import DEADLINE, until
 
 
 @on_uvloop

@@ -14,7 +14,8 @@ from kubeport.endpoints.convert import TRIGGER_TIME_ANNOTATION, slice_info
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceState
 from kubeport.proxy.metrics import ProxyMetrics, RelayCollector, programming_starts
-from kubeport.proxy.testing import endpoint, endpoint_slice, port, service, snapshot
+
+from support.slim import endpoint, endpoint_slice, port, service, snapshot
 
 def _snapshot_with(services, node="node-a", changed_at=None):
     state = ClusterState(node, clock=lambda: changed_at or 0.0)

@@ -6,7 +6,9 @@ import asyncio
 import socket
 
 from kubeport.proxy.relay.poller import EPOLLIN, EdgePoller
-from kubeport.proxy.testing import on_uvloop, until
+
+from support.proxy_loopback import on_uvloop
+from support.wait import until
 
 
 @on_uvloop

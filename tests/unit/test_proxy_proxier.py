@@ -17,9 +17,10 @@ from kubeport.proxy.relay.context import LocalClients
 from kubeport.proxy.healthcheck import HealthCheckServers
 from kubeport.proxy.host.kernel import sctp_supported
 from kubeport.proxy.table import Frontend
-from kubeport.proxy.testing import DEADLINE, endpoint, endpoint_slice, on_uvloop, port, service, until
 
-from proxy_support import apply_states, echoed, greeted_connection, greeting, running_proxier, web
+from support.proxy_loopback import apply_states, echoed, greeted_connection, greeting, on_uvloop, running_proxier, web
+from support.slim import endpoint, endpoint_slice, port, service
+from support.wait import DEADLINE, until
 
 
 async def refused(host: str, port_: int) -> bool:

@@ -13,9 +13,8 @@ import struct
 
 import pytest
 
-from kubeport.proxy.testing import DEADLINE, LoopbackRelay, on_uvloop, until
-
-from proxy_support import read_all, relay_to
+from support.proxy_loopback import LoopbackRelay, on_uvloop, read_all, relay_to
+from support.wait import DEADLINE, until
 
 
 def pattern(size: int, seed: int) -> bytes:

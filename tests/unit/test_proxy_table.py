@@ -19,11 +19,24 @@ from kubeport.proxy.table import (
     build_table,
     service_rules,
 )
-from kubeport.proxy.testing import endpoint, endpoint_slice, port, service, snapshot
 
-from proxy_table_support import (  # the node, two slices, the rule summary
-    BOTH, CIP, CTX, DROP, EIP, FWD, LB, LOCAL, NP, REFUSE, REMOTE, REMOTE_SLICE, WEB_SLICE, summarize,
+from support.proxy_table import (  # the node, two slices, the rule summary
+    BOTH,
+    CIP,
+    CTX,
+    DROP,
+    EIP,
+    FWD,
+    LB,
+    LOCAL,
+    NP,
+    REFUSE,
+    REMOTE,
+    REMOTE_SLICE,
+    WEB_SLICE,
+    summarize,
 )
+from support.slim import endpoint, endpoint_slice, port, service, snapshot
 
 CASES = [
     pytest.param(

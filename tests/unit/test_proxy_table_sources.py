@@ -5,7 +5,6 @@ a snapshot asks for are in test_proxy_table.py."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from kubeport.endpoints import convert, model
@@ -16,9 +15,9 @@ from kubeport.proxy.table import (
     TableContext,
     service_rules,
 )
-from kubeport.proxy.testing import endpoint, endpoint_slice, port, service
 
-from proxy_table_support import CIP, CTX, DROP, FWD, LOCAL, REFUSE, REMOTE_SLICE, WEB_SLICE, summarize
+from support.proxy_table import CIP, CTX, DROP, FWD, LOCAL, REFUSE, REMOTE_SLICE, WEB_SLICE, summarize
+from support.slim import endpoint, endpoint_slice, port, service
 
 LB_CTX = TableContext(node_name="node-a", nodeport_addresses=("192.168.1.10", "fd00:1::10"),
                       node_ips=("192.168.1.10", "fd00:1::10"))

@@ -11,11 +11,11 @@ import pytest
 from kubeport.endpoints.types import ServiceName
 from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import Frontend
-from kubeport.proxy.testing import DEADLINE, on_uvloop, until
 from kubeport.proxy.worker import SnapshotMirror, StatsReporter
 from kubeport.proxy.workers import SAME_NODE, ProxyWorkerError, create_proxier
 
-from proxy_support import NODE, apply_states, greeting, running_proxier, web
+from support.proxy_loopback import NODE, apply_states, greeting, on_uvloop, running_proxier, web
+from support.wait import DEADLINE, until
 
 WEB, API = ServiceName("default", "web"), ServiceName("default", "api")
 

@@ -13,7 +13,8 @@ import pytest
 
 from kubeport.endpoints import model
 
-from registry_support import T0, V4, V6, make_registry, node_port_service, refused, service, snapshot  # noqa: F401
+from support import api
+from support.registry import T0, V4, V6, make_registry, node_port_service, refused, service, snapshot  # noqa: F401
 
 
 # --- the DNS address ---------------------------------------------------------------------
@@ -215,12 +216,7 @@ def test_dual_to_single_stack_releases_the_secondary_ip() -> None:
 
 
 def endpoint_slice(address: str) -> model.EndpointSlice:
-    return model.EndpointSlice.model_validate({
-        "metadata": {"name": "web-abc", "labels": {model.LABEL_SERVICE_NAME: "web"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [address]}],
-        "ports": [{"name": "http", "port": 8080}],
-    })
+    return api.to_model(api.endpoint_slice(name="web-abc", endpoints=[address], ports=[{"name": "http", "port": 8080}]))
 
 
 def test_endpoint_slice_admitted_unchanged() -> None:

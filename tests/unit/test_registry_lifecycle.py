@@ -15,7 +15,7 @@ import pytest
 from kubeport.endpoints import model
 from kubeport.endpoints.registry.store import AllocationStore, ServiceAllocation, StoreError
 
-from registry_support import T0, V4, V6, make_registry, node_port_service, refused, service, snapshot  # noqa: F401
+from support.registry import T0, V4, V6, make_registry, node_port_service, refused, service, snapshot  # noqa: F401
 
 
 # --- conflicts: the earlier holder keeps the value, nothing changes ------------------------------------

@@ -10,27 +10,22 @@ from kubeport.endpoints import model
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import NodeInfo, ServiceName, endpoints_for_port
 
+from support import api
+from support.api import endpoint as ep  # the tables' short name
+
 WEB = ServiceName("default", "web")
 
 
 def service(name="web", namespace="default", **spec):
     spec.setdefault("clusterIP", "10.96.0.20")
     spec.setdefault("ports", [{"name": "http", "port": 80, "targetPort": "http"}])
-    return model.Service.model_validate({"metadata": {"name": name, "namespace": namespace}, "spec": spec})
+    return api.to_model(api.service(name, namespace, **spec))
 
 
 def slice_(name, service_name="web", namespace="default", endpoints=(), ports=(("http", 8080),), family="IPv4"):
-    return model.EndpointSlice.model_validate({
-        "metadata": {"name": name, "namespace": namespace,
-                     "labels": {"kubernetes.io/service-name": service_name}},
-        "addressType": family,
-        "endpoints": [dict(e) for e in endpoints],
-        "ports": [{"name": n, "port": p} for n, p in ports],
-    })
-
-
-def ep(address, **extra):
-    return {"addresses": [address], **extra}
+    return api.to_model(api.endpoint_slice(service_name, namespace, name=name, address_type=family,
+                                           endpoints=[dict(e) for e in endpoints],
+                                           ports=[{"name": n, "port": p} for n, p in ports]))
 
 
 def synced_state(**kwargs) -> ClusterState:

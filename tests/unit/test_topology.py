@@ -22,7 +22,9 @@ from kubeport.endpoints.topology import (
     categorize_endpoints,
     topology_mode_from_hints,
 )
-from kubeport.endpoints.types import EndpointInfo, PortEndpoint
+from kubeport.endpoints.types import PortEndpoint
+
+from support.slim import endpoint
 
 THIS_NODE = "node-a"
 OTHER_NODE = "node-b"
@@ -39,15 +41,8 @@ def ep(
     nodes: tuple[str, ...] = (),
     port: int = 80,
 ) -> PortEndpoint:
-    info = EndpointInfo(
-        address=address,
-        ready=ready,
-        serving=ready if serving is None else serving,
-        terminating=terminating,
-        node_name=THIS_NODE if local else OTHER_NODE,
-        zone_hints=frozenset(zones) or None,
-        node_hints=frozenset(nodes) or None,
-    )
+    info = endpoint(address, node=THIS_NODE if local else OTHER_NODE, ready=ready, serving=serving,
+                    terminating=terminating, zones=zones, nodes=nodes)
     return PortEndpoint(info, port)
 
 

@@ -21,6 +21,8 @@ from kubeport.endpoints.validation import (
     validate_service,
 )
 
+from support import api
+
 DNS1035 = (
     "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic "
     "character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for "
@@ -41,9 +43,7 @@ ONLY_LB = "may only be used when `type` is 'LoadBalancer'"
 
 
 def service(spec: dict[str, Any] | None = None, name: str = "web", namespace: str = "default") -> model.Service:
-    if spec is None:
-        spec = {"ports": [{"port": 80}]}
-    return model.Service.model_validate({"metadata": {"name": name, "namespace": namespace}, "spec": spec})
+    return api.to_model(api.service(name, namespace, **(spec if spec is not None else {"ports": [{"port": 80}]})))
 
 
 def messages(errors) -> list[str]:
@@ -147,14 +147,11 @@ def endpoint_slice(
     ports: list[dict[str, Any]] | None = None,
     **endpoint: Any,
 ) -> model.EndpointSlice:
-    return model.EndpointSlice.model_validate(
-        {
-            "metadata": {"name": name, "labels": {model.LABEL_SERVICE_NAME: "web"}},
-            "addressType": address_type,
-            "endpoints": [{"addresses": addresses if addresses is not None else ["10.244.1.11"], **endpoint}],
-            "ports": ports if ports is not None else [{"name": "http", "port": 8080}],
-        }
-    )
+    return api.to_model(api.endpoint_slice(
+        name=name, address_type=address_type,
+        endpoints=[{"addresses": addresses if addresses is not None else ["10.244.1.11"], **endpoint}],
+        ports=ports if ports is not None else [{"name": "http", "port": 8080}],
+    ))
 
 
 def too_many_endpoints() -> model.EndpointSlice:

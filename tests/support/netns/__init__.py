@@ -1,9 +1,9 @@
 """Harness for integration tests in the netns topology of netns-scripts/topology.sh.
 
-The one module tests import: the address plan, Topology, pods, clients, and (re-exported from
-harness_proc / harness_daemon) processes, waiting and the kubeport daemon. Every process a test
+The address plan, Topology, pods, clients, and (re-exported from proc, daemon and
+support.wait) processes, the kubeport daemon and waiting. Every process a test
 starts goes through `spawn_in` and is killed when its owner ends (the test, or the topology for
-processes started by module fixtures); every wait goes through `wait_until`.
+processes started by module fixtures); every wait goes through `until_sync`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-# Re-exported: tests import everything from this module.
-from harness_daemon import DAEMONS, DaemonExited, KubeportDaemon, Readyz, kubeport, probe_address  # noqa: F401
-from harness_proc import (  # noqa: F401
+
+# Re-exported: tests import everything from this package.
+from ..wait import WaitTimeout, until_sync  # noqa: F401
+from .daemon import DAEMONS, DaemonExited, KubeportDaemon, Readyz, kubeport, probe_address  # noqa: F401
+from .proc import (  # noqa: F401
     CommandFailed,
-    WaitTimeout,
     current_scope,
     in_ns,
     process_scope,
@@ -35,10 +36,9 @@ from harness_proc import (  # noqa: F401
     spawn_in,
     stop_process,
     wait_for_output,
-    wait_until,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOPOLOGY_SH = REPO / "netns-scripts" / "topology.sh"
 PODSERVER = REPO / "netns-scripts" / "podserver.py"
 
@@ -274,12 +274,34 @@ def curl_in(ns: str, url: str, *curl_args: str, timeout: float = 5.0) -> str:
     return run_in(ns, *cmd, timeout=timeout + 5).stdout
 
 
+def pod_answering(ns: str, host: str, port: int, path: str = "/", timeout: float = 3.0) -> str:
+    """The pod name in podserver's answer to one HTTP request."""
+    return parse_pod_reply(curl_in(ns, http_url(host, port, path), timeout=timeout))[0]
+
+
+def pods_seen(ns: str, host: str, port: int, want: set[str], attempts: int = 80) -> set[str]:
+    """Request until every pod in `want` has answered (or attempts run out); the pods seen."""
+    seen: set[str] = set()
+    for _ in range(attempts):
+        seen.add(pod_answering(ns, host, port))
+        if want <= seen:
+            break
+    return seen
+
+
 def dig_in(ns: str, *args: str, server: str | None = None, port: int | None = None, timeout: int = 2) -> str:
     """dig's stdout, e.g. dig_in(ns, "+short", "web.default.svc.cluster.local", "A", server=DNS_SERVICE_IP)."""
     cmd = ["dig", f"+time={timeout}", "+tries=1"]
     cmd += [f"@{server}"] if server else []
     cmd += ["-p", str(port)] if port else []
     return run_in(ns, *cmd, *args, timeout=timeout + 5).stdout
+
+
+def script_env() -> dict[str, str]:
+    """The environment of a test file run as a script (its own subprocess runner): tests/ on
+    PYTHONPATH, as pytest has it, so that the script imports support as the tests do."""
+    paths = [str(REPO / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def python_in(ns: str, code: str, *args: Any, timeout: float = 10.0, check: bool = True) -> subprocess.CompletedProcess:

@@ -1,37 +1,134 @@
-"""Harnesses shared by the proxy's loopback tests (proxier, lifecycle, UDP, workers, relay, connect).
+"""The proxy on loopback, for its relay, Proxier, lifecycle, UDP and worker tests: a relay or
+a started Proxier (fake addresses and firewall) in front of named backends, run on uvloop as
+the daemon runs, and the client calls the tests make of what is listening.
 
-kubeport.proxy.testing builds the snapshots, the Proxier and the LoopbackRelay; this wraps them so
-that a test cannot leave a listener, a backend or a worker process behind when it fails, and holds
-the client calls the tests make of what is listening.
+Every harness is a context manager, so that a test cannot leave a listener, a backend or a
+worker process behind when it fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import random
 import socket
 from typing import AsyncIterator, Awaitable, Callable, NamedTuple
 
-from kubeport.endpoints.types import NodeInfo, ServiceState, Snapshot
-from kubeport.proxy.host.addresses import FakeAddresses
-from kubeport.proxy.host.nftables import FakeFirewall
+import uvloop
+
+from kubeport.endpoints.types import NodeInfo, PortEndpoint, ServiceName, ServicePortName, ServiceState, Snapshot
+from kubeport.proxy.balancer import Balancer, Route, ServicePortPool
+from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.proxier import Proxier
-from kubeport.proxy.testing import (
-    DEADLINE,
-    Backends,
-    LoopbackRelay,
-    endpoint,
-    endpoint_slice,
-    port,
-    service,
-    snapshot,
-    start_proxier,
-)
-from kubeport.proxy.workers import ProxyWorkers
+from kubeport.proxy.relay.context import RelayContext
+from kubeport.proxy.relay.tcp import TcpListener
+from kubeport.proxy.table import Frontend
+from kubeport.proxy.workers import ProxyWorkers, create_proxier
+
+from .fake_host import FakeAddresses, FakeFirewall
+from .slim import endpoint, endpoint_slice, port, service, snapshot
+from .wait import DEADLINE
 
 NODE = NodeInfo(name="node-a", addresses=(("InternalIP", "127.0.0.1"),))
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+# --- on uvloop, on loopback -------------------------------------------------------------------
+
+def on_uvloop(test):
+    """Run an async test on uvloop, as the daemon runs (to pytest-asyncio it is a sync test)."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return uvloop.run(test(*args, **kwargs))
+
+    return run
+
+
+class LoopbackRelay:
+    """A TcpListener on 127.0.0.1:<ephemeral> in front of the given (ip, port) endpoints."""
+
+    def __init__(self, endpoints: list[tuple[str, int]], **config) -> None:
+        config.setdefault("seed", 1)
+        self.config = ProxyConfig(**config)
+        self.fatal: list[BaseException] = []
+        self.ctx = RelayContext(asyncio.get_running_loop(), self.config, on_fatal=self.fatal.append)
+        name = ServicePortName(ServiceName("default", "web"), "", "TCP")
+        balancer = Balancer(random.Random(self.config.seed), eject_after=self.config.eject_after_failures)
+        self.pool = ServicePortPool(name, balancer)
+        wanted = [PortEndpoint(endpoint(ip), number) for ip, number in endpoints]
+        self.pool.sync(wanted)
+        route = Route(self.pool, self.pool.states(wanted))
+        self.listener = TcpListener(self.ctx, Frontend("127.0.0.1", 0, "TCP"), route)
+        self.listener.open()
+        self.address = self.listener.sock.getsockname()
+
+    @property
+    def stats(self):
+        return self.pool.stats
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in list(self.ctx.conns):
+            conn.abort()
+        self.ctx.close()
+
+
+class Backends:
+    """Named servers on 127.0.0.1: TCP answers "<name>\\n" then echoes; UDP answers "<name> <data>"."""
+
+    def __init__(self) -> None:
+        self.servers: list = []
+        self.transports: list = []
+
+    async def tcp(self, name: str) -> int:
+        async def handle(reader, writer):
+            writer.write(name.encode() + b"\n")
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+            except ConnectionError:
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.servers.append(server)
+        return server.sockets[0].getsockname()[1]
+
+    async def udp(self, name: str) -> int:
+        class Echo(asyncio.DatagramProtocol):
+            def connection_made(self, transport):
+                self.transport = transport
+
+            def datagram_received(self, data, addr):
+                self.transport.sendto(name.encode() + b" " + data, addr)
+
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(Echo, local_addr=("127.0.0.1", 0))
+        self.transports.append(transport)
+        return transport.get_extra_info("sockname")[1]
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        for transport in self.transports:
+            transport.close()
+
+
+async def start_proxier(*, leftover_addresses=(), capture=True, **config):
+    """A started Proxier (ProxyWorkers with ``workers`` > 1) with fake addresses (node: 127.0.0.1,
+    ::1; ``leftover_addresses`` as a predecessor left them) and a fake firewall (``capture``:
+    with policy routing for externalIPs and LB IPs, see proxy/host/capture.py)."""
+    config.setdefault("seed", 1)
+    config.setdefault("nodeport_addresses", ("primary", "localhost"))
+    addresses = FakeAddresses(["127.0.0.1", "::1"], owned=leftover_addresses)
+    firewall = FakeFirewall()
+    firewall.can_capture = capture
+    proxier = create_proxier(ProxyConfig(**config), "node-a", addresses=addresses, firewall=firewall)
+    await proxier.start(extra_addresses=["127.0.0.53"])
+    return proxier, addresses, firewall
 
 
 # --- snapshots --------------------------------------------------------------------------------------

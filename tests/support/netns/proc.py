@@ -1,5 +1,5 @@
 """Processes for integration tests: run or spawn commands inside network namespaces, own and
-kill what was spawned, and wait on conditions with a deadline (the only way tests wait)."""
+kill what was spawned, and wait for what they print."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import subprocess
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
+
+from ..wait import WaitTimeout
 
 
 class CommandFailed(RuntimeError):
@@ -131,32 +133,6 @@ def reap_namespaces(namespaces: Collection[str]) -> None:
 
 def reap_all() -> None:
     _reap(lambda entry: True)
-
-
-T = TypeVar("T")
-
-
-class WaitTimeout(AssertionError):
-    pass
-
-
-def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.05, message: str = "",
-               ignore: tuple[type[BaseException], ...] = ()) -> T:
-    """Poll `predicate` until it returns something truthy and return that, or raise WaitTimeout
-    naming the last observed value. Exceptions of the `ignore` types count as "not yet"."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            last: Any = predicate()
-        except ignore as err:
-            last = err
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            what = message or getattr(predicate, "__name__", repr(predicate))
-            raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what}; last observed: {last!r}")
-        time.sleep(interval)
 
 
 def wait_for_output(proc: subprocess.Popen, expected: bytes, timeout: float, what: str) -> None:

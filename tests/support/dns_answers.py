@@ -14,7 +14,9 @@ import pytest
 from kubeport.dns.answer import Answerer
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.records import RecordIndex
-from kubeport.dns.testing import endpoint_slice, namespace, question, read_reply, service, snapshot_of
+
+from support.api import endpoint_slice, namespace, service, snapshot_of
+from support.zonetext import question, read_reply
 
 SERIAL = 1_700_000_000
 SOA = f"cluster.local. 5 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. {SERIAL} 7200 1800 86400 5"

@@ -21,7 +21,7 @@ Faithful to what clients see from a real server:
   ERROR event on open watches, a client certificate no longer accepted.
 
 This module holds the store, lists, faults and authentication; the open watches and the
-stream each one writes are in fake_api_watch.py.
+stream each one writes are in watch.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from fake_api_shapes import (
+
+from .shapes import (
     EXPIRED_CONTINUE,
     PLURALS,
     RESOURCES,
@@ -49,7 +50,7 @@ from fake_api_shapes import (
     status,
     watch_list_rejected,
 )
-from fake_api_watch import Selector, Watch, WatchStreams, parse_selector, selected
+from .watch import Selector, Watch, WatchStreams, parse_selector, selected
 
 DEFAULT_USER = "system:serviceaccount:kube-system:kubeport"
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from netns import curl_in, run_in
-from test_proxy_support import endpoint_slice, node, service, write
+
+from . import curl_in, run_in
+from .manifests import endpoint_slice, node, service, write
 
 WEB_IP = "10.96.0.50"
 ECHO_IP = "10.96.0.51"

@@ -1,4 +1,4 @@
-"""The watch side of the fake kube-apiserver (fake_apiserver.py): its open watches and the
+"""The watch side of the fake kube-apiserver (server.py): its open watches and the
 stream each one writes, as a real server's watch looks to a client.
 
 A watch is a chunked response of JSON event lines: a prelude the server decides from its
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
-from fake_api_shapes import bookmark_line
+
+from .shapes import bookmark_line
 
 #: A parsed fieldSelector: (metadata field, value), or None for every object.
 Selector = tuple[str, str] | None

@@ -1,5 +1,5 @@
-"""The fake kube-apiserver (tests/fakes) listening inside a node's network namespace, plus
-objects and probes for test_apiserver_daemon.py (no tests here).
+"""The fake kube-apiserver (support.apiserver) listening inside a node's network namespace, plus
+objects and probes for test_apiserver_daemon.py.
 
 The daemon runs in node-a's namespace and reads the API server at 127.0.0.1 there. The
 fake is served by this test process: its listening socket is made on a short-lived thread
@@ -15,18 +15,15 @@ import ctypes
 import json
 import re
 import socket
-import sys
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fakes"))
-
-import k8s_objects as k8s  # noqa: E402
-from fake_apiserver import FakeApiServer  # noqa: E402
-from fake_tls import TlsFiles, write_kubeconfig  # noqa: E402
-from netns import KubeportDaemon, Pod, Topology, curl_in, kubeport, run_in  # noqa: E402
+from ..apiserver import objects as k8s
+from ..apiserver.server import FakeApiServer
+from ..apiserver.tls import TlsFiles, write_kubeconfig
+from . import KubeportDaemon, Pod, Topology, curl_in, kubeport, run_in
 
 CLONE_NEWNET = 0x40000000
 CALL_TIMEOUT = 10.0

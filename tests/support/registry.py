@@ -1,4 +1,4 @@
-"""Builders shared by the registry tests (the embedded API server)."""
+"""The registry tests' registry (the embedded API server) and what they ask of it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 from kubeport.endpoints import model
 from kubeport.endpoints.registry.store import AllocationStore
 from kubeport.endpoints.registry.registry import Invalid, Registry
+
+from . import api
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 V4 = "10.96.0.0/12"
@@ -34,8 +36,9 @@ def make_registry(
 
 
 def service(name: str = "web", namespace: str = "default", **spec: Any) -> model.Service:
+    """A Service to admit: one port unless given (a ClusterIP service needs one)."""
     spec.setdefault("ports", [{"name": "http", "port": 80}])
-    return model.Service.model_validate({"metadata": {"name": name, "namespace": namespace}, "spec": spec})
+    return api.to_model(api.service(name, namespace, **spec))
 
 
 def node_port_service(name: str = "web", *node_ports: int, **spec: Any) -> model.Service:

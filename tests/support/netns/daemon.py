@@ -1,4 +1,4 @@
-"""The kubeport daemon and CLI, run inside a network namespace (contract: /work/notes/CLI.md)."""
+"""The kubeport daemon and CLI, run inside a network namespace."""
 
 from __future__ import annotations
 
@@ -11,15 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness_proc import (
-    CommandFailed,
-    WaitTimeout,
-    current_scope,
-    run_in,
-    spawn_in,
-    stop_process,
-    wait_until,
-)
+from ..wait import WaitTimeout, until_sync
+from .proc import CommandFailed, current_scope, run_in, spawn_in, stop_process
 
 KUBEPORT_BIN = Path(sys.executable).parent / "kubeport"
 DEFAULT_HEALTHZ = "127.0.0.1:10256"
@@ -147,7 +140,7 @@ class KubeportDaemon:
             return self.readyz()
 
         try:
-            wait_until(ready, timeout, interval=0.1, message=f"GET {self.readyz_url} == 200 in {self.ns}")
+            until_sync(ready, f"GET {self.readyz_url} == 200 in {self.ns}", timeout, interval=0.1)
         except WaitTimeout as err:
             raise WaitTimeout(f"{err}\nkubeport log tail ({self.log_path}):\n{self.log_tail()}") from None
 

@@ -1,4 +1,5 @@
-"""Manifests, dig parsing, the fake upstream and probes for test_dns_netns.py (no tests here).
+"""Dig parsing, the fake upstream, the pods' resolver configuration and probes for
+test_dns_netns.py; its manifests are support.netns.manifests' builders in namespace NS.
 
 Every Service has explicit clusterIPs: one daemon runs per node, each with its own
 allocator, so only explicit addresses are the same on both nodes.
@@ -7,7 +8,6 @@ allocator, so only explicit addresses are the same on both nodes.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import select
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from netns import DNS_SERVICE_IP, EXT_IPS, Topology, WaitTimeout, dig_in, spawn_in, wait_for_output
+from . import DNS_SERVICE_IP, EXT_IPS, Topology, WaitTimeout, dig_in, spawn_in, wait_for_output
 
 NS = "shop"
 ZONE = "cluster.local"
@@ -32,50 +32,6 @@ BIG_ENDPOINTS = 300
 
 def fqdn(name: str) -> str:
     return f"{name}.{NS}.svc.{ZONE}"
-
-
-# --- manifests ------------------------------------------------------------------------------
-
-
-def node(topology: Topology, which: str) -> dict:
-    spec = topology.node_spec(which)
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": spec.name, "labels": {"topology.kubernetes.io/zone": spec.zone}},
-            "status": {"addresses": [{"type": "InternalIP", "address": ip} for ip in spec.lan_ips]}}
-
-
-def service(name: str, **spec: object) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS}, "spec": spec}
-
-
-def cluster_ip_service(name: str, cluster_ips: list[str], ports: list[dict]) -> dict:
-    families = ["IPv6" if ":" in ip else "IPv4" for ip in cluster_ips]
-    policy = "RequireDualStack" if len(cluster_ips) > 1 else "SingleStack"
-    return service(name, clusterIP=cluster_ips[0], clusterIPs=cluster_ips, ipFamilies=families,
-                   ipFamilyPolicy=policy, ports=ports)
-
-
-def endpoint_slice(name: str, service_name: str, addresses: list[str], ports: list[dict],
-                   hostnames: dict[str, str] | None = None) -> dict:
-    hostnames = hostnames or {}
-
-    def endpoint(address: str) -> dict:
-        item: dict = {"addresses": [address], "conditions": {"ready": True}}
-        if address in hostnames:
-            item["hostname"] = hostnames[address]
-        return item
-
-    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": name, "namespace": NS, "labels": {"kubernetes.io/service-name": service_name}},
-            "addressType": "IPv6" if ":" in addresses[0] else "IPv4",
-            "ports": ports, "endpoints": [endpoint(address) for address in addresses]}
-
-
-def write(directory: Path, name: str, *objects: dict) -> None:
-    """One manifest file (a v1 List), renamed into place so the watcher never reads half of it."""
-    scratch = directory / f".{name}.json.tmp"
-    scratch.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
-    scratch.rename(directory / f"{name}.json")
 
 
 def big_addresses() -> list[str]:

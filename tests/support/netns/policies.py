@@ -1,9 +1,10 @@
-"""Manifest builders and clients shared by the traffic-policy integration tests (no tests here).
+"""Endpoint states, daemons and clients shared by the traffic-policy integration tests.
 
-Endpoints are written with explicit conditions, nodes and zones, so a test can state a kube-proxy
-rule's input directly (a serving-terminating pod, a pod declared on another node). Clients run
-many connections from one Python process inside a namespace: fast enough to look at 50-100
-connections per assertion, which is what makes "only these pods answer" a statistical certainty.
+Endpoints are written with explicit conditions, nodes and zones (support.netns.manifests), so a
+test can state a kube-proxy rule's input directly (a serving-terminating pod, a pod declared on
+another node). Clients run many connections from one Python process inside a namespace: fast
+enough to look at 50-100 connections per assertion, which is what makes "only these pods
+answer" a statistical certainty.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from netns import CommandFailed, Pod, Topology, curl_in, http_url, python_in, wait_until
-from test_proxy_support import NAMESPACE, start_daemon, write
+from . import CommandFailed, Pod, Topology, curl_in, http_url, python_in, until_sync
+from .manifests import endpoint, start_daemon, write
 
 HTTP_SLICE_PORT = {"name": "http", "protocol": "TCP", "port": 8080}
 UDP_SLICE_PORT = {"name": "udp", "protocol": "UDP", "port": 9090}
 HTTP_PORT = {"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}
 UDP_PORT = {"name": "udp", "protocol": "UDP", "port": 90, "targetPort": 9090}
+#: what a slice of the policy tests serves: both pod ports
+SLICE_PORTS = (HTTP_SLICE_PORT, UDP_SLICE_PORT)
 
 #: Open connections and UDP flows are not drained when a test module's daemons stop.
 FAST_STOP = ("--shutdown-grace-period", "0s")
@@ -30,20 +33,7 @@ FAST_STOP = ("--shutdown-grace-period", "0s")
 PER_POD = 25
 
 
-# --- manifests ----------------------------------------------------------------------------------
-
-
-def node_with_cpu(topology: Topology, which: str, cpu: str) -> dict:
-    """A Node as the kubelet reports it: zone label, InternalIPs, allocatable CPU (for topology-mode Auto)."""
-    spec = topology.node_spec(which)
-    return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": spec.name, "labels": {"topology.kubernetes.io/zone": spec.zone}},
-        "status": {
-            "addresses": [{"type": "InternalIP", "address": ip} for ip in spec.lan_ips],
-            "allocatable": {"cpu": cpu},
-        },
-    }
+# --- daemons and endpoint states ------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -61,17 +51,6 @@ def daemons_on(topology: Topology, tmp_path_factory, nodes: Iterable[dict], on: 
             daemon.stop()
 
 
-def endpoint(pod: Pod, *, ready: bool = True, serving: bool | None = None, terminating: bool = False,
-             node: str | None = None, zone: str | None = None) -> dict:
-    """One endpoint for `pod`'s IPv4 address; `node`/`zone` override where the slice says it runs."""
-    conditions = {"ready": ready, "serving": ready if serving is None else serving, "terminating": terminating}
-    return {
-        "addresses": [pod.ip(4)], "conditions": conditions,
-        "nodeName": node or pod.node.name, "zone": zone or pod.node.zone,
-        "targetRef": {"kind": "Pod", "namespace": NAMESPACE, "name": pod.name},
-    }
-
-
 def serving_terminating(pod: Pod, **where: str) -> dict:
     """A pod being deleted that still passes its readiness probe (KEP-1669)."""
     return endpoint(pod, ready=False, serving=True, terminating=True, **where)
@@ -79,22 +58,6 @@ def serving_terminating(pod: Pod, **where: str) -> dict:
 
 def terminating_not_serving(pod: Pod, **where: str) -> dict:
     return endpoint(pod, ready=False, serving=False, terminating=True, **where)
-
-
-def slice_of(name: str, service_name: str, endpoints: Iterable[dict],
-             ports: Iterable[dict] = (HTTP_SLICE_PORT, UDP_SLICE_PORT)) -> dict:
-    return {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"kubernetes.io/service-name": service_name}},
-        "addressType": "IPv4",
-        "ports": list(ports),
-        "endpoints": list(endpoints),
-    }
-
-
-def with_annotations(obj: dict, **annotations: str) -> dict:
-    obj["metadata"]["annotations"] = dict(annotations)
-    return obj
 
 
 # --- clients ------------------------------------------------------------------------------------
@@ -135,7 +98,7 @@ def settle_on(ns: str, host: str, port: int, expected: set[str], deadline: float
         seen = set(pods_over(ns, host, port, count))
         return seen if seen == expected else set()
 
-    wait_until(window, deadline, interval=0.2, message=f"only {sorted(expected)} answering {host}:{port} from {ns}",
+    until_sync(window, f"only {sorted(expected)} answering {host}:{port} from {ns}", deadline, interval=0.2,
                ignore=(CommandFailed,))
     return Counter(pods_over(ns, host, port, count))
 
@@ -151,8 +114,8 @@ def curl_exit_code(ns: str, host: str, port: int, connect_timeout: float = 1.0) 
 
 def settle_curl_exit(ns: str, host: str, port: int, code: int, deadline: float = 15.0) -> None:
     """Wait until curl from `ns` to host:port exits with `code` (the daemon applied the change)."""
-    wait_until(lambda: curl_exit_code(ns, host, port) == code, deadline, interval=0.1,
-               message=f"curl {host}:{port} from {ns} exiting {code}")
+    until_sync(lambda: curl_exit_code(ns, host, port) == code,
+               f"curl {host}:{port} from {ns} exiting {code}", deadline, interval=0.1)
 
 
 def settle_health(ns: str, host: str, port: int, status: int, local_endpoints: int,
@@ -162,8 +125,8 @@ def settle_health(ns: str, host: str, port: int, status: int, local_endpoints: i
         got = http_get(ns, host, port, "/healthz")
         return got if got.status == status and got.json().get("localEndpoints") == local_endpoints else None
 
-    return wait_until(reply, deadline, interval=0.1, ignore=(CommandFailed, ValueError),
-                      message=f"{host}:{port} answering {status} with localEndpoints {local_endpoints} to {ns}")
+    return until_sync(reply, f"{host}:{port} answering {status} with localEndpoints {local_endpoints} to {ns}",
+                      deadline, interval=0.1, ignore=(CommandFailed, ValueError))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ rule summary and its words."""
 from __future__ import annotations
 
 from kubeport.proxy.table import TableContext
-from kubeport.proxy.testing import endpoint, endpoint_slice
+
+from support.slim import endpoint, endpoint_slice
 
 CTX = TableContext(node_name="node-a", zone="zone-a", nodeport_addresses=("192.168.1.10", "fd00:1::10"))
 

@@ -1,5 +1,8 @@
-"""Builders and a harness for the manifest-source tests: real files, a real registry, a
-real ClusterState and real inotify."""
+"""Manifest text and a harness for the manifest-source tests: real files, a real registry, a
+real ClusterState and real inotify.
+
+The builders here write YAML text, not objects (support.api): the reader is under test, so
+the text a file holds is the input."""
 
 from __future__ import annotations
 
@@ -21,10 +24,11 @@ from kubeport.endpoints.registry.registry import Registry
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName, Snapshot
 
+from .wait import DEADLINE, until
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 BROKEN = REPO / "tests" / "fixtures" / "broken"
-DEADLINE = 10  # seconds: generous for a loaded CI machine; a passing test takes milliseconds
 
 WEB = ServiceName("default", "web")
 
@@ -100,11 +104,9 @@ class Harness:
         async with asyncio.timeout(DEADLINE):
             return await self.state.wait_newer(after.generation)
 
-    async def until(self, condition: Callable[[], bool]) -> None:
+    async def until(self, condition: Callable[[], bool], what: str = "the manifests' state awaited") -> None:
         """Wait, batch by batch, until ``condition`` holds (or fail at the deadline)."""
-        async with asyncio.timeout(DEADLINE):
-            while not condition():
-                await self.source.wait_batch(self.source.batches)
+        await until(condition, what, changed=lambda: self.source.wait_batch(self.source.batches))
 
 
 @pytest.fixture

@@ -1,18 +1,20 @@
 """Shared by the API-server source tests: a fake server plus a source against it, a
-recording ClusterState, and waits on conditions with deadlines (never bare sleeps)."""
+recording ClusterState, and waits for what the source publishes."""
 
 from __future__ import annotations
 
 import asyncio
 
-import k8s_objects as k8s
 import pytest
-from fake_apiserver import FakeApiServer
-from fake_tls import TlsFiles, make_tls, write_kubeconfig
 
 from kubeport.endpoints.apiserver.source import ApiServerSource, BackoffPolicy
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
+
+from ..wait import DEADLINE, until
+from . import objects as k8s
+from .server import FakeApiServer
+from .tls import TlsFiles, make_tls, write_kubeconfig
 
 FAST = BackoffPolicy(initial=0.001, cap=0.004, jitter=0.0, relist_jitter=0.001)
 WEB = ServiceName("default", "web")
@@ -35,25 +37,10 @@ class RecordingState(ClusterState):
         super().delete(kind, namespace, name)
 
 
-async def eventually(predicate, what: str, timeout: float = 10.0) -> None:
-    """Wait until ``predicate()`` holds, failing with ``what`` at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.002)
-
-
-async def snapshot_where(state: ClusterState, predicate, what: str, timeout: float = 10.0):
+async def snapshot_where(state: ClusterState, predicate, what: str, timeout: float = DEADLINE):
     """The first snapshot for which ``predicate`` holds (woken by each publication)."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not predicate(state.snapshot):
-                await state.wait_newer(state.snapshot.generation)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-    return state.snapshot
+    return await until(lambda: state.snapshot if predicate(state.snapshot) else None, what, timeout,
+                       changed=lambda: state.wait_newer(state.snapshot.generation))
 
 
 def seed(server: FakeApiServer) -> None:
@@ -110,7 +97,7 @@ async def running(tmp_path, tls):
 
 async def synced(state: ClusterState, source: ApiServerSource | None = None, timeout: float = 15.0):
     """The snapshot once Services and EndpointSlices (and, given ``source``, all kinds) listed."""
-    await eventually(lambda: state.snapshot.synced, "the first sync", timeout)
+    await until(lambda: state.snapshot.synced, "the first sync", timeout)
     if source is not None:
-        await eventually(lambda: all(s.synced for s in source.stats.values()), "every kind's first list", timeout)
+        await until(lambda: all(s.synced for s in source.stats.values()), "every kind's first list", timeout)
     return state.snapshot

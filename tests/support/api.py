@@ -1,0 +1,78 @@
+"""Builders of API objects as manifest-like dicts (what a manifest file or the API server
+holds), their models, and a ClusterState or Snapshot made of them.
+
+Each builder writes only what it is given: a test states the fields it is about, and the
+model's defaulting (as the API server's) fills the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from kubeport.endpoints import model
+from kubeport.endpoints.state import ClusterState
+from kubeport.endpoints.types import Snapshot
+
+
+def service(name: str = "web", namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+            "spec": spec}
+
+
+def endpoint(address: str, **fields: Any) -> dict[str, Any]:
+    """One endpoint of a slice: ``fields`` as the API names them (conditions, nodeName, ...)."""
+    return {"addresses": [address], **fields}
+
+
+def endpoint_slice(service_name: str = "web", namespace: str = "default", *, name: str | None = None,
+                   address_type: str = "IPv4", endpoints: Iterable[dict[str, Any] | str] = (),
+                   ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An EndpointSlice; endpoints may be plain addresses (ready) or full endpoint dicts."""
+    items = [endpoint(e) if isinstance(e, str) else e for e in endpoints]
+    body: dict[str, Any] = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name or f"{service_name}-{address_type.lower()}", "namespace": namespace,
+                     "labels": {model.LABEL_SERVICE_NAME: service_name}},
+        "addressType": address_type,
+        "endpoints": items,
+    }
+    if ports is not None:
+        body["ports"] = ports
+    return body
+
+
+def node(name: str = "node-a", *, zone: str | None = None, addresses: Iterable[tuple[str, str]] = (),
+         cpu: str | None = None) -> dict[str, Any]:
+    """A Node as the kubelet reports it: its zone label, (type, address) pairs, allocatable CPU."""
+    metadata: dict[str, Any] = {"name": name}
+    if zone is not None:
+        metadata["labels"] = {model.LABEL_ZONE: zone}
+    status: dict[str, Any] = {"addresses": [{"type": kind, "address": address} for kind, address in addresses]}
+    if cpu is not None:
+        status["allocatable"] = {"cpu": cpu}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "status": status}
+
+
+def namespace(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def to_model(obj: dict[str, Any]) -> model.KubeObject:
+    return model.KIND_MODELS[obj["kind"]].model_validate(obj)  # type: ignore[return-value]
+
+
+def cluster_state(objects: Iterable[dict[str, Any]], *, synced: bool = True) -> ClusterState:
+    state = ClusterState("node-1", implicit_namespaces=True)
+    for obj in objects:
+        state.upsert(to_model(obj))
+    if synced:
+        state.mark_synced("Service")
+        state.mark_synced("EndpointSlice")
+    return state
+
+
+def snapshot_of(objects: Iterable[dict[str, Any]], *, synced: bool = True) -> Snapshot:
+    state = cluster_state(objects, synced=synced)
+    state.commit()
+    return state.snapshot
