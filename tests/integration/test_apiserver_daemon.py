@@ -186,15 +186,15 @@ def test_a_new_service_is_served_within_2s_of_each_api_server_restart(topology, 
         for restart in range(2):
             failed = sum(resource_stats(daemon.ns, "Service")["failures"].values())
             api.go_down()
-            wait_until(lambda: sum(resource_stats(daemon.ns, "Service")["failures"].values()) > failed, 5,
-                       message="the daemon to see the outage")
+            until_sync(lambda: sum(resource_stats(daemon.ns, "Service")["failures"].values()) > failed,
+                       "the daemon to see the outage", 5)
             api.come_up(compact=compact)
             back = time.monotonic()
             name = f"late{restart}"
             api.apply(k8s.service(name, cluster_ip=f"10.96.0.{60 + restart}"))
-            wait_until(lambda: dig_answer(client, f"{name}.default.svc.cluster.local")
-                       == ("NOERROR", [f"10.96.0.{60 + restart}"]), 2.0, interval=0.05,
-                       message=f"{name} in DNS after restart {restart}")
+            until_sync(lambda: dig_answer(client, f"{name}.default.svc.cluster.local")
+                       == ("NOERROR", [f"10.96.0.{60 + restart}"]), f"{name} in DNS after restart {restart}", 2.0,
+                       interval=0.05)
             followed.append(time.monotonic() - back)
         stats = resource_stats(daemon.ns, "Service")
         assert stats["restartReasons"].get("expired", 0) >= 2 and stats["watchList"] is True

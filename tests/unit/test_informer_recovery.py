@@ -16,7 +16,7 @@ from kubeport.endpoints.apiserver.source import BackoffPolicy
 from kubeport.endpoints.types import ServiceName
 
 from support.apiserver import objects as k8s
-from support.apiserver.harness import running, snapshot_where, synced, tls  # noqa: F401 (fixtures)
+from support.apiserver.harness import running, seed, snapshot_where, synced, tls  # noqa: F401 (fixtures)
 from support.apiserver.server import too_large_status
 from support.apiserver.shapes import status
 from support.wait import until
