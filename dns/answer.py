@@ -125,18 +125,15 @@ class Answerer:
             return None
         entry = self._entries.get(key)
         if entry is not None:
-            if tcp:
-                entry.tcp_hits[0] += 1
-                return entry.tcp
-            entry.udp_hits[0] += 1
-            return entry.udp
+            entry.hits[tcp][0] += 1
+            return entry.replies[tcp]
         if key in self._forwarded:
             reply = self.forwarded.get(key, tcp, self._clock())
             if reply is not None:
                 return reply
         turning = self._turning.get(key)  # after the forwarded: their hits pay nothing for it
         if turning is not None:
-            (turning.tcp_hits if tcp else turning.udp_hits)[0] += 1
+            turning.hits[tcp][0] += 1
             return turning.rotation.reply(tcp)
         return None
 
@@ -207,10 +204,10 @@ class Answerer:
         stats = self.stats
         cells = stats.served_cells(qtype, rcode)
         if turning is None:
-            entry: CachedAnswer | TurningAnswer = CachedAnswer(udp, full, *cells)
+            entry: CachedAnswer | TurningAnswer = CachedAnswer((udp, full), cells)
             reply = full if tcp else udp
         else:
-            entry = TurningAnswer(turning, *cells)
+            entry = TurningAnswer(turning, cells)
             reply = turning.reply(tcp) if query.cache_key is not None else self._once(turning, tcp)
         if query.cache_key is not None:
             self.cache.put(query.cache_key, entry, result.deps)

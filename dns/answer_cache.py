@@ -16,26 +16,26 @@ from kubeport.endpoints.types import ServiceName
 
 class CachedAnswer:
     """One question's replies without their ID, and the stats cells a hit counts in
-    (:meth:`DnsStats.served_cells`: one-element lists shared with the metrics)."""
+    (:meth:`DnsStats.served_cells`: one-element lists shared with the metrics). Both are
+    pairs indexed by the transport: ``[False]`` UDP, ``[True]`` TCP, so the hot path picks
+    one without a branch."""
 
-    __slots__ = ("udp", "tcp", "udp_hits", "tcp_hits")
+    __slots__ = ("replies", "hits")
 
-    def __init__(self, udp: bytes, tcp: bytes, udp_hits: list[int], tcp_hits: list[int]) -> None:
-        self.udp = udp
-        self.tcp = tcp
-        self.udp_hits = udp_hits
-        self.tcp_hits = tcp_hits
+    def __init__(self, replies: tuple[bytes, bytes], hits: tuple[list[int], list[int]]) -> None:
+        self.replies = replies
+        self.hits = hits
 
 
 class TurningAnswer:
-    """A question whose address records turn per reply (:mod:`.rotate`), and its stats cells."""
+    """A question whose address records turn per reply (:mod:`.rotate`), and its stats cells
+    (UDP, TCP)."""
 
-    __slots__ = ("rotation", "udp_hits", "tcp_hits")
+    __slots__ = ("rotation", "hits")
 
-    def __init__(self, rotation: Rotation, udp_hits: list[int], tcp_hits: list[int]) -> None:
+    def __init__(self, rotation: Rotation, hits: tuple[list[int], list[int]]) -> None:
         self.rotation = rotation
-        self.udp_hits = udp_hits
-        self.tcp_hits = tcp_hits
+        self.hits = hits
 
 
 class AnswerCache:
