@@ -189,7 +189,7 @@ def test_walk_message_finds_every_ttl(answerer: Answerer) -> None:
 
 
 def test_cached_answer_rate(answerer: Answerer) -> None:
-    """Performance anchor (shared/PERFORMANCE.md): a cached answer is a slice, a dict lookup
+    """The cached-answer path (its figures against knot are in bench/RESULTS.md): a slice, a dict lookup
     and the ID patch. Prints the in-process rate; no timed assertion."""
     import time
 
