@@ -214,3 +214,27 @@ async def test_the_fallback_is_kept_across_a_restart_and_dropped_after_an_upgrad
     late = ServiceName("default", "after-upgrade")
     server.apply(k8s.service(late.name, cluster_ip="10.96.0.62"))
     await snapshot_where(state, lambda s: late in s.services, "a service after the upgrade", FOLLOW)
+
+
+async def test_a_7s_outage_then_a_compacting_restart_15s_later_is_followed_within_2s(node):
+    """The sequence seen against a real API server: down for 7 s (the backoff grows), up for
+    15 s, then stopped, its etcd compacted, and started again. The 410 relist after the
+    second start must not wait on a backoff left over from the first outage."""
+    server = node.server(watch_list=False)
+    await server.start()
+    seed(server)
+    source, state = node(server)
+    await synced(state, source, timeout=FOLLOW)
+    await server.go_down()
+    await asyncio.sleep(7.0)  # the outage's length is the scenario, not a wait for anything
+    await server.come_up()
+    await until(lambda: all(server.open_watches(p) == 1 for p in PLURALS), "the watches after the outage", 5.0)
+    await asyncio.sleep(15.0)  # the server's uptime between the two restarts
+    await server.go_down()
+    server.compact()
+    await server.come_up(compact=True)
+    t0 = now()
+    late = ServiceName("default", "after-compaction")
+    server.apply(k8s.service(late.name, cluster_ip="10.96.0.63"))
+    await snapshot_where(state, lambda s: late in s.services, "the service after the compacting restart", FOLLOW)
+    print(f"\nnew service seen {since(t0):.3f}s after the compacting restart")
