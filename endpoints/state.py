@@ -13,10 +13,13 @@ import logging
 import time
 from collections import Counter
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from kubeport.endpoints import convert, model
 from kubeport.endpoints.types import NodeInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
+
+if TYPE_CHECKING:
+    from kubeport.endpoints.laststate import Entry, LastState, SavedState
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,13 @@ class ClusterState:
         self._snapshot = Snapshot(generation=0)
         self._published = asyncio.Event()
 
+        #: where each change is also recorded (the last applied state, kept for a restart)
+        self._journal: LastState | None = None
+        #: restored from a saved state and not yet confirmed by the source, per kind: what the
+        #: kind's first sync has not mentioned is deleted then
+        self._unconfirmed: dict[str, set[tuple[str, str]]] = {}
+        self._restored_at: float | None = None
+
     # --- reading ----------------------------------------------------------------
 
     @property
@@ -86,24 +96,33 @@ class ClusterState:
 
     def upsert(self, obj: model.KubeObject) -> None:
         self._note_arrival()
+        key = (obj.metadata.namespace or "", obj.metadata.name)
+        value: Any
         if isinstance(obj, model.Service):
-            self._upsert_service(convert.service_info(obj))
+            value = convert.service_info(obj)
+            self._upsert_service(value)
         elif isinstance(obj, model.EndpointSlice):
-            self._upsert_slice(obj.metadata.namespace, obj.service_name, convert.slice_info(obj))
+            value = (obj.service_name, convert.slice_info(obj))
+            self._upsert_slice(obj.metadata.namespace, *value)
         elif isinstance(obj, model.Node):
-            info = convert.node_info(obj)
-            if self._nodes.get(info.name) != info:
-                self._nodes[info.name] = info
-                self._nodes_dirty = True
+            value = convert.node_info(obj)
+            self._upsert_node(value)
         elif isinstance(obj, model.Namespace):
-            if obj.metadata.name not in self._explicit_namespaces:
-                self._explicit_namespaces.add(obj.metadata.name)
-                self._namespaces_dirty = True
+            value = True
+            self._upsert_namespace(obj.metadata.name)
         else:  # pragma: no cover - the type union is closed
             raise TypeError(f"unsupported object {type(obj).__name__}")
+        if self._unconfirmed:
+            self._unconfirmed.get(obj.kind, set()).discard(key)
+        if self._journal is not None:
+            self._journal.record(obj.kind, key, value)
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         self._note_arrival()
+        if self._unconfirmed:
+            self._unconfirmed.get(kind, set()).discard((namespace, name))
+        if self._journal is not None:
+            self._journal.record(kind, (namespace, name), None)
         if kind == "Service":
             key = ServiceName(namespace, name)
             if self._services.pop(key, None) is not None:
@@ -137,7 +156,45 @@ class ClusterState:
         raise ValueError(kind)
 
     def mark_synced(self, kind: str) -> None:
+        # What was restored and the kind's first complete view did not mention is gone.
+        for namespace, name in sorted(self._unconfirmed.pop(kind, ())):
+            self.delete(kind, namespace, name)
         self._synced_kinds.add(kind)
+
+    # --- the last applied state ---------------------------------------------------
+
+    def keep_in(self, journal: LastState) -> None:
+        """Record every change in ``journal`` from now on."""
+        self._journal = journal
+        journal.attach(self.entries)
+
+    def entries(self) -> Iterator[Entry]:
+        """Everything held, as the last applied state keeps it."""
+        for name, info in self._services.items():
+            yield "Service", (name.namespace, name.name), info
+        for key, (owner, info) in self._slices.items():
+            yield "EndpointSlice", key, (owner.name if owner is not None else None, info)
+        for name, node in self._nodes.items():
+            yield "Node", ("", name), node
+        for name in self._explicit_namespaces:
+            yield "Namespace", ("", name), True
+
+    def restore(self, saved: SavedState) -> None:
+        """Hold what ``saved`` holds until the source's first sync confirms or replaces it;
+        the snapshots until then carry ``restored_at`` (servable, not synced)."""
+        for (kind, (namespace, name)), value in saved.entries.items():
+            if kind == "Service":
+                self._upsert_service(value)
+            elif kind == "EndpointSlice":
+                self._upsert_slice(namespace, *value)
+            elif kind == "Node":
+                self._upsert_node(value)
+            elif kind == "Namespace":
+                self._upsert_namespace(name)
+            else:
+                continue
+            self._unconfirmed.setdefault(kind, set()).add((namespace, name))
+        self._restored_at = saved.saved_at
 
     @property
     def synced(self) -> bool:
@@ -175,8 +232,10 @@ class ClusterState:
         if self._namespaces_dirty:
             namespaces = frozenset(self._explicit_namespaces | set(self._namespace_refs))
             self._namespaces_dirty = False
+        if synced:
+            self._restored_at = None
         if not changed and not node_changed and not nodes_dirty and namespaces == previous.namespaces \
-                and synced == previous.synced:
+                and synced == previous.synced and (None if synced else self._restored_at) == previous.restored_at:
             return None
         services = previous.services
         if changed:
@@ -188,6 +247,7 @@ class ClusterState:
             node=node,
             nodes=MappingProxyType(dict(self._nodes)) if nodes_dirty else previous.nodes,
             synced=synced,
+            restored_at=None if synced else self._restored_at,
             changed=frozenset(changed),
             node_changed=node_changed,
             changed_at=changed_at,
@@ -214,6 +274,16 @@ class ClusterState:
         if held is not None and held.service == info and held.slices == slices:
             return held  # keep identity: "unchanged" is an `is` check downstream
         return ServiceState(info, slices)
+
+    def _upsert_node(self, info: NodeInfo) -> None:
+        if self._nodes.get(info.name) != info:
+            self._nodes[info.name] = info
+            self._nodes_dirty = True
+
+    def _upsert_namespace(self, name: str) -> None:
+        if name not in self._explicit_namespaces:
+            self._explicit_namespaces.add(name)
+            self._namespaces_dirty = True
 
     def _upsert_service(self, info: ServiceInfo) -> None:
         held = self._services.get(info.name)

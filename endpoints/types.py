@@ -254,6 +254,9 @@ class Snapshot:
     node: NodeInfo | None = None
     #: False until every source kind has completed its first list.
     synced: bool = False
+    #: Before that, the Unix time of the last applied state an earlier process kept, when
+    #: this snapshot is built from it (and what the source said since): servable at once.
+    restored_at: float | None = None
     #: every Node object (topology-mode Auto hints need them all), by name.
     nodes: Mapping[str, NodeInfo] = field(default_factory=lambda: MappingProxyType({}))
     #: services added, changed or removed since generation - 1.
@@ -263,6 +266,11 @@ class Snapshot:
     #: wall-clock time the oldest change in this snapshot arrived from the source; the
     #: start of kube-proxy's network programming latency. None for the empty snapshot.
     changed_at: float | None = None
+
+    @property
+    def servable(self) -> bool:
+        """The proxy and DNS apply it: the source's whole view, or the last applied state."""
+        return self.synced or self.restored_at is not None
 
     def changed_since(self, older: "Snapshot | None") -> frozenset[ServiceName]:
         """Services that differ between ``older`` and this snapshot.

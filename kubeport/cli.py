@@ -59,6 +59,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
+    run.add_argument("--last-state-max-age", metavar="DURATION",
+                     help="serve the last applied state kept in the state dir at start, until the source has "
+                          "synced, if it is younger than this (default 1h; 0: never)")
     run.add_argument("--healthz-bind-address", metavar="IP[:PORT]",
                      help="/healthz, /livez, /readyz (default 0.0.0.0:10256). Set empty to disable.")
     run.add_argument("--metrics-bind-address", metavar="IP[:PORT]",
@@ -97,6 +100,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "inCluster": ("--in-cluster",),
     "hostnameOverride": ("--hostname-override",),
     "stateDir": ("--state-dir",),
+    "lastStateMaxAge": ("--last-state-max-age",),
     "healthzBindAddress": ("--healthz-bind-address",),
     "metricsBindAddress": ("--metrics-bind-address",),
     "vipInterface": ("--vip-interface",),

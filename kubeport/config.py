@@ -142,7 +142,11 @@ class KubeportConfiguration(_Section):
         alias="clusterCIDR",
         description="Pod CIDRs: sources treated as in-cluster for externalTrafficPolicy Local.",
     )
-    state_dir: Path = Field(Path("/var/lib/kubeport"), description="Where allocations persist.")
+    state_dir: Path = Field(Path("/var/lib/kubeport"),
+                            description="Where allocations and the last applied state persist.")
+    last_state_max_age: Duration = Field(
+        3600.0, ge=0, description="A restarted daemon serves the last applied state kept in the state "
+                                  "directory until its source has synced, if it is younger than this; 0: never.")
     healthz_bind_address: str = Field(
         "0.0.0.0:10256", description="/healthz, /livez, /readyz; empty (flag only): no such server.")
     metrics_bind_address: str = Field(

@@ -1,7 +1,9 @@
 """Daemon wiring and lifecycle: source -> ClusterState -> proxy and DNS, plus the status server.
 
 Startup: status server (not ready), service addresses, DNS listeners (SERVFAIL until
-synced), source. Each consumer follows the snapshots on its own task, so a slow proxy
+synced), source. A primary (no other instance serves the node) that finds the last applied
+state an earlier process kept in the state directory, young enough, serves it at once, while
+/readyz stays 503 until the source has synced. Each consumer follows the snapshots on its own task, so a slow proxy
 sync never delays DNS.
 
 Shutdown (SIGTERM/SIGINT): readiness goes false; DNS and the proxy keep serving for the
@@ -16,6 +18,7 @@ exits without touching what the successor holds.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import gc
 import logging
 import signal
@@ -29,6 +32,7 @@ from kubeport import components, handover
 from kubeport.config import KubeportConfiguration, changed_fields
 from kubeport.dns.server import DnsServer
 from kubeport.endpoints.interfaces import Consumer, Source
+from kubeport.endpoints.laststate import LastState
 from kubeport.endpoints.types import Snapshot
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
 from kubeport.process import process_registry, raise_open_file_limit
@@ -78,6 +82,9 @@ class Daemon:
         self._dns: DnsServer | None = None
         self._instance = handover.Instance(config.hostname_override, self._on_takeover,
                                            config.handover_generation)
+        self._last_state = LastState(config.state_dir / "last-state")
+        #: the Unix time of the last applied state served before the first sync (None: none)
+        self._restored_at: float | None = None
 
     # --- DaemonView (read by the status server) -------------------------------------
 
@@ -91,7 +98,9 @@ class Daemon:
         if self._instance.predecessor:
             pending.append("handover: the previous instance still serves this node")
         if not self.state.snapshot.synced:
-            pending.append("source: first list not complete")
+            restored = self.state.snapshot.restored_at
+            pending.append("source: first list not complete" + (
+                f" (serving the last applied state from {_iso(restored)})" if restored is not None else ""))
         for consumer in self._consumers():
             if consumer.name not in self._applied:
                 pending.append(f"{consumer.name}: first snapshot not applied")
@@ -99,6 +108,8 @@ class Daemon:
 
     def problems(self) -> list[str]:
         found = list(self._source.problems) if self._source is not None else []
+        if self._last_state.problem is not None:
+            found.append(self._last_state.problem)
         for consumer in self._consumers():
             found += [f"{consumer.name}: {problem}" for problem in consumer.problems]
         return found
@@ -121,6 +132,9 @@ class Daemon:
             "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
             "heap": {"trimmedGeneration": self._heap_trimmed_generation},
             "handover": self._instance.status(),
+            "lastState": {"restoredFrom": _iso(self._restored_at) if self._restored_at is not None else None,
+                          "servingIt": snapshot.restored_at is not None,
+                          "keptAt": _iso(self._last_state.saved_at) if self._last_state.saved_at else None},
         }
 
     def proxy_health(self, path: str) -> HealthResponse:
@@ -178,8 +192,12 @@ class Daemon:
             raise DaemonError(f"cannot start: {exc}") from exc
         log.info("kubeport started on node %s (source: %s)", self.config.hostname_override,
                  self.config.source_kind)
+        if primary:
+            self._restore_last_state()
+        self.state.keep_in(self._last_state)
         try:
             async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._last_state.run(), name="last-state")
                 tasks.create_task(source.run(), name="source")
                 for consumer in self._consumers():
                     tasks.create_task(self._follow(consumer), name=consumer.name)
@@ -203,6 +221,22 @@ class Daemon:
                                   "so that this container restarts and serves it" % self.config.hostname_override)
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
+
+    def _restore_last_state(self) -> None:
+        """Serve what an earlier process last applied, unless it is too old to trust."""
+        saved = self._last_state.load()
+        if saved is None:
+            return
+        max_age = self.config.last_state_max_age
+        if max_age <= 0 or saved.age() > max_age:
+            log.info("the last applied state in %s is from %s, older than %ss (lastStateMaxAge): not served",
+                     self._last_state.directory, _iso(saved.saved_at), f"{max_age:g}")
+            return
+        self.state.restore(saved)
+        snapshot = self.state.commit()
+        self._restored_at = saved.saved_at
+        log.info("serving the last applied state from %s (%d services) until the source has synced",
+                 _iso(saved.saved_at), len(snapshot.services) if snapshot is not None else 0)
 
     def _on_signal(self) -> None:
         first = not self._signalled.is_set()
@@ -285,7 +319,7 @@ class Daemon:
         while True:
             snapshot = await self.state.wait_newer(generation)
             consumer.snapshot_queued(snapshot)
-            if not snapshot.synced:
+            if not snapshot.servable:
                 generation = snapshot.generation
                 continue
             try:
@@ -310,7 +344,7 @@ class Daemon:
             if self._ready.is_set():
                 if snapshot.changed:
                     self._heap_changed.set()
-            elif len(self._applied) == len(self._consumers()):
+            elif snapshot.synced and len(self._applied) == len(self._consumers()):
                 # Everything built for the first view lives long: keep it out of the
                 # collector's generations so later collections stay cheap.
                 gc.freeze()
@@ -344,6 +378,11 @@ def run(config: KubeportConfiguration, config_file: Path | None = None, flags: d
             log.critical("fatal: %s", error, exc_info=error)
         return 1
     return 0
+
+
+def _iso(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(timespec="seconds").replace(
+        "+00:00", "Z")
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

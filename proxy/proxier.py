@@ -258,7 +258,7 @@ class Proxier:
             raise RuntimeError("Proxier.apply before start")
         if self._stopping:
             return  # draining: the listeners are closed for good
-        if not snapshot.synced:
+        if not snapshot.servable:
             log.debug("snapshot %d is not synced yet: nothing applied", snapshot.generation)
             return
         table_ctx = await self._table_context(snapshot)
