@@ -6,13 +6,16 @@ import functools
 import ipaddress
 import sys
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import TypeVar
 
 from kubeport.endpoints import model, names
 from kubeport.endpoints.types import (
     EndpointInfo,
     EndpointPortInfo,
+    ContainerPortInfo,
     NodeInfo,
+    PodInfo,
     PortSpec,
     ServiceInfo,
     ServiceName,
@@ -98,6 +101,8 @@ def service_info(svc: model.Service) -> ServiceInfo:
         headless_label=model.LABEL_HEADLESS in meta.labels,
         created=_rfc3339(meta.creation_timestamp),
         selector=",".join(f"{k}={v}" for k, v in sorted((spec.selector or {}).items())),
+        selector_labels=tuple(sorted(spec.selector.items())) if spec.selector else None,
+        ip_families=tuple(spec.ip_families or ()),
     )
 
 
@@ -160,6 +165,7 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
         proxied=model.LABEL_HEADLESS not in labels and model.LABEL_SERVICE_PROXY_NAME not in labels,
         more_addresses=tuple(more) if any(more) else None,
         trigger_time=_trigger_time(eps.metadata.annotations.get(TRIGGER_TIME_ANNOTATION)),
+        managed_by=labels.get(model.LABEL_MANAGED_BY),
     )
 
 
@@ -207,3 +213,54 @@ def node_info(node: model.Node) -> NodeInfo:
         control_plane="node-role.kubernetes.io/control-plane" in labels
         or "node-role.kubernetes.io/master" in labels,
     )
+
+
+def pod_info(pod: model.Pod) -> PodInfo:
+    meta, spec, status = pod.metadata, pod.spec, pod.status
+    ports = [
+        ContainerPortInfo(_intern(port.name), _intern(port.protocol), port.container_port)
+        for container in spec.containers for port in container.ports if port.name
+    ]
+    # Sidecars (init containers that keep running) serve ports too (podutil.FindPort).
+    ports += [
+        ContainerPortInfo(_intern(port.name), _intern(port.protocol), port.container_port)
+        for container in spec.init_containers if container.restart_policy == "Always"
+        for port in container.ports if port.name
+    ]
+    ready_condition = [c for c in status.conditions if c.type == "Ready"]
+    statuses = status.container_statuses
+    total = len(spec.containers) or len(statuses)
+    return PodInfo(
+        namespace=_intern(meta.namespace),
+        name=meta.name,
+        uid=meta.uid or "",
+        labels=MappingProxyType(dict(meta.labels)),
+        ips=tuple(canonical_ip(entry.ip) for entry in status.pod_ips if entry.ip),
+        phase=status.phase or "Pending",
+        ready=bool(ready_condition) and ready_condition[0].status == "True",
+        terminating=meta.deletion_timestamp is not None,
+        node_name=_intern(spec.node_name) if spec.node_name else None,
+        hostname=spec.hostname or None,
+        subdomain=spec.subdomain or None,
+        ports=tuple(ports),
+        ready_containers=f"{sum(1 for s in statuses if s.ready)}/{total}",
+        status_text=_pod_status_text(pod),
+        restarts=sum(s.restart_count for s in statuses),
+        created=_rfc3339(meta.creation_timestamp),
+    )
+
+
+def _pod_status_text(pod: model.Pod) -> str:
+    """kubectl's STATUS column, its main rules (printers.go printPod): the phase, else the
+    status reason, a container's waiting or terminated reason, Terminating while deleted."""
+    status = pod.status
+    reason = status.reason or status.phase or "Pending"
+    for container in status.container_statuses:
+        state = container.state
+        if state.waiting is not None and state.waiting.reason:
+            reason = state.waiting.reason
+        elif state.terminated is not None and state.terminated.reason:
+            reason = state.terminated.reason
+    if pod.metadata.deletion_timestamp is not None and status.reason != "NodeLost":
+        return "Terminating"
+    return reason

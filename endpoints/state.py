@@ -16,13 +16,17 @@ from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
 from kubeport.endpoints import convert, model
-from kubeport.endpoints.types import NodeInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
+from kubeport.endpoints.types import NodeInfo, PodInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
 
 log = logging.getLogger(__name__)
 
 #: Rewrites a service's slices before publication (manifest mode fills topology hints
 #: the way the EndpointSlice controller would). Must be pure.
 SliceTransform = Callable[[ServiceInfo, tuple[SliceInfo, ...], Mapping[str, NodeInfo]], tuple[SliceInfo, ...]]
+
+#: The slices a controller writes for a service from the Pods of its namespace (manifest
+#: mode's EndpointSlice controller), () for a service it leaves alone. Must be pure.
+PodSlices = Callable[[ServiceInfo, Iterable[PodInfo], Mapping[str, NodeInfo]], tuple[SliceInfo, ...]]
 
 #: The kinds that must complete a first list before the state is "synced".
 REQUIRED_KINDS = frozenset({"Service", "EndpointSlice"})
@@ -35,6 +39,7 @@ class ClusterState:
         *,
         implicit_namespaces: bool = False,
         slice_transform: SliceTransform | None = None,
+        pod_slices: PodSlices | None = None,
         required_kinds: Iterable[str] = REQUIRED_KINDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -43,6 +48,8 @@ class ClusterState:
         :param implicit_namespaces: a namespace exists as soon as any object lives in it
             (manifest mode, where nobody writes Namespace objects).
         :param slice_transform: applied to every service's slices when building its state.
+        :param pod_slices: the slices of services with a selector, from the Pods upserted;
+            added to the slices upserted for the service, before ``slice_transform``.
         """
         self.node_name = node_name
         self._clock = clock
@@ -50,6 +57,7 @@ class ClusterState:
         self._pending_since: float | None = None
         self._implicit_namespaces = implicit_namespaces
         self._slice_transform = slice_transform
+        self._pod_slices = pod_slices
         self._required_kinds = frozenset(required_kinds)
         self._synced_kinds: set[str] = set()
 
@@ -58,6 +66,11 @@ class ClusterState:
         self._slices: dict[tuple[str, str], tuple[ServiceName | None, SliceInfo]] = {}
         self._slices_by_service: dict[ServiceName, dict[str, SliceInfo]] = {}
         self._nodes: dict[str, NodeInfo] = {}
+        self._pods: dict[tuple[str, str], PodInfo] = {}
+        self._pods_by_namespace: dict[str, dict[str, PodInfo]] = {}
+        #: namespace -> its services with a selector (those a Pod change may touch)
+        self._selecting: dict[str, set[ServiceName]] = {}
+        self._pods_dirty = False
         self._explicit_namespaces: set[str] = set()
         self._namespace_refs: Counter[str] = Counter()
 
@@ -95,6 +108,8 @@ class ClusterState:
             if self._nodes.get(info.name) != info:
                 self._nodes[info.name] = info
                 self._nodes_dirty = True
+        elif isinstance(obj, model.Pod):
+            self._upsert_pod(convert.pod_info(obj))
         elif isinstance(obj, model.Namespace):
             if obj.metadata.name not in self._explicit_namespaces:
                 self._explicit_namespaces.add(obj.metadata.name)
@@ -106,9 +121,11 @@ class ClusterState:
         self._note_arrival()
         if kind == "Service":
             key = ServiceName(namespace, name)
-            if self._services.pop(key, None) is not None:
+            held_service = self._services.pop(key, None)
+            if held_service is not None:
                 self._unref_namespace(namespace)
                 self._dirty.add(key)
+                self._unselect(held_service)
         elif kind == "EndpointSlice":
             held = self._slices.pop((namespace, name), None)
             if held is not None:
@@ -123,6 +140,16 @@ class ClusterState:
             if name in self._explicit_namespaces:
                 self._explicit_namespaces.discard(name)
                 self._namespaces_dirty = True
+        elif kind == "Pod":
+            held_pod = self._pods.pop((namespace, name), None)
+            if held_pod is not None:
+                in_namespace = self._pods_by_namespace[namespace]
+                del in_namespace[name]
+                if not in_namespace:
+                    del self._pods_by_namespace[namespace]
+                self._unref_namespace(namespace)
+                self._pods_dirty = True
+                self._pod_touched(held_pod)
 
     def keys(self, kind: str) -> set[tuple[str, str]]:
         """(namespace, name) of every held object of a kind ("" namespace if cluster-scoped)."""
@@ -134,6 +161,8 @@ class ClusterState:
             return {("", n) for n in self._nodes}
         if kind == "Namespace":
             return {("", n) for n in self._explicit_namespaces}
+        if kind == "Pod":
+            return set(self._pods)
         raise ValueError(kind)
 
     def mark_synced(self, kind: str) -> None:
@@ -155,6 +184,9 @@ class ClusterState:
                 for name, info in self._services.items()
                 if info.traffic_distribution is not None or info.topology_mode is not None
             )
+        if self._nodes_dirty and self._pod_slices is not None:
+            # Endpoints take their zone from their Pod's Node.
+            self._dirty.update(name for names in self._selecting.values() for name in names)
         changed = set()
         for name in self._dirty:
             state = self._build(name)
@@ -175,8 +207,9 @@ class ClusterState:
         if self._namespaces_dirty:
             namespaces = frozenset(self._explicit_namespaces | set(self._namespace_refs))
             self._namespaces_dirty = False
+        pods_changed, self._pods_dirty = self._pods_dirty, False
         if not changed and not node_changed and not nodes_dirty and namespaces == previous.namespaces \
-                and synced == previous.synced:
+                and synced == previous.synced and not pods_changed:
             return None
         services = previous.services
         if changed:
@@ -187,6 +220,8 @@ class ClusterState:
             namespaces=namespaces,
             node=node,
             nodes=MappingProxyType(dict(self._nodes)) if nodes_dirty else previous.nodes,
+            pods=MappingProxyType(dict(self._pods)) if pods_changed else previous.pods,
+            pods_changed=pods_changed,
             synced=synced,
             changed=frozenset(changed),
             node_changed=node_changed,
@@ -208,6 +243,11 @@ class ClusterState:
             return None
         by_name = self._slices_by_service.get(name, {})
         slices = tuple(by_name[k] for k in sorted(by_name))
+        if self._pod_slices is not None and info.name.namespace in self._selecting:
+            pods = self._pods_by_namespace.get(info.name.namespace, {}).values()
+            generated = self._pod_slices(info, pods, self._nodes)
+            if generated:
+                slices = tuple(sorted(slices + generated, key=lambda s: s.name))
         if self._slice_transform is not None:
             slices = self._slice_transform(info, slices, self._nodes)
         held = self._states.get(name)
@@ -221,8 +261,44 @@ class ClusterState:
             return
         if held is None:
             self._ref_namespace(info.name.namespace)
+        else:
+            self._unselect(held)
         self._services[info.name] = info
         self._dirty.add(info.name)
+        if info.selector_labels is not None:
+            self._selecting.setdefault(info.name.namespace, set()).add(info.name)
+
+    def _unselect(self, info: ServiceInfo) -> None:
+        names = self._selecting.get(info.name.namespace)
+        if names is not None:
+            names.discard(info.name)
+            if not names:
+                del self._selecting[info.name.namespace]
+
+    def _upsert_pod(self, info: PodInfo) -> None:
+        key = (info.namespace, info.name)
+        held = self._pods.get(key)
+        if held == info:
+            return
+        if held is None:
+            self._ref_namespace(info.namespace)
+        else:
+            self._pod_touched(held)
+        self._pods[key] = info
+        self._pods_by_namespace.setdefault(info.namespace, {})[info.name] = info
+        self._pods_dirty = True
+        self._pod_touched(info)
+
+    def _pod_touched(self, pod: PodInfo) -> None:
+        """Mark dirty the services whose selector matches this version of the Pod."""
+        names = self._selecting.get(pod.namespace)
+        if not names:
+            return
+        labels = pod.labels
+        for name in names:
+            selector = self._services[name].selector_labels
+            if selector is not None and all(labels.get(k) == v for k, v in selector):
+                self._dirty.add(name)
 
     def _upsert_slice(self, namespace: str, service: str | None, info: SliceInfo) -> None:
         key = (namespace, info.name)

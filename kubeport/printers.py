@@ -91,6 +91,8 @@ def slice_to_api(service: ServiceName, info: SliceInfo, created: str | None) -> 
         "namespace": service.namespace,
         "labels": {"kubernetes.io/service-name": service.name},
     }
+    if info.managed_by:
+        metadata["labels"]["endpointslice.kubernetes.io/managed-by"] = info.managed_by
     if created:
         metadata["creationTimestamp"] = created
     obj: dict[str, Any] = {
