@@ -14,6 +14,7 @@ from kubeport.endpoints.types import (
     EndpointInfo,
     EndpointPortInfo,
     ContainerPortInfo,
+    ContainerStatusInfo,
     NodeInfo,
     PodInfo,
     PortSpec,
@@ -218,18 +219,16 @@ def node_info(node: model.Node) -> NodeInfo:
 def pod_info(pod: model.Pod) -> PodInfo:
     meta, spec, status = pod.metadata, pod.spec, pod.status
     ports = [
-        ContainerPortInfo(_intern(port.name), _intern(port.protocol), port.container_port)
+        ContainerPortInfo(_intern(port.name), _intern(port.protocol), port.container_port, container.name)
         for container in spec.containers for port in container.ports if port.name
     ]
     # Sidecars (init containers that keep running) serve ports too (podutil.FindPort).
     ports += [
-        ContainerPortInfo(_intern(port.name), _intern(port.protocol), port.container_port)
+        ContainerPortInfo(_intern(port.name), _intern(port.protocol), port.container_port, container.name)
         for container in spec.init_containers if container.restart_policy == "Always"
         for port in container.ports if port.name
     ]
     ready_condition = [c for c in status.conditions if c.type == "Ready"]
-    statuses = status.container_statuses
-    total = len(spec.containers) or len(statuses)
     return PodInfo(
         namespace=_intern(meta.namespace),
         name=meta.name,
@@ -238,29 +237,17 @@ def pod_info(pod: model.Pod) -> PodInfo:
         ips=tuple(canonical_ip(entry.ip) for entry in status.pod_ips if entry.ip),
         phase=status.phase or "Pending",
         ready=bool(ready_condition) and ready_condition[0].status == "True",
-        terminating=meta.deletion_timestamp is not None,
+        deletion_timestamp=_rfc3339(meta.deletion_timestamp),
         node_name=_intern(spec.node_name) if spec.node_name else None,
         hostname=spec.hostname or None,
         subdomain=spec.subdomain or None,
         ports=tuple(ports),
-        ready_containers=f"{sum(1 for s in statuses if s.ready)}/{total}",
-        status_text=_pod_status_text(pod),
-        restarts=sum(s.restart_count for s in statuses),
+        containers=tuple(container.name for container in spec.containers),
+        reason=status.reason,
+        container_statuses=tuple(
+            ContainerStatusInfo(c.name, c.ready, c.restart_count,
+                                c.state.waiting.reason if c.state.waiting else None,
+                                c.state.terminated.reason if c.state.terminated else None)
+            for c in status.container_statuses),
         created=_rfc3339(meta.creation_timestamp),
     )
-
-
-def _pod_status_text(pod: model.Pod) -> str:
-    """kubectl's STATUS column, its main rules (printers.go printPod): the phase, else the
-    status reason, a container's waiting or terminated reason, Terminating while deleted."""
-    status = pod.status
-    reason = status.reason or status.phase or "Pending"
-    for container in status.container_statuses:
-        state = container.state
-        if state.waiting is not None and state.waiting.reason:
-            reason = state.waiting.reason
-        elif state.terminated is not None and state.terminated.reason:
-            reason = state.terminated.reason
-    if pod.metadata.deletion_timestamp is not None and status.reason != "NodeLost":
-        return "Terminating"
-    return reason

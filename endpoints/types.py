@@ -225,6 +225,19 @@ class ContainerPortInfo:
     name: str
     protocol: str
     port: int
+    #: the container that declares it
+    container: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerStatusInfo:
+    """What kubectl's READY, STATUS and RESTARTS columns read of a container's status."""
+
+    name: str
+    ready: bool = False
+    restart_count: int = 0
+    waiting_reason: str | None = None
+    terminated_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,17 +253,21 @@ class PodInfo:
     phase: str = "Pending"
     #: the Ready condition is True
     ready: bool = False
-    #: metadata.deletionTimestamp is set
-    terminating: bool = False
+    #: metadata.deletionTimestamp (RFC 3339): the Pod is terminating
+    deletion_timestamp: str | None = None
     node_name: str | None = None
     hostname: str | None = None
     subdomain: str | None = None
     ports: tuple[ContainerPortInfo, ...] = ()
-    #: kubectl's READY and STATUS columns, worked out at ingest: "1/1", "Running"
-    ready_containers: str = "0/0"
-    status_text: str = "Pending"
-    restarts: int = 0
+    #: for `kubeport get pods` only: spec.containers' names, status.reason, status.containerStatuses
+    containers: tuple[str, ...] = ()
+    reason: str | None = None
+    container_statuses: tuple[ContainerStatusInfo, ...] = ()
     created: str | None = None
+
+    @property
+    def terminating(self) -> bool:
+        return self.deletion_timestamp is not None
 
     @property
     def terminal(self) -> bool:

@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     get = sub.add_parser("get", help="show what the running daemon holds")
-    get.add_argument("resource", choices=["services", "svc", "endpointslices", "endpointslice", "eps", "status"],
+    get.add_argument("resource", choices=["services", "svc", "endpointslices", "endpointslice", "eps", "pods", "pod",
+                                          "po", "status"],
                      help="status: the source's progress (list/watch counters) and what is served")
     scope = get.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", default="default")

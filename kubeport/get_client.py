@@ -14,7 +14,8 @@ from kubeport import printers
 
 DEFAULT_SERVER = "http://127.0.0.1:10249"
 
-_KINDS = {"svc": "services", "endpointslice": "endpointslices", "eps": "endpointslices"}
+_KINDS = {"svc": "services", "endpointslice": "endpointslices", "eps": "endpointslices", "pod": "pods",
+          "po": "pods"}
 
 
 def server_url(server: str) -> str:
