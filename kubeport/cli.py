@@ -11,7 +11,7 @@ from typing import Any
 from kubeport import __version__
 from kubeport import config as config_module
 from kubeport.config import ConfigError, KubeportConfiguration
-from kubeport.get_client import DEFAULT_SERVER, cmd_get
+from kubeport.get_client import DEFAULT_SERVER, cmd_env, cmd_get
 from kubeport.lib.logformat import configure_logging
 
 log = logging.getLogger("kubeport")
@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("-o", "--output", choices=["wide", "json", "yaml"])
     get.add_argument("--server", default=DEFAULT_SERVER,
                      help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
+    env = sub.add_parser("env", help="the service environment variables the kubelet gives a pod of a namespace")
+    env.add_argument("-n", "--namespace", default="default")
+    env.add_argument("-o", "--output", choices=["json"], help="json: a list of {name, value}, as a container's env")
+    env.add_argument("--server", default=DEFAULT_SERVER,
+                     help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
     check = sub.add_parser("check", help="validate a directory of manifests")
     check.add_argument("directory")
     check.add_argument("--service-cluster-ip-range", default="10.96.0.0/12")
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "version":
         print(f"kubeport {__version__}")
         return 0
-    handler = {"run": cmd_run, "get": cmd_get, "check": cmd_check}[args.command]
+    handler = {"run": cmd_run, "get": cmd_get, "env": cmd_env, "check": cmd_check}[args.command]
     return handler(args)
 
 
