@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Callable, Iterable, Mapping
 
@@ -278,6 +279,9 @@ class ClusterState:
     def _upsert_pod(self, info: PodInfo) -> None:
         key = (info.namespace, info.name)
         held = self._pods.get(key)
+        if info.created is None:
+            # The API server stamps creationTimestamp; a hand-written Pod is created when first read.
+            info = replace(info, created=held.created if held is not None else _rfc3339_now(self._clock()))
         if held == info:
             return
         if held is None:
@@ -338,3 +342,7 @@ class ClusterState:
         if self._namespace_refs[namespace] <= 0:
             del self._namespace_refs[namespace]
             self._namespaces_dirty = True
+
+
+def _rfc3339_now(moment: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))

@@ -31,8 +31,8 @@ Differences, on purpose:
 * a Pod whose Node no manifest declares is kept, without a zone. The controller skips it
   (unless ``publishNotReadyAddresses``) while it waits for the Pod garbage collector; in
   manifest mode nobody need write Node objects and no collector runs.
-* slice names are ``<service>-<hash>``, a digest of the address type, the port mapping and
-  the chunk's index, not ``generateName``'s random suffix: the same Pods make the same
+* slice names are ``<service>-<hash>``, a digest of the Service, the address type, the port
+  mapping and the chunk's index, not ``generateName``'s random suffix: the same Pods make the same
   slices, across edits and restarts. Endpoints are ordered by Pod name.
 """
 
@@ -112,7 +112,8 @@ def pod_endpoint(service: ServiceInfo, pod: PodInfo, address: str, nodes: Mappin
 
 
 def _slice_name(service: ServiceInfo, address_type: str, ports: tuple[EndpointPortInfo, ...], index: int) -> str:
-    key = f"{address_type}|{'|'.join(f'{p.name}/{p.protocol}/{p.port}' for p in ports)}|{index}"
+    key = (f"{service.name}|{address_type}|{'|'.join(f'{p.name}/{p.protocol}/{p.port}' for p in ports)}"
+           f"|{index}")
     digest = hashlib.sha256(key.encode()).hexdigest()[:5]
     return f"{service.name.name[:_NAME_PREFIX_MAX]}-{digest}"
 
