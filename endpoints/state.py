@@ -68,9 +68,11 @@ class ClusterState:
         self._slices_by_service: dict[ServiceName, dict[str, SliceInfo]] = {}
         self._nodes: dict[str, NodeInfo] = {}
         self._pods: dict[tuple[str, str], PodInfo] = {}
-        self._pods_by_namespace: dict[str, dict[str, PodInfo]] = {}
-        #: namespace -> its services with a selector (those a Pod change may touch)
-        self._selecting: dict[str, set[ServiceName]] = {}
+        #: (namespace, label key, value) -> the Pods carrying it, by name
+        self._pods_by_label: dict[tuple[str, str, str], dict[str, PodInfo]] = {}
+        #: (namespace, label key, value) -> the services whose selector has that pair
+        self._selecting: dict[tuple[str, str, str], set[ServiceName]] = {}
+        self._with_selector: set[ServiceName] = set()
         self._pods_dirty = False
         self._explicit_namespaces: set[str] = set()
         self._namespace_refs: Counter[str] = Counter()
@@ -144,13 +146,8 @@ class ClusterState:
         elif kind == "Pod":
             held_pod = self._pods.pop((namespace, name), None)
             if held_pod is not None:
-                in_namespace = self._pods_by_namespace[namespace]
-                del in_namespace[name]
-                if not in_namespace:
-                    del self._pods_by_namespace[namespace]
+                self._unindex_pod(held_pod)
                 self._unref_namespace(namespace)
-                self._pods_dirty = True
-                self._pod_touched(held_pod)
 
     def keys(self, kind: str) -> set[tuple[str, str]]:
         """(namespace, name) of every held object of a kind ("" namespace if cluster-scoped)."""
@@ -187,7 +184,7 @@ class ClusterState:
             )
         if self._nodes_dirty and self._pod_slices is not None:
             # Endpoints take their zone from their Pod's Node.
-            self._dirty.update(name for names in self._selecting.values() for name in names)
+            self._dirty.update(self._with_selector)
         changed = set()
         for name in self._dirty:
             state = self._build(name)
@@ -244,8 +241,11 @@ class ClusterState:
             return None
         by_name = self._slices_by_service.get(name, {})
         slices = tuple(by_name[k] for k in sorted(by_name))
-        if self._pod_slices is not None and info.name.namespace in self._selecting:
-            pods = self._pods_by_namespace.get(info.name.namespace, {}).values()
+        if self._pod_slices is not None and info.selector_labels is not None:
+            # The Pods carrying the selector's rarest pair: the controller checks the rest.
+            namespace = info.name.namespace
+            pods = min((self._pods_by_label.get((namespace, key, value), {}) for key, value in info.selector_labels),
+                       key=len).values()
             generated = self._pod_slices(info, pods, self._nodes)
             if generated:
                 slices = tuple(sorted(slices + generated, key=lambda s: s.name))
@@ -267,14 +267,21 @@ class ClusterState:
         self._services[info.name] = info
         self._dirty.add(info.name)
         if info.selector_labels is not None:
-            self._selecting.setdefault(info.name.namespace, set()).add(info.name)
+            self._with_selector.add(info.name)
+            for key, value in info.selector_labels:
+                self._selecting.setdefault((info.name.namespace, key, value), set()).add(info.name)
 
     def _unselect(self, info: ServiceInfo) -> None:
-        names = self._selecting.get(info.name.namespace)
-        if names is not None:
-            names.discard(info.name)
-            if not names:
-                del self._selecting[info.name.namespace]
+        if info.selector_labels is None:
+            return
+        self._with_selector.discard(info.name)
+        for key, value in info.selector_labels:
+            pair = (info.name.namespace, key, value)
+            names = self._selecting.get(pair)
+            if names is not None:
+                names.discard(info.name)
+                if not names:
+                    del self._selecting[pair]
 
     def _upsert_pod(self, info: PodInfo) -> None:
         key = (info.namespace, info.name)
@@ -287,19 +294,32 @@ class ClusterState:
         if held is None:
             self._ref_namespace(info.namespace)
         else:
-            self._pod_touched(held)
+            self._unindex_pod(held)
         self._pods[key] = info
-        self._pods_by_namespace.setdefault(info.namespace, {})[info.name] = info
+        for pair in info.labels.items():
+            self._pods_by_label.setdefault((info.namespace, *pair), {})[info.name] = info
         self._pods_dirty = True
         self._pod_touched(info)
 
+    def _unindex_pod(self, pod: PodInfo) -> None:
+        """Take a version of the Pod out of the label index; the services it matched are dirty."""
+        for pair in pod.labels.items():
+            index_key = (pod.namespace, *pair)
+            bucket = self._pods_by_label.get(index_key)
+            if bucket is not None:
+                bucket.pop(pod.name, None)
+                if not bucket:
+                    del self._pods_by_label[index_key]
+        self._pods_dirty = True
+        self._pod_touched(pod)
+
     def _pod_touched(self, pod: PodInfo) -> None:
         """Mark dirty the services whose selector matches this version of the Pod."""
-        names = self._selecting.get(pod.namespace)
-        if not names:
-            return
         labels = pod.labels
-        for name in names:
+        candidates: set[ServiceName] = set()
+        for pair in labels.items():
+            candidates.update(self._selecting.get((pod.namespace, *pair), ()))
+        for name in candidates:
             selector = self._services[name].selector_labels
             if selector is not None and all(labels.get(k) == v for k, v in selector):
                 self._dirty.add(name)

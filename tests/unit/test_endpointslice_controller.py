@@ -80,6 +80,14 @@ CASES = [
         [("IPv4", (), ())],
         id="other_labels_and_other_namespaces_leave_a_placeholder"),
     pytest.param(
+        [_web(selector={"app": "web", "tier": "front"}),
+         api.pod("a", ips=["10.244.1.11"], ports=[("http-web-svc", 8080)], labels={"app": "web", "tier": "front"}),
+         api.pod("b", ips=["10.244.1.12"], ports=[("http-web-svc", 8080)], labels={"app": "web"}),
+         api.pod("c", ips=["10.244.1.13"], ports=[("http-web-svc", 8080)],
+                 labels={"app": "web", "tier": "front", "extra": "yes"})],
+        [("IPv4", WEB_PORT, (_ep("10.244.1.11", "a"), _ep("10.244.1.13", "c")))],
+        id="every_selector_pair_must_match_extra_labels_do_not_matter"),
+    pytest.param(
         [_web(), api.pod("a", ips=["10.244.1.11"], ports=[("http-web-svc", 8080)], ready=False),
          api.pod("b", ips=["10.244.1.12"], ports=[("http-web-svc", 8080)], deleting=True),
          api.pod("c", ips=["10.244.1.13"], ports=[("http-web-svc", 8080)], phase="Succeeded"),
