@@ -220,3 +220,16 @@ def test_hints_for_generated_slices() -> None:
                     api.pod("a", ips=["10.244.1.11"], ports=[("http-web-svc", 8080)], node="node-a")])
     (endpoint,) = state.snapshot.services[WEB].slices[0].endpoints
     assert endpoint.zone_hints == frozenset({"zone-a"})
+
+
+def test_a_hand_written_pod_is_created_when_first_read() -> None:
+    now = [1_800_000_000.0]
+    state = ClusterState("node-a", pod_slices=slices_for, clock=lambda: now[0])
+    state.upsert(api.to_model(api.pod("a", ips=["10.244.1.11"])))
+    state.commit()
+    created = state.snapshot.pods[("default", "a")].created
+    assert created == "2027-01-15T08:00:00Z"
+    now[0] += 100
+    state.upsert(api.to_model(api.pod("a", ips=["10.244.1.11"], ready=False)))  # an edit keeps it
+    state.commit()
+    assert state.snapshot.pods[("default", "a")].created == created
