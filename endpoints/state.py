@@ -12,11 +12,12 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from kubeport.endpoints import convert, model
-from kubeport.endpoints.types import NodeInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
+from kubeport.endpoints.types import NodeInfo, PodInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
 
 if TYPE_CHECKING:
     from kubeport.endpoints.laststate import Entry, LastState, SavedState
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 #: Rewrites a service's slices before publication (manifest mode fills topology hints
 #: the way the EndpointSlice controller would). Must be pure.
 SliceTransform = Callable[[ServiceInfo, tuple[SliceInfo, ...], Mapping[str, NodeInfo]], tuple[SliceInfo, ...]]
+
+#: The slices a controller writes for a service from the Pods of its namespace (manifest
+#: mode's EndpointSlice controller), () for a service it leaves alone. Must be pure.
+PodSlices = Callable[[ServiceInfo, Iterable[PodInfo], Mapping[str, NodeInfo]], tuple[SliceInfo, ...]]
 
 #: The kinds that must complete a first list before the state is "synced".
 REQUIRED_KINDS = frozenset({"Service", "EndpointSlice"})
@@ -38,6 +43,7 @@ class ClusterState:
         *,
         implicit_namespaces: bool = False,
         slice_transform: SliceTransform | None = None,
+        pod_slices: PodSlices | None = None,
         required_kinds: Iterable[str] = REQUIRED_KINDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -46,6 +52,8 @@ class ClusterState:
         :param implicit_namespaces: a namespace exists as soon as any object lives in it
             (manifest mode, where nobody writes Namespace objects).
         :param slice_transform: applied to every service's slices when building its state.
+        :param pod_slices: the slices of services with a selector, from the Pods upserted;
+            added to the slices upserted for the service, before ``slice_transform``.
         """
         self.node_name = node_name
         self._clock = clock
@@ -53,6 +61,7 @@ class ClusterState:
         self._pending_since: float | None = None
         self._implicit_namespaces = implicit_namespaces
         self._slice_transform = slice_transform
+        self._pod_slices = pod_slices
         self._required_kinds = frozenset(required_kinds)
         self._synced_kinds: set[str] = set()
 
@@ -61,6 +70,13 @@ class ClusterState:
         self._slices: dict[tuple[str, str], tuple[ServiceName | None, SliceInfo]] = {}
         self._slices_by_service: dict[ServiceName, dict[str, SliceInfo]] = {}
         self._nodes: dict[str, NodeInfo] = {}
+        self._pods: dict[tuple[str, str], PodInfo] = {}
+        #: (namespace, label key, value) -> the Pods carrying it, by name
+        self._pods_by_label: dict[tuple[str, str, str], dict[str, PodInfo]] = {}
+        #: (namespace, label key, value) -> the services whose selector has that pair
+        self._selecting: dict[tuple[str, str, str], set[ServiceName]] = {}
+        self._with_selector: set[ServiceName] = set()
+        self._pods_dirty = False
         self._explicit_namespaces: set[str] = set()
         self._namespace_refs: Counter[str] = Counter()
 
@@ -107,6 +123,9 @@ class ClusterState:
         elif isinstance(obj, model.Node):
             value = convert.node_info(obj)
             self._upsert_node(value)
+        elif isinstance(obj, model.Pod):
+            value = convert.pod_info(obj)
+            self._upsert_pod(value)
         elif isinstance(obj, model.Namespace):
             value = True
             self._upsert_namespace(obj.metadata.name)
@@ -125,9 +144,11 @@ class ClusterState:
             self._journal.record(kind, (namespace, name), None)
         if kind == "Service":
             key = ServiceName(namespace, name)
-            if self._services.pop(key, None) is not None:
+            held_service = self._services.pop(key, None)
+            if held_service is not None:
                 self._unref_namespace(namespace)
                 self._dirty.add(key)
+                self._unselect(held_service)
         elif kind == "EndpointSlice":
             held = self._slices.pop((namespace, name), None)
             if held is not None:
@@ -142,6 +163,11 @@ class ClusterState:
             if name in self._explicit_namespaces:
                 self._explicit_namespaces.discard(name)
                 self._namespaces_dirty = True
+        elif kind == "Pod":
+            held_pod = self._pods.pop((namespace, name), None)
+            if held_pod is not None:
+                self._unindex_pod(held_pod)
+                self._unref_namespace(namespace)
 
     def keys(self, kind: str) -> set[tuple[str, str]]:
         """(namespace, name) of every held object of a kind ("" namespace if cluster-scoped)."""
@@ -153,6 +179,8 @@ class ClusterState:
             return {("", n) for n in self._nodes}
         if kind == "Namespace":
             return {("", n) for n in self._explicit_namespaces}
+        if kind == "Pod":
+            return set(self._pods)
         raise ValueError(kind)
 
     def mark_synced(self, kind: str) -> None:
@@ -176,6 +204,8 @@ class ClusterState:
             yield "EndpointSlice", key, (owner.name if owner is not None else None, info)
         for name, node in self._nodes.items():
             yield "Node", ("", name), node
+        for key, pod in self._pods.items():
+            yield "Pod", key, pod
         for name in self._explicit_namespaces:
             yield "Namespace", ("", name), True
 
@@ -189,6 +219,8 @@ class ClusterState:
                 self._upsert_slice(namespace, *value)
             elif kind == "Node":
                 self._upsert_node(value)
+            elif kind == "Pod":
+                self._upsert_pod(value)
             elif kind == "Namespace":
                 self._upsert_namespace(name)
             else:
@@ -212,6 +244,9 @@ class ClusterState:
                 for name, info in self._services.items()
                 if info.traffic_distribution is not None or info.topology_mode is not None
             )
+        if self._nodes_dirty and self._pod_slices is not None:
+            # Endpoints take their zone from their Pod's Node.
+            self._dirty.update(self._with_selector)
         changed = set()
         for name in self._dirty:
             state = self._build(name)
@@ -234,8 +269,10 @@ class ClusterState:
             self._namespaces_dirty = False
         if synced:
             self._restored_at = None
+        pods_changed, self._pods_dirty = self._pods_dirty, False
         if not changed and not node_changed and not nodes_dirty and namespaces == previous.namespaces \
-                and synced == previous.synced and (None if synced else self._restored_at) == previous.restored_at:
+                and synced == previous.synced and not pods_changed \
+                and (None if synced else self._restored_at) == previous.restored_at:
             return None
         services = previous.services
         if changed:
@@ -246,6 +283,8 @@ class ClusterState:
             namespaces=namespaces,
             node=node,
             nodes=MappingProxyType(dict(self._nodes)) if nodes_dirty else previous.nodes,
+            pods=MappingProxyType(dict(self._pods)) if pods_changed else previous.pods,
+            pods_changed=pods_changed,
             synced=synced,
             restored_at=None if synced else self._restored_at,
             changed=frozenset(changed),
@@ -268,6 +307,14 @@ class ClusterState:
             return None
         by_name = self._slices_by_service.get(name, {})
         slices = tuple(by_name[k] for k in sorted(by_name))
+        if self._pod_slices is not None and info.selector_labels is not None:
+            # The Pods carrying the selector's rarest pair: the controller checks the rest.
+            namespace = info.name.namespace
+            pods = min((self._pods_by_label.get((namespace, key, value), {}) for key, value in info.selector_labels),
+                       key=len).values()
+            generated = self._pod_slices(info, pods, self._nodes)
+            if generated:
+                slices = tuple(sorted(slices + generated, key=lambda s: s.name))
         if self._slice_transform is not None:
             slices = self._slice_transform(info, slices, self._nodes)
         held = self._states.get(name)
@@ -291,8 +338,67 @@ class ClusterState:
             return
         if held is None:
             self._ref_namespace(info.name.namespace)
+        else:
+            self._unselect(held)
         self._services[info.name] = info
         self._dirty.add(info.name)
+        if info.selector_labels is not None:
+            self._with_selector.add(info.name)
+            for key, value in info.selector_labels:
+                self._selecting.setdefault((info.name.namespace, key, value), set()).add(info.name)
+
+    def _unselect(self, info: ServiceInfo) -> None:
+        if info.selector_labels is None:
+            return
+        self._with_selector.discard(info.name)
+        for key, value in info.selector_labels:
+            pair = (info.name.namespace, key, value)
+            names = self._selecting.get(pair)
+            if names is not None:
+                names.discard(info.name)
+                if not names:
+                    del self._selecting[pair]
+
+    def _upsert_pod(self, info: PodInfo) -> None:
+        key = (info.namespace, info.name)
+        held = self._pods.get(key)
+        if info.created is None:
+            # The API server stamps creationTimestamp; a hand-written Pod is created when first read.
+            info = replace(info, created=held.created if held is not None else _rfc3339_now(self._clock()))
+        if held == info:
+            return
+        if held is None:
+            self._ref_namespace(info.namespace)
+        else:
+            self._unindex_pod(held)
+        self._pods[key] = info
+        for pair in info.labels.items():
+            self._pods_by_label.setdefault((info.namespace, *pair), {})[info.name] = info
+        self._pods_dirty = True
+        self._pod_touched(info)
+
+    def _unindex_pod(self, pod: PodInfo) -> None:
+        """Take a version of the Pod out of the label index; the services it matched are dirty."""
+        for pair in pod.labels.items():
+            index_key = (pod.namespace, *pair)
+            bucket = self._pods_by_label.get(index_key)
+            if bucket is not None:
+                bucket.pop(pod.name, None)
+                if not bucket:
+                    del self._pods_by_label[index_key]
+        self._pods_dirty = True
+        self._pod_touched(pod)
+
+    def _pod_touched(self, pod: PodInfo) -> None:
+        """Mark dirty the services whose selector matches this version of the Pod."""
+        labels = pod.labels
+        candidates: set[ServiceName] = set()
+        for pair in labels.items():
+            candidates.update(self._selecting.get((pod.namespace, *pair), ()))
+        for name in candidates:
+            selector = self._services[name].selector_labels
+            if selector is not None and all(labels.get(k) == v for k, v in selector):
+                self._dirty.add(name)
 
     def _upsert_slice(self, namespace: str, service: str | None, info: SliceInfo) -> None:
         key = (namespace, info.name)
@@ -332,3 +438,7 @@ class ClusterState:
         if self._namespace_refs[namespace] <= 0:
             del self._namespace_refs[namespace]
             self._namespaces_dirty = True
+
+
+def _rfc3339_now(moment: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))

@@ -11,7 +11,7 @@ from typing import Any
 from kubeport import __version__
 from kubeport import config as config_module
 from kubeport.config import ConfigError, KubeportConfiguration
-from kubeport.get_client import DEFAULT_SERVER, cmd_get
+from kubeport.get_client import DEFAULT_SERVER, cmd_env, cmd_get
 from kubeport.lib.logformat import configure_logging
 
 log = logging.getLogger("kubeport")
@@ -141,13 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     get = sub.add_parser("get", help="show what the running daemon holds")
-    get.add_argument("resource", choices=["services", "svc", "endpointslices", "endpointslice", "eps", "status"],
+    get.add_argument("resource", choices=["services", "svc", "endpointslices", "endpointslice", "eps", "pods", "pod",
+                                          "po", "status"],
                      help="status: the source's progress (list/watch counters) and what is served")
     scope = get.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", default="default")
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     get.add_argument("-o", "--output", choices=["wide", "json", "yaml"])
     get.add_argument("--server", default=DEFAULT_SERVER,
+                     help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
+    env = sub.add_parser("env", help="the service environment variables the kubelet gives a pod of a namespace")
+    env.add_argument("-n", "--namespace", default="default")
+    env.add_argument("-o", "--output", choices=["json"], help="json: a list of {name, value}, as a container's env")
+    env.add_argument("--server", default=DEFAULT_SERVER,
                      help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
     check = sub.add_parser("check", help="validate a directory of manifests")
     check.add_argument("directory")
@@ -251,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "version":
         print(f"kubeport {__version__}")
         return 0
-    handler = {"run": cmd_run, "get": cmd_get, "check": cmd_check}[args.command]
+    handler = {"run": cmd_run, "get": cmd_get, "env": cmd_env, "check": cmd_check}[args.command]
     return handler(args)
 
 

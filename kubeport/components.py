@@ -27,15 +27,16 @@ class ComponentError(Exception):
 
 def build_state(config: KubeportConfiguration) -> ClusterState:
     manifest_mode = config.source_kind == "manifests"
-    transform = None
+    transform = pod_slices = None
     if manifest_mode:
+        from kubeport.endpoints.controllers.endpointslice import slices_for
         from kubeport.endpoints.hints import as_the_controller_writes
 
-        transform = as_the_controller_writes
+        transform, pod_slices = as_the_controller_writes, slices_for
     # With an API server, DNS also waits for Namespaces (CoreDNS answers for namespace names).
     required = REQUIRED_KINDS if manifest_mode else REQUIRED_KINDS | {"Namespace"}
     return ClusterState(config.hostname_override, implicit_namespaces=manifest_mode,
-                        slice_transform=transform, required_kinds=required)
+                        slice_transform=transform, pod_slices=pod_slices, required_kinds=required)
 
 
 def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry) -> Source:
