@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -258,7 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kubeport {__version__}")
         return 0
     handler = {"run": cmd_run, "get": cmd_get, "env": cmd_env, "check": cmd_check}[args.command]
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:
+        # `kubeport get ... | head`: the reader left. Python's documented recipe (the "Note on
+        # SIGPIPE" of the signal module): no traceback, and no second error at exit when the
+        # interpreter flushes stdout.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command a broken pipe ended
 
 
 if __name__ == "__main__":

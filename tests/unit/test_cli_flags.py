@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,3 +192,15 @@ def test_check_lists_skipped_objects_without_failing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Deployment" in out and "skipped" in out
     assert out.rstrip().endswith(": ok")
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback__kubeport_get_status_head(tmp_path):
+    """`kubeport get status | head -1`: the pipe closes under a long output."""
+    script = ("import sys\nfrom kubeport import cli\n"
+              "def long_output(args):\n    for i in range(200000):\n        print('line', i)\n    return 0\n"
+              "cli.cmd_check = long_output\nsys.exit(cli.main(['check', '.']))\n")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", f'{shlex.quote(sys.executable)} -c "$0" | head -1', script],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout == "line 0\n"
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 141
