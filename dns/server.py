@@ -28,6 +28,7 @@ from kubeport.dns.stats import DnsStats
 from kubeport.dns.udp import UdpServing, bind_tcp, bind_udp, udp_listener
 from kubeport.dns.wire import CD, REFUSED, question_reply
 from kubeport.endpoints.types import Snapshot
+from kubeport.lib import sockethold
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +113,21 @@ class DnsServer:
             family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
             # SO_REUSEPORT: a new kubeport instance binds the same address before this one
             # leaves (seamless restart); the kernel spreads queries over both meanwhile.
-            sock = bind_udp(address, self.port, family)
+            held = sockethold.hold()
+            label = f"dns-udp/{address}/{self.port}"
+            sock = held.adopt(label)
+            if sock is None:
+                sock = bind_udp(address, self.port, family)
+                held.keep(label, sock)
             self._udp.append(UdpServing(sock, udp_listener(sock, self.answerer, self._forward, self.stats), loop))
             if self.port == 0:
                 self.port = sock.getsockname()[1]
-            server = await loop.create_server(lambda: _TcpConnection(self),
-                                              sock=bind_tcp(address, self.port, family))
+            label = f"dns-tcp/{address}/{self.port}"
+            listener = held.adopt(label)
+            if listener is None:
+                listener = bind_tcp(address, self.port, family)
+                held.keep(label, listener)
+            server = await loop.create_server(lambda: _TcpConnection(self), sock=listener)
             self._tcp.append(server)
 
     async def stop(self, lame_duck: float = 0.0, *, hand_over: bool = False) -> None:
@@ -132,6 +142,10 @@ class DnsServer:
         if lame_duck > 0:
             await asyncio.sleep(lame_duck)
         self._listening = False
+        held = sockethold.hold()
+        for address in self.config.addresses:  # closed for good: the holder's copies first
+            held.release(f"dns-udp/{address}/{self.port}")
+            held.release(f"dns-tcp/{address}/{self.port}")
         for server in self._tcp:
             server.close()
         if hand_over:

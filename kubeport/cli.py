@@ -60,6 +60,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
+    run.add_argument("--hold-sockets", action="store_const", const=True, default=None,
+                     help="a supervisor holds the listening sockets and restarts a killed daemon at once")
     run.add_argument("--last-state-max-age", metavar="DURATION",
                      help="serve the last applied state kept in the state dir at start, until the source has "
                           "synced, if it is younger than this (default 1h; 0: never)")
@@ -102,6 +104,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "hostnameOverride": ("--hostname-override",),
     "stateDir": ("--state-dir",),
     "lastStateMaxAge": ("--last-state-max-age",),
+    "holdSockets": ("--hold-sockets",),
     "healthzBindAddress": ("--healthz-bind-address",),
     "metricsBindAddress": ("--metrics-bind-address",),
     "vipInterface": ("--vip-interface",),
@@ -210,6 +213,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"kubeport: wrote the effective configuration to {args.write_config_to}", file=sys.stderr)
         return 0
     configure_logging(config.log_format, config.verbosity)
+    from kubeport.lib.sockethold import ENV as SUPERVISED
+
+    if config.hold_sockets and SUPERVISED not in os.environ:
+        from kubeport.supervisor import supervise
+
+        return supervise([sys.executable, "-m", "kubeport", *sys.argv[1:]])
     from kubeport.daemon import DaemonError, run
 
     try:

@@ -144,6 +144,10 @@ class KubeportConfiguration(_Section):
     )
     state_dir: Path = Field(Path("/var/lib/kubeport"),
                             description="Where allocations and the last applied state persist.")
+    hold_sockets: bool = Field(
+        False, description="Run the daemon under a small supervisor that holds its listening sockets and "
+                           "starts it again at once when it is killed: connections and queries arriving "
+                           "meanwhile wait in the kernel's queues instead of being refused.")
     last_state_max_age: Duration = Field(
         3600.0, ge=0, description="A restarted daemon serves the last applied state kept in the state "
                                   "directory until its source has synced, if it is younger than this; 0: never.")

@@ -34,6 +34,7 @@ from kubeport.dns.server import DnsServer
 from kubeport.endpoints.interfaces import Consumer, Source
 from kubeport.endpoints.laststate import LastState
 from kubeport.endpoints.types import Snapshot
+from kubeport.lib import sockethold
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
 from kubeport.process import process_registry, raise_open_file_limit
 from kubeport.proxy.health import HealthResponse
@@ -85,6 +86,7 @@ class Daemon:
         self._last_state = LastState(config.state_dir / "last-state")
         #: the Unix time of the last applied state served before the first sync (None: none)
         self._restored_at: float | None = None
+        self._held_sockets_settled = False
 
     # --- DaemonView (read by the status server) -------------------------------------
 
@@ -175,6 +177,9 @@ class Daemon:
                      "starting beside it and taking over once ready", self.config.hostname_override)
             await self._instance.announce()
         handover.enable_request_migration()
+        if primary:
+            # Before DNS listens: queries held across a crash are answered from this state.
+            self._restore_last_state()
         status = StatusServer(
             self,
             healthz_bind=self.config.healthz_bind_address,
@@ -186,14 +191,14 @@ class Daemon:
             await status.start()
             await proxy.start(extra_addresses=self.config.dns_addresses)
             if primary:
+                if self._restored_at is not None:
+                    dns.apply(self.state.snapshot)
                 await dns.start()
         except OSError as exc:
             await self._shutdown(status)
             raise DaemonError(f"cannot start: {exc}") from exc
         log.info("kubeport started on node %s (source: %s)", self.config.hostname_override,
                  self.config.source_kind)
-        if primary:
-            self._restore_last_state()
         self.state.keep_in(self._last_state)
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -341,6 +346,11 @@ class Daemon:
                           name, generation, len(snapshot.changed))
             self._applied[name] = generation
             self._ready_file.update(not self.pending())  # also retries a write that failed
+            if len(self._applied) == len(self._consumers()) and not self._held_sockets_settled:
+                # Every listener of this view is open (adopted or new): what the holder kept
+                # for the previous process and nobody serves now must not take connections.
+                self._held_sockets_settled = True
+                sockethold.hold().release_unadopted()
             if self._ready.is_set():
                 if snapshot.changed:
                     self._heap_changed.set()
@@ -370,6 +380,7 @@ def run(config: KubeportConfiguration, config_file: Path | None = None, flags: d
     # so once at start, before any metric exists.
     disable_created_metrics()
     raise_open_file_limit()
+    sockethold.hold()  # before any relay worker starts: they are no party to the holder's channel
     try:
         uvloop.run(Daemon(config, config_file, flags).serve())
     except ExceptionGroup as group:

@@ -18,6 +18,7 @@ import socket
 import struct
 from enum import Enum
 
+from kubeport.lib import sockethold
 from kubeport.proxy.balancer import EndpointState, Route
 from kubeport.proxy.host import capture
 from kubeport.proxy.relay.context import RelayContext
@@ -312,9 +313,19 @@ class TcpListener:
         #: times accepting paused for lack of descriptors or memory.
         self.accept_pauses = 0
 
+    @property
+    def hold_label(self) -> str:
+        return f"tcp/{self.proto}/{self.frontend.ip}/{self.frontend.port}"
+
     def open(self) -> None:
         family = socket.AF_INET6 if self.frontend.family == 6 else socket.AF_INET
         self._family = int(family)
+        held = sockethold.hold().adopt(self.hold_label)
+        if held is not None:  # kept open across a crash: its queued connections are served now
+            self.sock = held
+            self._fd = held.fileno()
+            self.ctx.loop.add_reader(self._fd, self._on_acceptable)
+            return
         sock = socket.socket(family, _STREAM_NONBLOCK, self.proto)
         try:
             sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -327,6 +338,7 @@ class TcpListener:
         except OSError:
             sock.close()
             raise
+        sockethold.hold().keep(self.hold_label, sock)
         self.sock = sock
         self._fd = sock.fileno()
         self.ctx.loop.add_reader(self._fd, self._on_acceptable)
@@ -352,6 +364,7 @@ class TcpListener:
                 self._paused = None
             if self.sock is None:
                 return  # an accept error closed it
+        sockethold.hold().release(self.hold_label)
         self.sock.close()
         self.sock = None
 

@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 
-from kubeport.lib import mmsg
+from kubeport.lib import mmsg, sockethold
 from kubeport.lib.sockbuf import enlarge_receive_buffer
 from kubeport.proxy.balancer import Route
 from kubeport.proxy.flows import Admission, Flow, FlowTable
@@ -136,9 +136,19 @@ class UdpListener:
         for flow in self.flows.remove_unless(route.all_keys()):
             self._release(flow)
 
+    @property
+    def hold_label(self) -> str:
+        return f"udp/{self.frontend.ip}/{self.frontend.port}"
+
     def open(self) -> None:
         self._inbound, self._replies = _batches(self.ctx)
         family = socket.AF_INET6 if self.frontend.family == 6 else socket.AF_INET
+        held = sockethold.hold().adopt(self.hold_label)
+        if held is not None:  # kept open across a crash: its queued datagrams are answered now
+            self.sock = held
+            self.fd = held.fileno()
+            self.ctx.poller.register(self.fd, self._on_datagrams, LEVEL_INPUT)
+            return
         sock = socket.socket(family, _DGRAM_NONBLOCK)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -151,6 +161,7 @@ class UdpListener:
         except OSError:
             sock.close()
             raise
+        sockethold.hold().keep(self.hold_label, sock)
         self.sock = sock
         self.fd = sock.fileno()
         self.ctx.poller.register(self.fd, self._on_datagrams, LEVEL_INPUT)
@@ -180,6 +191,7 @@ class UdpListener:
         if self.sock is None:
             return
         self.ctx.poller.forget(self.fd)
+        sockethold.hold().release(self.hold_label)
         self.sock.close()
         self.sock = None
         if self._timer is not None:
