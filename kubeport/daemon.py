@@ -209,8 +209,8 @@ class Daemon:
                                   "so that this container restarts and serves it" % self.config.hostname_override)
         if self._handing_over and not await self._instance.claimed_by_another(wait=HANDOVER_ARRIVAL_S):
             # A takeover whose sender never took the node: exit 0 would leave it unserved for good.
-            raise DaemonError("handed node %s over, but no instance took it: exiting non-zero, so that this "
-                              "one is started again" % self.config.hostname_override)
+            raise DaemonError(f"handed node {self.config.hostname_override} over, but no instance took it: "
+                              "exiting non-zero, so that this one is started again")
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import resource
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 

@@ -9,17 +9,17 @@ node's DNS and proxy go on serving, and the attack is a problem line naming what
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-
 from support.netns import (
     DNS_SERVICE_IP,
     HEALTHZ_PORT,
     METRICS_PORT,
+    CommandFailed,
     KubeportDaemon,
     pod_answering,
     run_in,
@@ -62,8 +62,8 @@ def problems(ns: str) -> list[str]:
     return json.loads(out)["problems"]
 
 
-def status(ns: str) -> dict:
-    out = run_in(ns, "curl", "-sS", "--max-time", "2", f"http://127.0.0.1:{METRICS_PORT}/api/v1/status").stdout
+def status(ns: str, timeout: float = 2) -> dict:
+    out = run_in(ns, "curl", "-sS", "--max-time", f"{timeout:g}", f"http://127.0.0.1:{METRICS_PORT}/api/v1/status").stdout
     return json.loads(out)
 
 
@@ -123,8 +123,8 @@ def test_a_link_to_dev_zero_is_not_read(topology, node_a):
             "zero.yaml: not read: a symbolic link to a character device (/dev/zero), not a regular file")
         assert_serving(topology, topology.pod("a", 2))
         assert node_a.running
-        rss_kib = int(next(line.split()[1] for line in open(f"/proc/{_daemon_pid(node_a)}/status")
-                           if line.startswith("VmRSS:")))
+        proc_status = Path(f"/proc/{_daemon_pid(node_a)}/status").read_text()
+        rss_kib = int(next(line.split()[1] for line in proc_status.splitlines() if line.startswith("VmRSS:")))
         assert rss_kib < 400 * 1024, rss_kib  # it read nothing of /dev/zero
     finally:
         (manifests / "zero.yaml").unlink()
@@ -187,7 +187,11 @@ s.listen(64)
 print("bound", flush=True)
 while True:
     c, _ = s.accept()
-    c.sendall(b"refused\\n")
+    try:
+        c.sendall(b"refused\\n")
+    except OSError:
+        pass
+    c.close()
 """
 
 
@@ -205,6 +209,7 @@ def test_a_squatter_on_the_handover_socket_is_reported_and_the_node_is_served(to
     assert line.startswith(f"handover: the node's socket @kubeport/{node_name} is held by pid ")
     assert f"(uid {NOBODY}), which is not kubeport" in line
     assert_serving(topology, topology.pod("b", 1))
+    assert squatter.poll() is None  # still squatting all along
     squatter.kill()
     squatter.wait()
     until_sync(lambda: status(node_ns)["handover"]["holdsNode"] or None, "the name taken once the squatter left", 10)
@@ -240,6 +245,8 @@ def test_readyz_from_the_network_shows_no_problem_details(topology, node_a):
 # --- out of descriptors -----------------------------------------------------------------------
 
 
+ROUNDS = 20
+
 HOLD = """
 import resource, socket, sys, time
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -251,7 +258,16 @@ for _ in range(int(sys.argv[2])):
     s.connect_ex((sys.argv[1], 80))
     held.append(s)
 print("opened", len(held), flush=True)
-sys.stdin.read()
+# Then a connection every millisecond, as a busy client would: the proxy always has one to accept.
+churn = []
+while True:
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex((sys.argv[1], 80))
+    churn.append(s)
+    if len(churn) > 200:
+        churn.pop(0).close()
+    time.sleep(0.001)
 """
 
 
@@ -267,15 +283,16 @@ def test_out_of_descriptors_the_status_api_dns_and_health_port_keep_answering(to
     try:
         wait_for_output(holder, b"opened 2000", 20, "the connection holder")
         until_sync(lambda: "Too many open files" in daemon.log_text() or None, "the proxy out of descriptors", 20)
-        started = time.monotonic()
-        assert status(ns)["ready"] is True
-        answer = run_in(pod, "dig", "+time=2", "+tries=1", "+tcp", f"@{DNS_SERVICE_IP}", "+short", WEB_NAME).stdout
-        assert answer.split() == [WEB_IP]
-        health = run_in(ns, "curl", "-sS", "--max-time", "2", "-o", "/dev/null", "-w", "%{http_code}",
-                        f"http://127.0.0.1:{HEALTHZ_PORT}/healthz").stdout
-        assert health == "200"
-        elapsed = time.monotonic() - started
-        assert elapsed < 3, elapsed
+        # Relayed connections hold descriptors in pairs: one more listener (a UDP service) flips
+        # whether the limit is met at an accept or at a backend socket. Both must leave a reserve.
+        slowest = [_rounds(ns, pod)]
+        write(manifests, "udp", service("udp", ["10.96.0.23"], [{"name": "u", "protocol": "UDP", "port": 90}]))
+        until_sync(lambda: run_in(pod, "dig", "+time=1", "+tries=1", "+short", f"@{DNS_SERVICE_IP}",
+                                  "udp.demo.svc.cluster.local").stdout.split() == ["10.96.0.23"] or None,
+                   "the UDP service applied", 10)
+        slowest.append(_rounds(ns, pod))
+        print("out of descriptors: the slowest round of the status API, DNS over TCP and /healthz took "
+              + ", ".join(f"{value:.3f} s" for value in slowest))
         assert daemon.running
     finally:
         holder.kill()
@@ -284,9 +301,24 @@ def test_out_of_descriptors_the_status_api_dns_and_health_port_keep_answering(to
     daemon.stop()
 
 
+def _rounds(ns: str, pod: str) -> float:
+    """The status API, DNS over TCP and /healthz, each answering every time within a second; the slowest round."""
+    slowest = 0.0
+    for _ in range(ROUNDS):
+        started = time.monotonic()
+        assert status(ns, timeout=1)["ready"] is True
+        answer = run_in(pod, "dig", "+time=1", "+tries=1", "+tcp", f"@{DNS_SERVICE_IP}", "+short", WEB_NAME).stdout
+        assert answer.split() == [WEB_IP]
+        health = run_in(ns, "curl", "-sS", "--max-time", "1", "-o", "/dev/null", "-w", "%{http_code}",
+                        f"http://127.0.0.1:{HEALTHZ_PORT}/healthz").stdout
+        assert health == "200"
+        slowest = max(slowest, time.monotonic() - started)
+    return slowest
+
+
 def _answers(pod: str) -> bool:
     try:
         pod_answering(pod, WEB_IP, 80, timeout=1)
         return True
-    except Exception:
+    except (CommandFailed, ValueError):
         return False

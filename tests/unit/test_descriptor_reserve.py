@@ -56,7 +56,9 @@ def test_the_callback_runs_under_the_ceiling_and_the_limit_comes_back_even_on_er
 def test_too_low_a_limit_is_left_alone():
     limits = FakeLimits(40, 40)
     reserve = DescriptorReserve(limits)
-    callback = lambda: None  # noqa: E731
+    def callback():
+        return None
+
     assert reserve.ceiling is None and reserve.within(callback) is callback
 
 

@@ -11,10 +11,9 @@ import subprocess
 import sys
 
 import pytest
+from support.wait import until
 
 from kubeport import handover
-
-from support.wait import until
 
 SQUAT = """
 import socket, sys
@@ -66,10 +65,9 @@ async def test_a_takeover_from_an_untrusted_peer_is_closed_unread_and_is_a_probl
 
 async def test_a_squatter_on_the_name_is_reported_and_the_instance_takes_the_name_once_it_goes(distrust):
     node = unique_node()
-    squatter = subprocess.Popen([sys.executable, "-c", SQUAT, node],
-                                stdout=subprocess.PIPE)
+    squatter = await asyncio.create_subprocess_exec(sys.executable, "-c", SQUAT, node, stdout=subprocess.PIPE)
     try:
-        assert squatter.stdout.readline() == b"bound\n"
+        assert await asyncio.wait_for(squatter.stdout.readline(), 10) == b"bound\n"
         distrust.add(squatter.pid)
         instance = handover.Instance(node, lambda: None)
         assert not await instance.claim()
@@ -80,30 +78,31 @@ async def test_a_squatter_on_the_name_is_reported_and_the_instance_takes_the_nam
         assert not handover.abstract_name_in_use(node)  # a squatter serves nothing
         claiming = asyncio.create_task(instance.keep_claiming(interval=0.05))
         squatter.kill()
-        squatter.wait()
+        await squatter.wait()
         async with asyncio.timeout(5):
             await claiming
         assert instance.squatter is None and instance.problems == []
         assert handover.abstract_name_in_use(node)
         instance.release()
     finally:
-        squatter.kill()
-        squatter.wait()
+        if squatter.returncode is None:
+            squatter.kill()
+            await squatter.wait()
 
 
 async def test_a_successor_does_not_take_refused_from_a_squatter(distrust):
     node = unique_node()
-    squatter = subprocess.Popen([sys.executable, "-c", SQUAT, node],
-                                stdout=subprocess.PIPE)
+    squatter = await asyncio.create_subprocess_exec(sys.executable, "-c", SQUAT, node, stdout=subprocess.PIPE)
     try:
-        assert squatter.stdout.readline() == b"bound\n"
+        assert await asyncio.wait_for(squatter.stdout.readline(), 10) == b"bound\n"
         distrust.add(squatter.pid)
         instance = handover.Instance(node, lambda: None)
         await instance.announce()  # as if the squatter came between the claim and the announcement
         assert not instance.refused and instance.squatter is not None
     finally:
-        squatter.kill()
-        squatter.wait()
+        if squatter.returncode is None:
+            squatter.kill()
+            await squatter.wait()
 
 
 async def test_holder_of_a_free_name_is_nobody():
