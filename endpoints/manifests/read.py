@@ -150,8 +150,7 @@ def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
         after = os.fstat(fd)
         if not stat_mode.S_ISREG(after.st_mode):
             raise _not_regular(path, after.st_mode)
-        if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
-            raise FileNotFoundError(f"{path}: replaced while it was opened")  # its own event follows
+        # Another regular file renamed into place meanwhile (an editor's save) is read as it is.
     except BaseException:
         os.close(fd)
         raise

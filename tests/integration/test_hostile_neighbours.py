@@ -322,3 +322,17 @@ def _answers(pod: str) -> bool:
         return True
     except (CommandFailed, ValueError):
         return False
+
+
+def test_a_takeover_no_instance_follows_ends_the_daemon_non_zero(topology, pods, tmp_path):
+    """Root may ask the daemon to leave; if nothing takes the node, exit 0 would leave it unserved
+    for good (``Restart=on-failure`` would not bring it back)."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    cluster_manifests(manifests, topology, "b")
+    daemon = start(topology, "b", manifests, tmp_path / "state")
+    knocked = run_in(daemon.ns, sys.executable, "-c", KNOCK, daemon.node_name)  # as root: trusted
+    assert knocked.stdout.strip() == "leaving"
+    until_sync(lambda: not daemon.running or None, "the daemon gone", 20)
+    assert daemon.proc.returncode not in (0, None)
+    assert "but no instance took it: exiting non-zero" in daemon.log_text()
