@@ -246,10 +246,12 @@ class FileRead:
     same: bool = False
     #: the following chunks of a large file (parsed as they are taken)
     rest: Iterator[ParsedFile] = field(default_factory=lambda: iter(()))
+    #: larger than the caller's ``inline_bytes``: nothing read, to be read again off the event loop
+    deferred: bool = False
 
     @property
     def gone(self) -> bool:
-        return self.parsed is None and not self.same
+        return self.parsed is None and not self.same and not self.deferred
 
 
 #: Above this size a file is checked for syntax errors before its objects stream in
@@ -259,21 +261,31 @@ STREAM_ABOVE_BYTES = 256 * 1024
 
 def read_manifest(
     directory: Path, path: str, *, known_content: bytes | None = None, unchanged: UnchangedCheck | None = None,
-    budget: ReadBudget | None = None,
+    budget: ReadBudget | None = None, inline_bytes: int | None = None,
 ) -> FileRead:
     """Read ``directory/path`` and parse its first chunk; nothing when its bytes digest to
     ``known_content``. An unreadable file (not a regular file, over a limit of ``budget``)
-    is a failed parse (its objects are kept), a missing one is gone."""
+    is a failed parse (its objects are kept), a missing one is gone. With ``inline_bytes``
+    (the caller runs on the event loop) a larger file is left unread, ``deferred``: it grew
+    since it was listed as small."""
     full = directory / path
     budget = budget or ReadBudget()
+    limit = budget.limits.file_bytes if inline_bytes is None else min(inline_bytes, budget.limits.file_bytes)
     try:
         fd, opened = open_regular(full)
         try:
             stat = stat_key(opened)
+            if inline_bytes is not None and opened.st_size > inline_bytes:
+                return FileRead(path, None, deferred=True)
             if (refusal := budget.refusal(path, opened.st_size)) is not None:
                 raise TooLarge(refusal)
             deadline = time.monotonic() + budget.limits.read_timeout
-            data = read_limited(fd, opened.st_size, budget.limits.file_bytes, deadline)
+            try:
+                data = read_limited(fd, opened.st_size, limit, deadline)
+            except TooLarge:
+                if inline_bytes is None or limit == budget.limits.file_bytes:
+                    raise
+                return FileRead(path, None, deferred=True)
         finally:
             os.close(fd)
     except FileNotFoundError:

@@ -282,13 +282,16 @@ class ManifestSource:
         first_read = record is None
         known = None if force or record is None else record.content
 
-        def read_file() -> FileRead:
+        def read_file(inline_bytes: int | None = None) -> FileRead:
             unchanged = lambda key, digest: self._objects.is_applied(path, key, digest)  # noqa: E731
             return read_manifest(self._directory, path, known_content=known, unchanged=unchanged,
-                                 budget=self._budget)
+                                 budget=self._budget, inline_bytes=inline_bytes)
 
         small = size is not None and size <= INLINE_BYTES
-        read: FileRead = yield Inline(read_file) if small else read_file
+        read: FileRead = yield Inline(lambda: read_file(INLINE_BYTES)) if small else read_file
+        if read.deferred:  # grown since it was listed: read and parsed off the event loop
+            small = False
+            read = yield read_file
         if read.gone:
             if record is not None:
                 progress.dropped |= self._holders.drop(path, record.keys)

@@ -150,3 +150,15 @@ def test_last_good_copy_skips_a_file_swapped_for_a_fifo(tmp_path):
     saver.join(5)  # a copy opening the FIFO for reading would block here
     assert not saver.is_alive()
     assert not copies.has("x.yaml")
+
+
+def test_a_file_larger_than_the_inline_size_is_deferred_unread(tmp_path):
+    """Listed small, grown by the time it is read on the event loop: read again in a thread."""
+    (tmp_path / "a.yaml").write_text(SERVICE + "#" * 200)
+    budget = ReadBudget()
+    deferred = read_manifest(tmp_path, "a.yaml", inline_bytes=100, budget=budget)
+    assert deferred.deferred and not deferred.gone and deferred.parsed is None
+    assert budget.total == 0
+    whole = read_manifest(tmp_path, "a.yaml", budget=budget)
+    assert not whole.deferred and [o.key for o in whole.parsed.objects] == [("Service", "demo", "web")]
+    assert not read_manifest(tmp_path, "a.yaml", inline_bytes=1000).deferred
