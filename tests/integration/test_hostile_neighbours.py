@@ -2,8 +2,8 @@
 manifest directory, a takeover from another user, a squatter on the handover socket,
 /readyz asked from the network, and the descriptors run out by relayed connections.
 
-Throughout, pods keep resolving with dig and connecting with curl: whatever the attack, the
-node's DNS and proxy go on serving, and the attack is a problem line naming what it was.
+During each attack pods still resolve with dig and connect with curl: the node's DNS and
+proxy go on serving, and the attack is a problem line naming what it was.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from support.netns import (
     DNS_SERVICE_IP,
     HEALTHZ_PORT,
