@@ -52,6 +52,7 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
         registry.register(source.collector())
         return source
     from kubeport.endpoints.manifests.lastgood import LastGoodFiles
+    from kubeport.endpoints.manifests.read import ReadLimits
     from kubeport.endpoints.manifests.source import ManifestSource
     from kubeport.endpoints.registry.registry import Registry
     from kubeport.endpoints.registry.store import AllocationStore, StoreError
@@ -66,7 +67,9 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
     except (OSError, StoreError) as exc:
         raise ComponentError(f"--state-dir {config.state_dir}: {exc}") from exc
     registry_ = Registry(store, list(config.service_cluster_ip_range), config.service_node_port_range)
-    return ManifestSource(directory, registry_, state, last_good=LastGoodFiles.in_state_dir(config.state_dir))
+    limits = config.manifest_limits
+    return ManifestSource(directory, registry_, state, last_good=LastGoodFiles.in_state_dir(config.state_dir),
+                          limits=ReadLimits(limits.file_bytes, limits.total_bytes, limits.read_timeout))
 
 
 def dns_config(config: KubeportConfiguration) -> DnsConfig:

@@ -68,6 +68,12 @@ class Conntrack(_Section):
     )
 
 
+class ManifestLimits(_Section):
+    file_bytes: int = Field(64 << 20, ge=1, description="A manifest file larger than this is not read (a problem line).")
+    total_bytes: int = Field(256 << 20, ge=1, description="All manifest files read together hold at most this.")
+    read_timeout: Duration = Field(10.0, gt=0, description="A manifest file not read to its end this soon is not read.")
+
+
 class DnsSettings(_Section):
     cluster_domain: str = Field("cluster.local", description="The cluster zone (CoreDNS `kubernetes <zone>`).")
     addresses: list[str] = Field(
@@ -121,6 +127,7 @@ class KubeportConfiguration(_Section):
         default_factory=lambda: _node_name(""), description="This node's name (its Node object)."
     )
     manifests: Path | None = Field(None, description="Directory of manifests (the embedded source, the default).")
+    manifest_limits: ManifestLimits = Field(default_factory=ManifestLimits)
     client_connection: ClientConnection = Field(default_factory=ClientConnection)
     in_cluster: bool = Field(False, description="Reach the kube-apiserver with the pod's service account.")
     bind_address: str = Field(

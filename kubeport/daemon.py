@@ -45,6 +45,9 @@ from kubeport.status import StatusServer
 
 log = logging.getLogger("kubeport.daemon")
 
+#: after handing over: how long the drain's end waits for the new instance to hold the node
+HANDOVER_ARRIVAL_S = 5.0
+
 
 class DaemonError(Exception):
     """The daemon cannot start or run; the message says why."""
@@ -114,7 +117,7 @@ class Daemon:
             found.append(self._last_state.problem)
         for consumer in self._consumers():
             found += [f"{consumer.name}: {problem}" for problem in consumer.problems]
-        return found
+        return found + self._instance.problems
 
     def status(self) -> dict[str, Any]:
         """What `kubeport get status` prints: the source's progress and what is being served."""
@@ -171,7 +174,8 @@ class Daemon:
         source, proxy, dns = self._build()
         # Not in the task group: a handed-over process waiting for its SIGTERM is alive too.
         self._live_task = asyncio.create_task(self._live_file.keep(proxy.health.healthy), name="live-file")
-        primary = await self._instance.claim()
+        # Beside a squatter on the name (not kubeport) this instance is the node's all the same.
+        primary = await self._instance.claim() or self._instance.squatter is not None
         if not primary:
             log.info("another kubeport instance runs on node %s in this network namespace: "
                      "starting beside it and taking over once ready", self.config.hostname_override)
@@ -213,6 +217,8 @@ class Daemon:
                 tasks.create_task(self._stop_when_asked(), name="stop")
                 if not primary:
                     tasks.create_task(self._take_over(dns), name="takeover")
+                elif self._instance.squatter is not None:
+                    tasks.create_task(self._instance.keep_claiming(), name="claim")
         except* _Stop:
             pass
         finally:
@@ -224,6 +230,10 @@ class Daemon:
             if not await handover.idle_until(self._signalled, self.config.hostname_override):
                 raise DaemonError("the instance that took node %s over is gone and none serves it: exiting, "
                                   "so that this container restarts and serves it" % self.config.hostname_override)
+        if self._handing_over and not await self._instance.claimed_by_another(wait=HANDOVER_ARRIVAL_S):
+            # A takeover whose sender never took the node: exit 0 would leave it unserved for good.
+            raise DaemonError(f"handed node {self.config.hostname_override} over, but no instance took it: "
+                              "exiting non-zero, so that this one is started again")
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
 
@@ -277,6 +287,7 @@ class Daemon:
             # forwarded, cluster names SERVFAIL until the sync (a primary's start).
             await dns.start()
         self._ready_file.update(not self.pending())
+        await self._instance.keep_claiming()  # a squatter took the name the predecessor let go
 
     async def _stop_when_asked(self) -> None:
         await self._stopping.wait()
