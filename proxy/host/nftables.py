@@ -44,7 +44,9 @@ endpoints, no loadBalancerSourceRanges).
   with ICMP port unreachable), as kube-proxy's nftables mode rejects unknown ports of
   cluster IPs (pkg/proxy/nftables/proxier.go, the cluster-ips set and its reject rule).
   ICMP passes: path-MTU and unreachable errors for relayed connections come to the VIP,
-  and an echo reply exposes no socket. This chain is hooked while any VIP exists: one
+  and an echo reply exposes no socket. So does what the node sends itself (``iif lo``): a
+  node process talking to a VIP uses the VIP as its own source, so the replies come to
+  the VIP on the client's port; and the node reaches its own sockets on 127.0.0.1 anyway. This chain is hooked while any VIP exists: one
   address lookup for every packet the node receives is the price of not exposing it.
 
 The first sync of a run replaces the whole table, elements included, in one
@@ -91,6 +93,7 @@ CAPTURE_CHAINS = (
 VIP_CHAIN = "vips"
 VIP_REJECT_CHAIN = "vip_reject"
 VIP_RULES = (
+    "iif lo accept",
     f"ip daddr @vips4 meta l4proto != icmp ip {_FRONTEND_KEY} != @vipports4 goto {VIP_REJECT_CHAIN}",
     f"ip6 daddr @vips6 meta l4proto != ipv6-icmp ip6 {_FRONTEND_KEY} != @vipports6 goto {VIP_REJECT_CHAIN}",
 )
