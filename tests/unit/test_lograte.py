@@ -84,7 +84,7 @@ async def test_the_count_is_written_when_the_interval_ends_on_the_loop():
     handler = logging.Handler()
     handler.emit = records.append
     logger.addHandler(handler)
-    logger.addFilter(RepeatFilter(logger, interval=0.05))
+    logger.addFilter(RepeatFilter(logger, interval=0.05, clock=Clock()))  # still: all 1,000 in one interval
     for fd in range(1000):
         fail(logger, fd)
     await until(lambda: len(records) == 2, "the count line")
