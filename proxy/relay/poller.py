@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import select
-
 from typing import Callable
 
 from kubeport.lib.lograte import limit_repeats

@@ -45,13 +45,15 @@ async def test_reset_storm__clients_reset_before_the_backend_connect_completes__
         for storm in range(1, 5):  # rounds within the listen backlog: the connects never wait for an accept
             for _ in range(50):
                 connect_and_reset(relay.address)
-            await until(lambda: relay.stats.total == 50 * storm and not relay.ctx.conns, "every reset connection closed")
+            expected = 50 * storm
+            await until(lambda expected=expected: relay.stats.total == expected and not relay.ctx.conns,
+                        "every reset connection closed")
         assert relay.stats.active == 0
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def _relaying_conn(relay):
-    reader, writer = await asyncio.open_connection(*relay.address)
+    _, writer = await asyncio.open_connection(*relay.address)
     await until(lambda: any(c.state is RELAYING for c in relay.ctx.conns), "the connection to relay")
     (conn,) = relay.ctx.conns
     return conn, writer
