@@ -24,6 +24,7 @@ import os
 import socket
 
 from kubeport.lib import mmsg, sockethold
+from kubeport.lib.lograte import limit_repeats
 from kubeport.lib.sockbuf import enlarge_receive_buffer
 from kubeport.proxy.balancer import Route
 from kubeport.proxy.flows import Admission, Flow, FlowTable
@@ -34,6 +35,7 @@ from kubeport.proxy.relay.poller import LEVEL_INPUT
 from kubeport.proxy.table import Frontend
 
 log = logging.getLogger(__name__)
+limit_repeats(log)  # one failing client or endpoint fails every connection alike
 
 _DGRAM_NONBLOCK = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK
 #: datagrams read per readiness of a frontend, and replies gathered per poller dispatch.

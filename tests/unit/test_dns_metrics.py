@@ -248,3 +248,11 @@ def test_bucket_bounds_are_coredns_time_buckets() -> None:
     """plugin.TimeBuckets = prometheus.ExponentialBuckets(0.00025, 2, 16)."""
     assert BUCKET_BOUNDS[:3] == ("0.00025", "0.0005", "0.001")
     assert BUCKET_BOUNDS[-2:] == ("8.192", "+Inf") and len(BUCKET_BOUNDS) == 17
+
+
+def test_tcp_limits_and_oversized_queries_are_counted() -> None:
+    server = DnsServer(DnsConfig(upstreams=()))
+    server.stats.tcp_evicted, server.stats.tcp_read_timeouts, server.stats.oversized = 2, 3, 4
+    samples = {s.name: s.value for family in DnsCollector(server).collect() for s in family.samples}
+    assert (samples["kubeport_dns_tcp_evicted_total"], samples["kubeport_dns_tcp_read_timeouts_total"],
+            samples["kubeport_dns_oversized_total"]) == (2, 3, 4)
