@@ -39,7 +39,7 @@ Differences, on purpose:
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from kubeport.endpoints.types import EndpointInfo, EndpointPortInfo, NodeInfo, PodInfo, ServiceInfo, SliceInfo
 
