@@ -11,10 +11,10 @@ from typing import TypeVar
 
 from kubeport.endpoints import model, names
 from kubeport.endpoints.types import (
-    EndpointInfo,
-    EndpointPortInfo,
     ContainerPortInfo,
     ContainerStatusInfo,
+    EndpointInfo,
+    EndpointPortInfo,
     NodeInfo,
     PodInfo,
     PortSpec,

@@ -379,9 +379,13 @@ def validate_pod(pod: model.Pod) -> list[FieldError]:
         errors += [invalid("spec.subdomain", pod.spec.subdomain, msg)
                    for msg in names.is_dns1123_label(pod.spec.subdomain)]
     families = []
-    for i, entry in enumerate(pod.status.pod_ips):
+    status = pod.status
+    if status.pod_ip:
+        errors += [invalid("status.podIP", status.pod_ip, msg) for msg in names.is_valid_ip(status.pod_ip)]
+    for i, entry in enumerate(status.pod_ips):
         problems = names.is_valid_ip(entry.ip)
-        errors += [invalid(f"status.podIPs[{i}].ip", entry.ip, msg) for msg in problems]
+        if not (i == 0 and entry.ip == status.pod_ip):  # reported as status.podIP
+            errors += [invalid(f"status.podIPs[{i}].ip", entry.ip, msg) for msg in problems]
         if not problems:
             families.append(names.ip_family(entry.ip))
     if len(families) != len(set(families)):

@@ -23,7 +23,8 @@ Service in name order, each Service's in ``FromServices``' order.
 from __future__ import annotations
 
 import shlex
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 MASTER_SERVICES = frozenset({"kubernetes"})
 MASTER_SERVICE_NAMESPACE = "default"

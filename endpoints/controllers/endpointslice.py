@@ -21,7 +21,8 @@ of ``pkg/controller/endpointslice`` and ``staging/src/k8s.io/endpointslice``:
   from ``deletionTimestamp``, ``ready = publishNotReadyAddresses || (serving && !terminating)``;
   ``nodeName``; ``zone`` from the Node's ``topology.kubernetes.io/zone`` label; ``hostname``
   when the Pod sets ``spec.hostname`` and its ``spec.subdomain`` is the Service's name
-  (``ShouldSetHostname``); ``targetRef`` to the Pod;
+  (``ShouldSetHostname``, for a Service of any type; DNS publishes it for headless ones);
+  ``targetRef`` to the Pod;
 * labels (``setEndpointSliceLabels``): ``kubernetes.io/service-name``,
   ``endpointslice.kubernetes.io/managed-by`` = :data:`CONTROLLER_NAME`, and
   ``service.kubernetes.io/headless`` for a headless Service.
@@ -39,7 +40,7 @@ Differences, on purpose:
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from kubeport.endpoints.types import EndpointInfo, EndpointPortInfo, NodeInfo, PodInfo, ServiceInfo, SliceInfo
 

@@ -134,6 +134,13 @@ def test_the_service_documentation_example_answers_through_its_cluster_ip(topolo
                == [True, False], "nginx-b listed as not ready", 15)
     assert {pod_answering(client, ip, 80) for _ in range(12)} == {"a1"}
 
+    # A restart serves the same: the ClusterIP kept, the same slice (by name) made again.
+    daemon.restart()
+    daemon.wait_ready(timeout=30)
+    assert cluster_ip(node, "default", "nginx-service") == ip
+    assert [s["metadata"]["name"] for s in get_json(node, "endpointslices")["items"]] == [generated["metadata"]["name"]]
+    assert pod_answering(client, ip, 80) == "a1"
+
 
 def test_a_kubectl_dump_loads_and_serves(topology, pods, tmp_path):
     manifests = tmp_path / "manifests"

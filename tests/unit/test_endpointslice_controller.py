@@ -128,6 +128,10 @@ CASES = [
         [("IPv4", WEB_PORT, (_ep("10.244.1.11", "a", hostname="a"), _ep("10.244.1.12", "b")))],
         id="hostname_when_the_subdomain_is_the_service"),
     pytest.param(
+        [_web(), api.pod("a", ips=["10.244.1.11"], ports=[("http-web-svc", 8080)], hostname="a", subdomain="web")],
+        [("IPv4", WEB_PORT, (_ep("10.244.1.11", "a", hostname="a"),))],
+        id="hostname_whatever_the_service_type_as_should_set_hostname"),
+    pytest.param(
         [_web(clusterIP="None", ports=[]), api.pod("a", ips=["10.244.1.11", "fd00:244:1::11"])],
         [("IPv4", (), (_ep("10.244.1.11", "a"),)), ("IPv6", (), (_ep("fd00:244:1::11", "a"),))],
         id="headless_without_ports_or_families_gets_both_families"),

@@ -39,7 +39,10 @@ def _pod(**fields) -> model.Pod:
                  "spec.containers[0].ports[0].containerPort: Invalid value: 70000", id="container_port"),
     pytest.param({"spec.containers.0.ports.0.name": "http_web"},
                  "spec.containers[0].ports[0].name: Invalid value: \"http_web\"", id="port_name"),
-    pytest.param({"status.podIPs": [{"ip": "10.244.1.300"}]}, "status.podIPs[0].ip: Invalid value", id="pod_ip"),
+    pytest.param({"status.podIPs": [{"ip": "10.244.1.11"}, {"ip": "fd00::zz"}]}, "status.podIPs[1].ip: Invalid value",
+                 id="pod_ips"),
+    pytest.param({"status.podIPs": [], "status.podIP": "10.244.1.300"}, "status.podIP: Invalid value: \"10.244.1.300\"",
+                 id="pod_ip"),
     pytest.param({"status.podIPs": [{"ip": "10.244.1.11"}, {"ip": "10.244.1.12"}]},
                  "status.podIPs: Invalid value", id="two_ips_of_a_family"),
 ])
