@@ -26,6 +26,7 @@ import uvloop
 from prometheus_client import disable_created_metrics
 
 from kubeport import components, handover
+from kubeport.cleanup import report_previous_instance
 from kubeport.config import KubeportConfiguration, changed_fields
 from kubeport.dns.server import DnsServer
 from kubeport.endpoints.interfaces import Consumer, Source
@@ -156,7 +157,9 @@ class Daemon:
         # Not in the task group: a handed-over process waiting for its SIGTERM is alive too.
         self._live_task = asyncio.create_task(self._live_file.keep(proxy.health.healthy), name="live-file")
         primary = await self._instance.claim()
-        if not primary:
+        if primary:
+            await loop.run_in_executor(None, report_previous_instance)
+        else:
             log.info("another kubeport instance runs on node %s in this network namespace: "
                      "starting beside it and taking over once ready", self.config.hostname_override)
             await self._instance.announce()
