@@ -44,8 +44,6 @@ from kubeport.config_values import (  # noqa: F401 - parse_*/format_duration/spl
     split_host_port,
 )
 
-from kubeport.kubeproxy_config import Translation
-
 API_VERSION = "kubeport.io/v1alpha1"
 KIND = "KubeportConfiguration"
 
@@ -329,7 +327,7 @@ def ignored_fields(path: Path) -> list[str]:
     return read_file(path).ignored
 
 
-def read_file(path: Path) -> Translation:
+def read_file(path: Path) -> kubeproxy_config.Translation:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -351,7 +349,7 @@ def read_file(path: Path) -> Translation:
             f"(or {kubeproxy_config.API_VERSION}/{kubeproxy_config.KIND}), "
             f"got {data.get('apiVersion')}/{data.get('kind')}"
         )
-    return Translation(data)
+    return kubeproxy_config.Translation(data)
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -27,12 +27,12 @@ from prometheus_client import disable_created_metrics
 
 from kubeport import components, handover
 from kubeport.cleanup import report_previous_instance
-from kubeport.lib.sdnotify import Notifier
 from kubeport.config import KubeportConfiguration, changed_fields
 from kubeport.dns.server import DnsServer
 from kubeport.endpoints.interfaces import Consumer, Source
 from kubeport.endpoints.types import Snapshot
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
+from kubeport.lib.sdnotify import Notifier
 from kubeport.process import process_registry, raise_open_file_limit
 from kubeport.proxy.health import HealthResponse
 from kubeport.proxy.service import ProxyService

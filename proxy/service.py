@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 from kubeport.endpoints.types import NodeInfo, Snapshot
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.fullsync import follow_node_addresses, keep_host_in_sync
-from kubeport.proxy.host.address_events import AddressEvents
 from kubeport.proxy.health import HealthResponse, ProxyHealth
 from kubeport.proxy.healthcheck import DesiredHealthChecks, HealthCheckServers, update_health_checks
+from kubeport.proxy.host.address_events import AddressEvents
 from kubeport.proxy.metrics import ProxyMetrics
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.workers import ProxyWorkers, create_proxier
