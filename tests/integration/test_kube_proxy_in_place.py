@@ -82,7 +82,8 @@ def test_cleanup_after_kill_9_under_load_leaves_the_host_as_before(topology, pod
     client.terminate()
     client.communicate(timeout=10)
 
-    cleanup = ["--cleanup", "--hostname-override", "node-a", "--state-dir", str(state),
+    # As kube-proxy is run: its configuration file, no subcommand.
+    cleanup = [f"--config={KUBEADM_CONFIG}", "--cleanup", "--hostname-override=node-a", "--state-dir", str(state),
                "--ready-file", str(tmp_path / "ready")]
     out = kubeport(node_ns, *cleanup)
     assert "removed" in out and "local routes" in out and "nftables table inet kubeport" in out, out
