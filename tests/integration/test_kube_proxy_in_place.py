@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from support.netns import KubeportDaemon, curl_in, http_url, kubeport, run_in, spawn_in, until_sync
 from support.netns.manifests import DAEMON_ARGS
@@ -103,3 +104,52 @@ def test_cleanup_refuses_while_an_instance_serves_the_node(topology, pods, manif
     assert done.returncode == 1 and "stop it first" in done.stderr
     assert vip_present(topology, WEB_IP)
     assert daemon.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    from support.apiserver.tls import make_tls
+
+    return make_tls(tmp_path_factory.mktemp("pki"))
+
+
+def test_kubeadms_daemonset_command_line_serves_from_the_api_server(topology, pods, tls, tmp_path):
+    """kubeadm's kube-proxy pod, kubeport in its place: `--config=config.conf
+    --hostname-override=NODE` and nothing else, the kubeconfig.conf kubeadm writes beside it
+    (certificate-authority and tokenFile files, as the pod's service account mounts them)."""
+    from support.netns.apiserver import NetnsApiServer, seed
+
+    node_ns = topology.node("b")
+    with NetnsApiServer(node_ns, tls) as api:
+        seed(api, topology, [topology.pod_info("b", 1), topology.pod_info("b", 2)])
+        token = yaml.safe_load(api.kubeconfig(tmp_path / "probe").read_text())["users"][0]["user"]["token"]
+        (tmp_path / "token").write_text(token)
+        kubeconfig = tmp_path / "kubeconfig.conf"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "default",
+            "clusters": [{"name": "default", "cluster": {"certificate-authority": str(tls.ca_cert),
+                                                         "server": api.url}}],
+            "contexts": [{"name": "default", "context": {"cluster": "default", "namespace": "default",
+                                                         "user": "default"}}],
+            "users": [{"name": "default", "user": {"tokenFile": str(tmp_path / "token")}}],
+        }))
+        config_conf = tmp_path / "config.conf"  # kubeadm's, with the kubeconfig where this test put it
+        config_conf.write_text(KUBEADM_CONFIG.read_text().replace(
+            "kubeconfig: /var/lib/kube-proxy/kubeconfig.conf", f"kubeconfig: {kubeconfig}"))
+        log_path = tmp_path / "kubeport.log"
+        with open(log_path, "wb") as log:
+            daemon = spawn_in(node_ns, str(Path(sys.executable).parent / "kubeport"), f"--config={config_conf}",
+                              "--hostname-override=node-b", stdout=log, stderr=subprocess.STDOUT)
+
+        def ready() -> bool:
+            assert daemon.poll() is None, log_path.read_text()
+            done = run_in(node_ns, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "1",
+                          "http://127.0.0.1:10256/readyz", check=False)
+            return done.stdout == "200"
+
+        until_sync(ready, "kubeport ready from kubeadm's files", 30)
+        assert curl_in(topology.pod("b", 1), http_url("10.96.0.20", 80, "/")).startswith("pod=")
+        log_text = log_path.read_text()
+        assert "source: kubeconfig" in log_text and log_text.count("not applicable to a userspace proxy") == 1
+        daemon.terminate()
+        assert daemon.wait(timeout=20) == 0, log_path.read_text()
