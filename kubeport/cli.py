@@ -278,7 +278,9 @@ _NOT_RUN = frozenset({"-h", "--help"})
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0].startswith("-") and argv[0] not in _NOT_RUN:
+    if argv[:1] == ["--version"]:
+        argv = ["version"]  # kube-proxy's --version
+    elif argv and argv[0].startswith("-") and argv[0] not in _NOT_RUN:
         argv = ["run", *argv]  # kube-proxy's command line: its flags, no subcommand
     args = build_parser().parse_args(argv)
     if args.command == "version":

@@ -205,3 +205,8 @@ def test_kube_proxys_command_line_without_a_subcommand(tmp_path):
     assert (effective["hostnameOverride"], effective["verbosity"], effective["clusterCIDR"]) == ("node-x", 2, "10.1.0.0/16")
     assert (effective["healthzBindAddress"], effective["configSyncPeriod"]) == ("[::]:10256", "1m")
     assert effective["clientConnection"]["kubeconfig"] == "/var/lib/kube-proxy/kubeconfig.conf"
+
+
+def test_kube_proxys_version_flag(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("kubeport ")
