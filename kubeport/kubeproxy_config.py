@@ -10,9 +10,10 @@ Zero values are kube-proxy's "unset" (kubeadm writes every field, most of them z
 leave kubeport's default, which is kube-proxy's ``SetDefaults_KubeProxyConfiguration`` one
 (``pkg/proxy/apis/config/v1alpha1/defaults.go``): bindAddress 0.0.0.0, healthz
 0.0.0.0:10256, metrics 127.0.0.1:10249, configSyncPeriod 15m; conntrack UDP timeouts of 0 keep
-the kernel's (30 s and 120 s), which are kubeport's defaults. An empty nodePortAddresses is
-``primary``, as kube-proxy's nftables mode defaults it (``cmd/kube-proxy/app/server_linux.go``);
-its iptables mode would take every address. An empty ``clientConnection.kubeconfig`` reaches
+the kernel's (30 s and 120 s), which are kubeport's defaults. An empty nodePortAddresses is what
+the file's ``mode`` makes it in kube-proxy (``types.go``: "'all' in iptables and ipvs mode, and
+'primary' in nftables mode"; an empty mode is iptables): the NodePorts a node served before
+kubeport took over stay where they were. An empty ``clientConnection.kubeconfig`` reaches
 the API server with the pod's service account, as kube-proxy's ``createClient`` falls back to
 the in-cluster configuration.
 """
@@ -51,7 +52,8 @@ SCHEMA: dict[str, Any] = {
     "enableProfiling": IGNORED,
     "showHiddenMetricsForVersion": IGNORED,
     "mode": IGNORED,
-    "iptables": {"masqueradeAll": IGNORED, "masqueradeBit": IGNORED, "localhostNodePorts": IGNORED, **_SYNC},
+    "iptables": {"masqueradeAll": IGNORED, "masqueradeBit": IGNORED, "localhostNodePorts": IGNORED,
+                 "snatNodeInternalIP": IGNORED, **_SYNC},
     "ipvs": {"scheduler": IGNORED, "excludeCIDRs": IGNORED, "strictARP": IGNORED, "tcpTimeout": IGNORED,
              "tcpFinTimeout": IGNORED, "udpTimeout": IGNORED, **_SYNC},
     "nftables": {"masqueradeAll": IGNORED, "masqueradeBit": IGNORED, **_SYNC},
@@ -112,6 +114,8 @@ def translate(data: dict[str, Any]) -> Translation:
             fields[name] = data[name]
     if data.get("nodePortAddresses"):
         fields["nodePortAddresses"] = data["nodePortAddresses"]
+    elif (data.get("mode") or "iptables") != "nftables":
+        fields["nodePortAddresses"] = ["all"]
     kubeconfig = _section(data, "clientConnection", problems).get("kubeconfig")
     if kubeconfig:
         fields["clientConnection"] = {"kubeconfig": kubeconfig}

@@ -41,7 +41,7 @@ def test_kubeadms_config_conf_gives_kube_proxys_defaults():
         "0.0.0.0", "0.0.0.0:10256", "127.0.0.1:10249")
     assert config.config_sync_period == 900.0  # configSyncPeriod: 0s is kube-proxy's 15m
     assert (config.conntrack.udp_timeout, config.conntrack.udp_stream_timeout) == (30.0, 120.0)
-    assert config.node_port_addresses == ["primary"]
+    assert config.node_port_addresses == ["all"]  # mode "" is iptables: every address
     assert (config.log_format, config.verbosity) == ("text", 0)
 
 
@@ -79,6 +79,14 @@ def test_kubeadms_config_conf_names_the_fields_that_do_not_apply():
 )
 def test_served_fields_have_kube_proxys_meaning(tmp_path, changes, field, expected):
     assert getattr(cfg.build(write(tmp_path, changes), {}), field) == expected
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [("", ["all"]), ("iptables", ["all"]), ("ipvs", ["all"]), ("nftables", ["primary"])],
+)
+def test_unset_node_port_addresses_default_by_mode__types_go(tmp_path, mode, expected):
+    assert cfg.build(write(tmp_path, {"mode": mode}), {}).node_port_addresses == expected
 
 
 def test_conntrack_udp_timeouts(tmp_path):
@@ -133,6 +141,7 @@ def test_a_minimal_kube_proxy_file(tmp_path):
                     "clusterCIDR: 10.244.0.0/16\n")
     config = cfg.build(path, {})
     assert config.source_kind == "in-cluster"
+    assert config.node_port_addresses == ["all"]
     assert cfg.ignored_fields(path) == []
 
 
