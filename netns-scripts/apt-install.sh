@@ -5,6 +5,7 @@
 # not covered by that option, so `update` is tried again while another process holds it.
 set -euo pipefail
 wait_seconds=${KUBEPORT_APT_LOCK_TIMEOUT:-300}
+retry_seconds=${KUBEPORT_APT_RETRY_SECONDS:-5}
 export DEBIAN_FRONTEND=noninteractive
 
 apt_get() {
@@ -17,7 +18,7 @@ apt_get() {
             return 1
         fi
         echo "apt-install: another apt process holds its lock; waiting" >&2
-        sleep 5
+        sleep "$retry_seconds"
     done
     rm -f "$err"
 }
