@@ -142,7 +142,9 @@ print(json.dumps(took))
 """
 
 
-def test_a_node_ip_that_appears_after_start_gets_its_node_ports_at_once(topology, pods, tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_node_ip_that_appears_after_start_gets_its_node_ports_at_once(topology, pods, tmp_path, workers,
+                                                                        request):
     """The node's IP comes up late (DHCP at boot): kube-proxy reads the node's addresses at every
     sync, so NodePorts and the health-check node port open on it; kubeport follows the address
     events (RTM_NEWADDR), and opens them within 100 ms."""
@@ -157,7 +159,8 @@ def test_a_node_ip_that_appears_after_start_gets_its_node_ports_at_once(topology
                                                           "nodePort": 30191}],
                                    type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=30190),
           endpoint_slice("lb-1", "lb", http, [topology.pod_info("a", 1)]))
-    daemon = KubeportDaemon(node_ns, directory, tmp_path / "state", *DAEMON_ARGS, "--nodeport-addresses", "primary")
+    daemon = KubeportDaemon(node_ns, directory, tmp_path / "state", *DAEMON_ARGS, "--nodeport-addresses", "primary",
+                            "--workers", workers)
     daemon.wait_ready()
 
     def listening() -> set[str]:
@@ -165,6 +168,7 @@ def test_a_node_ip_that_appears_after_start_gets_its_node_ports_at_once(topology
 
     assert not {f"{late_ip}:30191", f"{late_ip}:30190"} & listening()
     run_in(node_ns, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late0p")
+    request.addfinalizer(lambda: run_in(node_ns, "ip", "link", "del", "late0", check=False))
     run_in(node_ns, "ip", "link", "set", "late0", "up")
     took = json.loads(run_in(node_ns, sys.executable, "-c", _ADD_AND_CONNECT, late_ip, "30191", "30190").stdout)
     assert set(took) == {"30191", "30190"}, f"the NodePort and health-check port on the late IP: {took}"
