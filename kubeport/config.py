@@ -322,6 +322,30 @@ def load_file(path: Path) -> dict[str, Any]:
     return read_file(path).fields
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A key given twice is an error, as in kube-proxy's strict decoding (sigs.k8s.io/yaml:
+    'mapping key "mode" already defined'), not the last one silently winning."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                continue  # an unhashable key: SafeLoader's own error names it
+            if key in seen:
+                raise _DuplicateKey(f"line {line}: mapping key {key!r} already defined at line {seen[key]}")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
 def ignored_fields(path: Path) -> list[str]:
     """The fields of a KubeProxyConfiguration file that a userspace proxy does not apply."""
     return read_file(path).ignored
@@ -333,7 +357,9 @@ def read_file(path: Path) -> kubeproxy_config.Translation:
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -157,3 +157,15 @@ def test_schema_sections_know_their_fields():
     # otherwise refuse kubeadm's own file).
     data = yaml.safe_load(KUBEADM.read_text())
     assert kubeproxy_config._unknown(data, kubeproxy_config.SCHEMA, "") == []
+
+
+@pytest.mark.parametrize("header", [
+    "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n",
+    "apiVersion: kubeport.io/v1alpha1\nkind: KubeportConfiguration\n",
+])
+def test_a_field_given_twice_is_an_error_naming_both_lines(tmp_path, header):
+    path = tmp_path / "config.conf"
+    path.write_text(header + "clusterCIDR: 10.244.0.0/16\nconntrack:\n  udpTimeout: 1s\nclusterCIDR: 10.8.0.0/16\n")
+    with pytest.raises(cfg.ConfigError) as caught:
+        cfg.build(path, {})
+    assert str(caught.value) == f"{path}: line 6: mapping key 'clusterCIDR' already defined at line 3"
