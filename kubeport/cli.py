@@ -1,4 +1,8 @@
-"""`kubeport` command line: run, get, check, version. Exit codes are chosen here only."""
+"""`kubeport` command line: run, get, check, version. Exit codes are chosen here only.
+
+A kube-proxy command line works as it is: without a subcommand the flags are `run`'s
+(``kubeport --config=/var/lib/kube-proxy/config.conf --hostname-override=$(NODE_NAME)``), and
+``--cleanup`` removes what kubeport leaves on the host and exits, as kube-proxy's does."""
 
 from __future__ import annotations
 
@@ -46,7 +50,16 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     source.add_argument("--manifests", metavar="DIR", help="directory of manifests (default source)")
     source.add_argument("--kubeconfig", metavar="FILE", help="read a kube-apiserver through this kubeconfig")
     source.add_argument("--in-cluster", action="store_true", help="read the kube-apiserver as a pod")
-    run.add_argument("--config", metavar="FILE", help="configuration file (KubeportConfiguration)")
+    run.add_argument("--config", metavar="FILE",
+                     help="configuration file: KubeportConfiguration, or kube-proxy's KubeProxyConfiguration")
+    run.add_argument("--cleanup", action="store_true",
+                     help="remove the service addresses, nftables table and routing rule kubeport leaves on "
+                          "this host, and the state directory's leftovers; then exit")
+    run.add_argument("--proxy-mode", metavar="MODE",
+                     help="kube-proxy's; ignored (with a line): kubeport is its own userspace proxy")
+    run.add_argument("--bind-address", metavar="IP",
+                     help="an IPv6 one moves the healthz/metrics defaults to [::] and [::1] (kube-proxy's)")
+    run.add_argument("--config-sync-period", metavar="DURATION", help="kube-proxy's informer resync period")
     run.add_argument("--hostname-override", metavar="NODE", help="this node's name (default: hostname)")
     run.add_argument("--cluster-domain", metavar="ZONE")
     run.add_argument("--service-cluster-ip-range", metavar="CIDR[,CIDR]")
@@ -102,6 +115,8 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "clientConnection.kubeconfig": ("--kubeconfig",),
     "inCluster": ("--in-cluster",),
     "hostnameOverride": ("--hostname-override",),
+    "bindAddress": ("--bind-address",),
+    "configSyncPeriod": ("--config-sync-period",),
     "stateDir": ("--state-dir",),
     "lastStateMaxAge": ("--last-state-max-age",),
     "holdSockets": ("--hold-sockets",),
@@ -213,6 +228,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"kubeport: wrote the effective configuration to {args.write_config_to}", file=sys.stderr)
         return 0
     configure_logging(config.log_format, config.verbosity)
+    if args.proxy_mode is not None:
+        log.info("--proxy-mode=%s ignored: kubeport is a userspace proxy of its own", args.proxy_mode)
+    if args.config:
+        ignored = config_module.ignored_fields(Path(args.config))
+        if ignored:
+            log.info("%s: not applicable to a userspace proxy, ignored: %s", args.config, ", ".join(ignored))
+    if args.cleanup:
+        from kubeport.cleanup import CleanupRefused, cleanup_host
+
+        try:
+            cleanup_host(config, report=lambda line: print(f"kubeport: {line}"))
+        except (CleanupRefused, OSError) as exc:
+            print(f"kubeport: cleanup: {exc}", file=sys.stderr)
+            return 1
+        return 0
     from kubeport.lib.sockethold import ENV as SUPERVISED
 
     if config.hold_sockets and SUPERVISED not in os.environ:
@@ -262,7 +292,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Words after which argv is not a kube-proxy command line.
+_NOT_RUN = frozenset({"-h", "--help"})
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--version"]:
+        argv = ["version"]  # kube-proxy's --version
+    elif argv and argv[0].startswith("-") and argv[0] not in _NOT_RUN:
+        argv = ["run", *argv]  # kube-proxy's command line: its flags, no subcommand
     args = build_parser().parse_args(argv)
     if args.command == "version":
         print(f"kubeport {__version__}")

@@ -117,8 +117,11 @@ def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry) -> P
         workers=config.workers,
     )
     # Manifest mode may have no Node object at all: then the node counts as eligible.
+    from kubeport.proxy.host.address_events import AddressEvents
+
     return ProxyService(proxy_config, config.hostname_override, registry,
-                        families=proxier_families(config), require_node=config.source_kind != "manifests")
+                        families=proxier_families(config), require_node=config.source_kind != "manifests",
+                        address_events=AddressEvents())
 
 
 #: What a SIGHUP can change without a restart.

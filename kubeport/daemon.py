@@ -29,6 +29,7 @@ import uvloop
 from prometheus_client import disable_created_metrics
 
 from kubeport import components, handover
+from kubeport.cleanup import report_previous_instance
 from kubeport.config import KubeportConfiguration, changed_fields
 from kubeport.dns.server import DnsServer
 from kubeport.endpoints.interfaces import Consumer, Source
@@ -36,12 +37,14 @@ from kubeport.endpoints.laststate import LastState
 from kubeport.endpoints.types import Snapshot
 from kubeport.lib import sockethold
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
+from kubeport.lib.sdnotify import Notifier
 from kubeport.process import process_registry, raise_open_file_limit
 from kubeport.proxy.health import HealthResponse
 from kubeport.proxy.service import ProxyService
 from kubeport.readiness import LiveFile, ReadyFile
 from kubeport.reload import Reloader
 from kubeport.status import StatusServer
+from kubeport.systemd import SystemdNotifications
 
 log = logging.getLogger("kubeport.daemon")
 
@@ -81,6 +84,7 @@ class Daemon:
         self._handing_over = False
         self._ready_file = ReadyFile(config.ready_file)
         self._live_file = LiveFile(config.live_file)
+        self._systemd = SystemdNotifications(Notifier.from_environment(), config.hostname_override)
         self._source: Source | None = None
         self._proxy: ProxyService | None = None
         self._dns: DnsServer | None = None
@@ -174,9 +178,13 @@ class Daemon:
         source, proxy, dns = self._build()
         # Not in the task group: a handed-over process waiting for its SIGTERM is alive too.
         self._live_task = asyncio.create_task(self._live_file.keep(proxy.health.healthy), name="live-file")
+        self._watchdog_task = asyncio.create_task(self._systemd.keep_watchdog(proxy.health.healthy), name="watchdog")
+        self._systemd.readiness(self.pending())
         # Beside a squatter on the name (not kubeport) this instance is the node's all the same.
         primary = await self._instance.claim() or self._instance.squatter is not None
-        if not primary:
+        if primary:
+            await loop.run_in_executor(None, report_previous_instance)
+        else:
             log.info("another kubeport instance runs on node %s in this network namespace: "
                      "starting beside it and taking over once ready", self.config.hostname_override)
             await self._instance.announce()
@@ -269,6 +277,11 @@ class Daemon:
         if self._proxy is not None:
             self._proxy.request_resync()
 
+    def _readiness_changed(self) -> None:
+        pending = self.pending()
+        self._ready_file.update(not pending)
+        self._systemd.readiness(pending)
+
     def _alone(self) -> bool:
         # Beside another instance the addresses and table are shared: a full sync here would
         # remove what the other one added.
@@ -286,7 +299,7 @@ class Daemon:
             # The predecessor left before this instance synced: external names are still
             # forwarded, cluster names SERVFAIL until the sync (a primary's start).
             await dns.start()
-        self._ready_file.update(not self.pending())
+        self._readiness_changed()
         await self._instance.keep_claiming()  # a squatter took the name the predecessor let go
 
     async def _stop_when_asked(self) -> None:
@@ -297,6 +310,7 @@ class Daemon:
     async def _shutdown(self, status: StatusServer) -> None:
         self._stopping.set()
         self._ready_file.update(False)
+        self._systemd.stopping("handing over to the new instance" if self._handing_over else "stopping")
         config = self.config
         if not self._handing_over and self._applied:
             await self._unless_forced(asyncio.sleep(config.dns.lame_duck), "lame duck")
@@ -356,7 +370,7 @@ class Daemon:
                 log.debug("%s: applied generation %d (%d services changed)",
                           name, generation, len(snapshot.changed))
             self._applied[name] = generation
-            self._ready_file.update(not self.pending())  # also retries a write that failed
+            self._readiness_changed()  # also retries a write that failed
             if len(self._applied) == len(self._consumers()) and not self._held_sockets_settled:
                 # Every listener of this view is open (adopted or new): what the holder kept
                 # for the previous process and nobody serves now must not take connections.

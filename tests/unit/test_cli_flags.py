@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubeport import cli
 from kubeport import config as cfg
-from kubeport.cli import FIELD_FLAGS, build_parser, flag_names, flag_values
+from kubeport.cli import FIELD_FLAGS, build_parser, flag_names, flag_values, main
 
 
 def run_errors(capsys, tmp_path: Path, *argv: str) -> list[str]:
@@ -93,7 +94,7 @@ def test_every_flag_maps_to_a_real_field_and_every_run_flag_is_mapped():
     run = next(a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
     options = {o for action in run._actions for o in action.option_strings if o.startswith("--")}
     mapped = {flag for flags in FIELD_FLAGS.values() for flag in flags}
-    assert options - mapped == {"--help", "--config", "--write-config-to", "--verbose"}
+    assert options - mapped == {"--help", "--config", "--write-config-to", "--verbose", "--cleanup", "--proxy-mode"}
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -204,3 +205,24 @@ def test_a_reader_that_leaves_early_gets_no_traceback__kubeport_get_status_head(
     assert done.stdout == "line 0\n"
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.returncode == 141
+
+
+KUBEADM_CONFIG = Path(__file__).parent.parent / "fixtures" / "kubeadm" / "config.conf"
+
+
+def test_kube_proxys_command_line_without_a_subcommand(tmp_path):
+    """kubeadm's kube-proxy DaemonSet runs `kube-proxy --config=... --hostname-override=$(NODE_NAME)`."""
+    out = tmp_path / "effective.yaml"
+    assert main([f"--config={KUBEADM_CONFIG}", "--hostname-override=Node-X", "--v=2", "--cluster-cidr=10.1.0.0/16",
+                 "--proxy-mode=iptables", "--bind-address=::", "--config-sync-period=1m",
+                 f"--write-config-to={out}"]) == 0
+    effective = yaml.safe_load(out.read_text())
+    assert (effective["hostnameOverride"], effective["verbosity"]) == ("node-x", 2)
+    assert effective["clusterCIDR"] == "10.1.0.0/16"
+    assert (effective["healthzBindAddress"], effective["configSyncPeriod"]) == ("[::]:10256", "1m")
+    assert effective["clientConnection"]["kubeconfig"] == "/var/lib/kube-proxy/kubeconfig.conf"
+
+
+def test_kube_proxys_version_flag(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("kubeport ")
