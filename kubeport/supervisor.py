@@ -83,6 +83,9 @@ class Supervisor:
     def _start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, **{ENV: str(child.fileno())})
+        # systemd's watchdog names the main process (this one); the daemon pings in its stead
+        # (the unit says NotifyAccess=all).
+        env.pop("WATCHDOG_PID", None)
         self.child = subprocess.Popen(self.argv, env=env, pass_fds=(child.fileno(),))
         child.close()
         self.chan = parent
@@ -109,14 +112,20 @@ class Supervisor:
                 return status
 
     def _reap(self, *, block: bool = False) -> tuple[int, int | None] | None:
+        """The daemon's end, if it ended. Orphans of a killed daemon (its relay workers)
+        are reaped too: as a container's PID 1 this process inherits them."""
         while True:
             try:
-                pid, status = os.waitpid(self.child.pid, 0 if block else os.WNOHANG)
-                break
+                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
             except InterruptedError:
                 continue
-        if pid == 0:
-            return None
+            except ChildProcessError:  # nothing left at all: the daemon was reaped before
+                return self.child.returncode, None
+            if pid == 0:
+                return None
+            if pid != self.child.pid:
+                continue
+            break
         self.child.returncode = os.waitstatus_to_exitcode(status)
         if os.WIFSIGNALED(status):
             signum = os.WTERMSIG(status)

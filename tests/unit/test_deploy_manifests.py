@@ -154,9 +154,18 @@ def test_daemonset_declares_no_ports_under_host_network__kubeadm_kube_proxy():
 
 
 def test_daemonset_keeps_no_node_state__apiserver_allocates_in_a_cluster():
-    """stateDir (allocations, last good manifests) is used in manifest mode only."""
+    """No hostPath: allocations belong to the API server. The state dir is an emptyDir, which
+    outlives the container's restarts and not the pod: the last applied state a restarted
+    container serves before it has synced."""
     assert all("hostPath" not in volume for volume in pod_spec()["volumes"])
-    assert all(m["mountPath"] != "/var/lib/kubeport" for m in the_container()["volumeMounts"])
+    state = [m for m in the_container()["volumeMounts"] if m["mountPath"] == "/var/lib/kubeport"]
+    assert len(state) == 1
+    volume = next(v for v in pod_spec()["volumes"] if v["name"] == state[0]["name"])
+    assert "emptyDir" in volume
+
+
+def test_daemonset_holds_its_sockets_across_a_crash_of_the_daemon():
+    assert "--hold-sockets" in the_container()["command"]
 
 
 def test_configmap_holds_a_valid_kubeport_configuration():
