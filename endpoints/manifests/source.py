@@ -13,8 +13,18 @@ Last good state wins:
 - an object that fails validation or admission keeps its previous version, if any, as does
   an object the file no longer declares while a broken or unread document of the file may
   stand for it (:mod:`~kubeport.endpoints.manifests.objects`);
-- an object that disappears from a parsable file, or whose file is deleted, is deleted
-  (``ClusterState.delete`` and ``Registry.release``) at the end of the batch.
+- an object that disappears from a parsable file is deleted (``ClusterState.delete`` and
+  ``Registry.release``) at the end of the batch; one whose file is deleted, once the file
+  stayed away for ``gone_grace_ms``: a tool that replaces a file by unlinking it, or by
+  moving it away, and then writes the new one keeps every object, with its allocations, and
+  no client sees it absent meanwhile (the watch does not read the new file until it is
+  written, :mod:`~kubeport.endpoints.manifests.watch`);
+- a directory emptied all at once is not every object deleted: when the files that disappear
+  in one batch are all there were and more than one, or the directory itself was replaced
+  (recreated, mounted over, unmounted: another inode or file system at its path), or it is
+  gone, their objects are held and served, with a problem line, until the files come back,
+  or until ``ALLOW_EMPTY_MARKER`` in the directory says the emptying is meant. Files
+  removed one by one are deleted each after its grace.
 Across a restart too: each file's objects as served are saved in ``--state-dir``
 (:mod:`~kubeport.endpoints.manifests.lastgood`), and at start-up a file whose saved copy is
 not its current version is applied on top of that copy, as an edit of it, by the same rules:
@@ -39,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,7 +61,7 @@ from kubeport.endpoints.manifests.lastgood import LastGoodFiles
 from kubeport.endpoints.manifests.objects import SOURCE_KINDS, FileApply, ManifestObjects, Progress
 from kubeport.endpoints.manifests.parse import ObjectKey, ParsedFile
 from kubeport.endpoints.manifests.read import FileRead, StatKey, list_manifest_files, read_manifest, stat_manifest_files
-from kubeport.endpoints.manifests.watch import DirectoryWatch
+from kubeport.endpoints.manifests.watch import ALLOW_EMPTY_MARKER, DirectoryWatch
 from kubeport.endpoints.registry.registry import Admitter
 from kubeport.endpoints.state import ClusterState
 
@@ -60,6 +71,8 @@ __all__ = ["SOURCE_KINDS", "ManifestSource"]
 
 #: Files up to this size are read and parsed on the event loop, larger ones in a thread.
 INLINE_BYTES = 64 * 1024
+#: A deleted file's objects are kept this long, in case the file is being replaced.
+GONE_GRACE_MS = 3_000
 
 
 @dataclass(slots=True)
@@ -88,6 +101,7 @@ class ManifestSource:
         log_problems: bool = True,
         last_good: LastGoodFiles | None = None,
         duplicate_note: str = "",
+        gone_grace_ms: float = GONE_GRACE_MS,
     ) -> None:
         """
         :param directory: the manifest directory, read recursively.
@@ -102,6 +116,7 @@ class ManifestSource:
         :param last_good: the last good version of each file, and who held contested objects:
             what the daemon served before a restart, served again after it.
         :param duplicate_note: added to each ``declared also in`` line.
+        :param gone_grace_ms: how long a deleted file's objects are kept, in case it comes back.
         """
         # Resolved: inotify reports paths under the real directory.
         self._directory = Path(directory).resolve()
@@ -118,11 +133,30 @@ class ManifestSource:
         self._collect_pending = True
         self._batches = 0
         self._batch_applied = asyncio.Event()
+        self._gone_grace = gone_grace_ms / 1e3
+        #: files gone from the directory, their objects kept: path -> when the grace ends (monotonic)
+        self._vanished: dict[str, float] = {}
+        #: files gone as the directory emptied all at once: kept until they return or the marker says so
+        self._held: set[str] = set()
+        self._held_reason = ""
+        self._root: tuple[int, int] | None = None  # (st_dev, st_ino) of the directory at the last listing
+        self._replaced = False  # this batch's directory is not the one the files were read from
+        self._missing = False  # the directory itself was gone at the last look
 
     @property
     def problems(self) -> list[str]:
         """Every current problem, ``<path relative to the directory>: <message>``."""
-        return [line for path in sorted(self._files) for line in self._files[path].problems]
+        lines = [line for path in sorted(self._files) for line in self._files[path].problems]
+        if self._missing:
+            lines.insert(0, f"{self._directory}: the manifest directory is gone (moved away or unmounted): "
+                            f"serving the objects of its {len(self._files)} files until it is back")
+        elif self._held:
+            held = sorted(self._held)
+            named = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+            lines.insert(0, f"{self._directory}: {self._held_reason}: serving the objects of {named} until they "
+                            f"are back; if the emptying is meant, create {ALLOW_EMPTY_MARKER} in the directory "
+                            f"to delete them")
+        return lines
 
     @property
     def skipped(self) -> list[str]:
@@ -173,8 +207,9 @@ class ManifestSource:
                 synced.set()
             while True:
                 save_wanted.set()
-                changes = await watch.next_changes()
-                await drive(self._batch(set(changes.paths), rescan=changes.rescan))
+                changes = await watch.next_changes(self._next_grace_end())
+                self._replaced |= changes.replaced
+                await drive(self._batch(set(changes.paths), rescan=changes.rescan, deferred=changes.deferred))
         finally:
             watch.close()
             saver.cancel()
@@ -195,10 +230,20 @@ class ManifestSource:
 
     # --- a batch ------------------------------------------------------------------------------
 
-    def _batch(self, named: set[str], *, initial: bool = False, rescan: bool = True) -> Batch:
+    def _next_grace_end(self) -> float | None:
+        """Seconds until the first deleted file's grace ends, if any is running."""
+        if not self._vanished:
+            return None
+        return min(self._vanished.values()) - time.monotonic() + 0.005  # past it, on a coarse loop clock
+
+    def _batch(self, named: set[str], *, initial: bool = False, rescan: bool = True,
+               deferred: frozenset[str] = frozenset()) -> Batch:
         """Apply what changed on disk as one commit. ``named`` files (from events) are read
         even if their stat looks unchanged: a same-size rewrite within the file system's
-        timestamp granularity keeps it. Without ``rescan`` only they are looked at."""
+        timestamp granularity keeps it. Without ``rescan`` only they are looked at, and the
+        deleted files whose grace ended. ``deferred`` files (open for writing) are not read."""
+        now = time.monotonic()
+        named |= {path for path, ends in self._vanished.items() if now >= ends}
         if rescan or initial:
             listing: dict[str, StatKey] | None = yield self._list
         else:
@@ -208,16 +253,20 @@ class ManifestSource:
             work = []
         elif rescan or initial:
             work = [path for path in sorted(listing.keys() | self._files.keys())
-                    if path not in self._files or path in named or self._files[path].stat != listing.get(path)]
+                    if (path not in self._files or path in named or self._files[path].stat != listing.get(path))
+                    and path not in deferred]
         else:
-            work = sorted(named)
+            work = sorted(named - deferred)
         force = False
         with self._registry.grouped_writes():  # committed before the snapshot is published
             while work:
+                gone: set[str] = set()
                 for path in work:
                     progress.done.add(path)
-                    yield from self._apply_file(path, progress, force=force, size=_size(listing, path),
+                    yield from self._apply_file(path, progress, gone, force=force, size=_size(listing, path),
                                                 initial=initial and not force)
+                if gone:
+                    self._resolve_gone(gone, progress, initial=initial)
                 if initial:  # every file was read: what a preferred holder did not take is free
                     progress.dropped |= self._holders.end_preferences()
                 force = True  # files read again: their bytes may be those read last time
@@ -231,6 +280,8 @@ class ManifestSource:
         if self._last_good is not None and initial and listing is not None:
             for path in self._last_good.paths() - self._files.keys():  # deleted while the daemon was down
                 self._last_good.forget(path)
+        if listing is not None:
+            self._replaced = False  # said of the directory this batch read
         if self._last_good is not None:
             self._last_good.keep_holders(self._holders.contested())
         if initial:
@@ -243,14 +294,62 @@ class ManifestSource:
         self._batch_applied = asyncio.Event()
 
     def _list(self) -> dict[str, StatKey] | None:
-        if self._directory.is_dir():
-            return list_manifest_files(self._directory)
-        # Moved away or unmounted: that is not every manifest deleted. Last good state wins.
-        log.error("manifest directory %s is gone: keeping the objects loaded from it", self._directory)
-        return None
+        try:
+            found = os.stat(self._directory)
+        except OSError:
+            found = None
+        if found is None or not stat.S_ISDIR(found.st_mode):
+            # Moved away or unmounted: that is not every manifest deleted. Last good state wins.
+            if not self._missing:
+                log.error("manifest directory %s is gone: keeping the objects loaded from it", self._directory)
+            self._missing = self._replaced = True  # whatever comes back at the path is another directory
+            return None
+        if self._missing:
+            log.warning("manifest directory %s is back", self._directory)
+        self._missing = False
+        root = (found.st_dev, found.st_ino)  # a mount coming or going, seen without inotify
+        self._replaced |= self._root is not None and root != self._root
+        self._root = root
+        return list_manifest_files(self._directory)
 
     def _stat_named(self, named: set[str]) -> dict[str, StatKey] | None:
         return stat_manifest_files(self._directory, named) if self._directory.is_dir() else self._list()
+
+    def _resolve_gone(self, gone: set[str], progress: Progress, *, initial: bool) -> None:
+        """Files this batch found gone: a grace for each, unless the directory emptied all at
+        once (hold them); those whose grace ended, or held ones the marker lets go, are dropped."""
+        now = time.monotonic()
+        fresh = sorted(path for path in gone if path not in self._vanished and path not in self._held)
+        allowed = (self._directory / ALLOW_EMPTY_MARKER).exists()
+        if fresh and not initial and not allowed:
+            present = self._files.keys() - gone - self._vanished.keys() - self._held
+            if self._replaced:
+                reason = "the directory was replaced (recreated, mounted over or unmounted)"
+            elif not present and len(fresh) > 1:
+                reason = f"all its {len(fresh) + len(self._vanished)} manifest files disappeared at once"
+            else:
+                reason = ""
+            if reason:
+                self._held |= set(fresh) | self._vanished.keys()
+                self._vanished.clear()
+                self._held_reason = reason
+                log.error("manifest directory %s: %s: still serving the objects of %d files; create %s in it "
+                          "to delete them", self._directory, reason, len(self._held), ALLOW_EMPTY_MARKER)
+                fresh = []
+        for path in fresh:
+            self._vanished[path] = now if initial else now + self._gone_grace
+        ending = [path for path in sorted(gone)
+                  if (path in self._vanished and now >= self._vanished[path]) or (path in self._held and allowed)]
+        for path in ending:
+            self._vanished.pop(path, None)
+            self._held.discard(path)
+            record = self._files.pop(path)
+            progress.dropped |= self._holders.drop(path, record.keys)
+            if self._last_good is not None:
+                self._last_good.forget(path)
+        kept = len(gone) - len(ending)
+        if kept:
+            log.debug("manifests: %d files gone, their objects kept (%d held)", kept, len(self._held))
 
     def _settle(self, progress: Progress) -> list[str]:
         """Delete what was dropped and not taken over; the files to retry if that freed anything."""
@@ -265,7 +364,7 @@ class ManifestSource:
         progress.freed = False
         return sorted(retry)
 
-    def _apply_file(self, path: str, progress: Progress, *, force: bool, size: int | None,
+    def _apply_file(self, path: str, progress: Progress, gone: set[str], *, force: bool, size: int | None,
                     initial: bool = False) -> Batch:
         record = self._files.get(path)
         first_read = record is None
@@ -279,11 +378,14 @@ class ManifestSource:
         read: FileRead = yield Inline(read_file) if small else read_file
         if read.gone:
             if record is not None:
-                progress.dropped |= self._holders.drop(path, record.keys)
-                del self._files[path]
-            if self._last_good is not None:
+                gone.add(path)  # what that means depends on the batch's other files: _resolve_gone
+            elif self._last_good is not None:
                 self._last_good.forget(path)
             return
+        if path in self._vanished or path in self._held:
+            self._vanished.pop(path, None)
+            self._held.discard(path)
+            log.debug("%s: back, its objects kept throughout", path)
         if record is None:
             record = self._files[path] = _FileRecord()
         record.stat = read.stat
