@@ -253,12 +253,14 @@ class ManifestSource:
             work = []
         elif rescan or initial:
             work = [path for path in sorted(listing.keys() | self._files.keys())
-                    if (path not in self._files or path in named or self._files[path].stat != listing.get(path))
-                    and path not in deferred]
+                    if (path not in self._files or path in named or path in self._held
+                        or self._files[path].stat != listing.get(path)) and path not in deferred]
         else:
             work = sorted(named - deferred)
         force = False
         with self._registry.grouped_writes():  # committed before the snapshot is published
+            if initial and listing == {}:
+                yield from self._hold_copies(progress)
             while work:
                 gone: set[str] = set()
                 for path in work:
@@ -350,6 +352,27 @@ class ManifestSource:
         kept = len(gone) - len(ending)
         if kept:
             log.debug("manifests: %d files gone, their objects kept (%d held)", kept, len(self._held))
+
+    def _hold_copies(self, progress: Progress) -> Batch:
+        """Start-up on an empty directory that held more than one file before the restart (a
+        volume not mounted yet, the directory recreated while the daemon was down): serve
+        their copies, held as after an emptying, rather than delete every object and free
+        its allocations."""
+        if self._last_good is None or (self._directory / ALLOW_EMPTY_MARKER).exists():
+            return
+        copies = sorted(path for path in self._last_good.paths() if self._last_good.has(path))
+        if len(copies) < 2:
+            return  # one file deleted while the daemon was down, as one removed while it runs
+        for path in copies:
+            record = self._files[path] = _FileRecord()
+            if (yield from self._apply_copy(path, record, progress)) is not None:
+                self._held.add(path)
+            else:
+                del self._files[path]
+        if self._held:
+            self._held_reason = f"the directory is empty at start-up, and held {len(self._held)} files before"
+            log.error("manifest directory %s: %s: serving their last good copies; create %s in it to delete them",
+                      self._directory, self._held_reason, ALLOW_EMPTY_MARKER)
 
     def _settle(self, progress: Progress) -> list[str]:
         """Delete what was dropped and not taken over; the files to retry if that freed anything."""

@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import shutil
 
+from kubeport.endpoints.manifests.lastgood import LastGoodFiles
 from kubeport.endpoints.manifests.watch import ALLOW_EMPTY_MARKER
+from kubeport.endpoints.registry.store import AllocationStore
 from kubeport.endpoints.types import ServiceName
 
 from support.manifests import WEB, Harness, manifests, running, service  # noqa: F401  (a fixture)
@@ -140,3 +142,48 @@ async def test_directory_gone__reported_and_kept(manifests, tmp_path):
         manifests.rename(tmp_path / "elsewhere")
         await harness.until(lambda: any("the manifest directory is gone" in p for p in harness.source.problems))
         assert allocation(harness) == before
+
+
+async def test_restart_on_an_emptied_directory__serves_the_copies_until_the_files_return(manifests, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    store = AllocationStore(state / "allocations.db")
+
+    def start() -> Harness:
+        return Harness(manifests, store, last_good=LastGoodFiles.in_state_dir(state))
+
+    first = start()
+    first.write("web.yaml", service())
+    first.write("api.yaml", service("api"))
+    first.source.load()  # the copies are saved, as at a stop
+    before = allocation(first), allocation(first, API)
+    saved = tmp_path / "saved"
+    shutil.copytree(manifests, saved)
+    for path in manifests.iterdir():  # a volume not mounted yet when the daemon starts again
+        path.unlink()
+    harness = start()
+    async with running(harness):
+        assert (allocation(harness), allocation(harness, API)) == before
+        [problem] = harness.source.problems
+        assert "the directory is empty at start-up, and held 2 files before" in problem
+        shutil.copytree(saved, manifests, dirs_exist_ok=True)
+        await harness.until(lambda: harness.source.problems == [])
+        assert (allocation(harness), allocation(harness, API)) == before
+
+
+async def test_restart_on_an_emptied_directory_with_the_marker__deletes(manifests, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    store = AllocationStore(state / "allocations.db")
+    first = Harness(manifests, store, last_good=LastGoodFiles.in_state_dir(state))
+    first.write("web.yaml", service())
+    first.write("api.yaml", service("api"))
+    first.source.load()
+    for path in manifests.iterdir():
+        path.unlink()
+    harness = Harness(manifests, store, last_good=LastGoodFiles.in_state_dir(state))
+    async with running(harness):
+        assert WEB in harness.state.snapshot.services and harness.source.problems
+        (manifests / ALLOW_EMPTY_MARKER).touch()
+        await harness.until(lambda: not harness.state.snapshot.services)
+        assert harness.source.problems == [] and not harness.registry.allocated_services()
