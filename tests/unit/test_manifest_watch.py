@@ -214,3 +214,35 @@ async def test_a_directory_moved_out_of_the_tree_is_no_longer_reported(watching,
     (outside / "api.json").write_text("{}")  # no longer ours: not reported as team/api.json
     (tmp_path / "web.yaml").write_text("kind: Service\n")
     assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)
+
+
+async def test_a_file_created_empty_is_reported_once_written_and_closed(watching, tmp_path):
+    with open(tmp_path / "web.yaml", "w") as writer:
+        (tmp_path / "api.yaml").write_text("kind: Service\n")  # ready meanwhile: waits up to the cap
+        changes = await watching.changes()
+        assert changes == Changes(frozenset({"api.yaml"}), False, frozenset({"web.yaml"}))
+        writer.write("kind: Service\n")
+    assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)
+
+
+async def test_a_hard_link_is_complete_when_created(watching, tmp_path):
+    (tmp_path / ".staged").write_text("kind: Service\n")
+    os.link(tmp_path / ".staged", tmp_path / "web.yaml")
+    assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)
+
+
+async def test_the_directory_itself_deleted_says_so(tmp_path):
+    directory = tmp_path / "manifests"
+    directory.mkdir()
+    watching = Watching(directory)
+    watching.watch.start()
+    try:
+        (directory / "web.yaml").write_text("kind: Service\n")
+        assert not (await watching.changes()).replaced
+        (directory / "web.yaml").unlink()
+        directory.rmdir()
+        directory.mkdir()
+        changes = await watching.changes()
+        assert changes.rescan and changes.replaced
+    finally:
+        watching.watch.close()
