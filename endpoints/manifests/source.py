@@ -140,7 +140,8 @@ class ManifestSource:
         self._held: set[str] = set()
         self._held_reason = ""
         self._root: tuple[int, int] | None = None  # (st_dev, st_ino) of the directory at the last listing
-        self._replaced = False  # this batch's directory is not the one the files were read from
+        #: directories ("" the top one) not the ones the files were read from: gone as a whole
+        self._replaced: set[str] = set()
         self._missing = False  # the directory itself was gone at the last look
 
     @property
@@ -283,7 +284,7 @@ class ManifestSource:
             for path in self._last_good.paths() - self._files.keys():  # deleted while the daemon was down
                 self._last_good.forget(path)
         if listing is not None:
-            self._replaced = False  # said of the directory this batch read
+            self._replaced = set()  # said of the directory this batch read
         if self._last_good is not None:
             self._last_good.keep_holders(self._holders.contested())
         if initial:
@@ -304,13 +305,15 @@ class ManifestSource:
             # Moved away or unmounted: that is not every manifest deleted. Last good state wins.
             if not self._missing:
                 log.error("manifest directory %s is gone: keeping the objects loaded from it", self._directory)
-            self._missing = self._replaced = True  # whatever comes back at the path is another directory
+            self._missing = True
+            self._replaced.add("")  # whatever comes back at the path is another directory
             return None
         if self._missing:
             log.warning("manifest directory %s is back", self._directory)
         self._missing = False
         root = (found.st_dev, found.st_ino)  # a mount coming or going, seen without inotify
-        self._replaced |= self._root is not None and root != self._root
+        if self._root is not None and root != self._root:
+            self._replaced.add("")
         self._root = root
         return list_manifest_files(self._directory)
 
@@ -325,19 +328,24 @@ class ManifestSource:
         allowed = (self._directory / ALLOW_EMPTY_MARKER).exists()
         if fresh and not initial and not allowed:
             present = self._files.keys() - gone - self._vanished.keys() - self._held
-            if self._replaced:
-                reason = "the directory was replaced (recreated, mounted over or unmounted)"
+            under = [path for path in fresh if any(_within(path, directory) for directory in self._replaced)]
+            if under:
+                held = set(under)
+                reason = ("the directory was replaced (recreated, mounted over or unmounted)" if "" in self._replaced
+                          else f"another file system at {', '.join(sorted(self._replaced))} (mounted over or unmounted)")
             elif not present and len(fresh) > 1:
-                reason = f"all its {len(fresh) + len(self._vanished)} manifest files disappeared at once"
+                held = set(fresh) | self._vanished.keys()
+                reason = f"all its {len(held)} manifest files disappeared at once"
             else:
-                reason = ""
-            if reason:
-                self._held |= set(fresh) | self._vanished.keys()
-                self._vanished.clear()
+                held, reason = set(), ""
+            if held:
+                self._held |= held
+                for path in held:
+                    self._vanished.pop(path, None)
                 self._held_reason = reason
                 log.error("manifest directory %s: %s: still serving the objects of %d files; create %s in it "
                           "to delete them", self._directory, reason, len(self._held), ALLOW_EMPTY_MARKER)
-                fresh = []
+                fresh = [path for path in fresh if path not in held]
         for path in fresh:
             self._vanished[path] = now if initial else now + self._gone_grace
         ending = [path for path in sorted(gone)
@@ -470,6 +478,10 @@ class ManifestSource:
                 if line not in self._reported:
                     log.warning("%s", line)
         self._reported = set(current)
+
+
+def _within(path: str, directory: str) -> bool:
+    return directory == "" or path.startswith(f"{directory}/")
 
 
 def _size(listing: dict[str, StatKey] | None, path: str) -> int | None:

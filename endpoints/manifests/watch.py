@@ -81,13 +81,14 @@ ALLOW_EMPTY_MARKER = ".kubeport-allow-empty"
 
 class Changes(NamedTuple):
     """One burst: manifest paths (relative, POSIX) to read again, and whether to rescan all;
-    files still open for writing, not to be read even by a rescan; whether the directory
-    itself went away (deleted, moved, unmounted), whatever is at its path now."""
+    files still open for writing, not to be read even by a rescan; the directories that went
+    away as a whole, whatever is at their path now: the directory itself ("") deleted, moved
+    or unmounted, a subdirectory unmounted."""
 
     paths: frozenset[str]
     rescan: bool
     deferred: frozenset[str] = frozenset()
-    replaced: bool = False
+    replaced: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Burst:
     gone: set[str] = field(default_factory=set)
     rescan: bool = False
     unsettled: bool = False  # the tree changed shape in this burst
-    replaced: bool = False  # the directory itself went away in this burst
+    replaced: set[str] = field(default_factory=set)  # directories gone as a whole in this burst
 
     def file_event(self, path: str, mask: int, now: float, *, complete: bool = False) -> None:
         """An event on a manifest file (``path`` relative to the directory). ``complete``: an
@@ -126,12 +127,13 @@ class Burst:
         elif mask & (IN_CREATE | IN_MOVED_TO):
             self.gone.discard(path)
 
-    def structure_event(self, now: float, *, replaced: bool = False) -> None:
+    def structure_event(self, now: float, *, replaced: str | None = None) -> None:
         """A directory or symlink came or went, or events were lost: rescan everything.
-        ``replaced``: the watched directory itself went away."""
+        ``replaced``: a directory (relative, "" for the top) that went away as a whole."""
         self._touch(now)
         self.rescan = self.unsettled = True
-        self.replaced |= replaced
+        if replaced is not None:
+            self.replaced.add(replaced)
 
     def _touch(self, now: float) -> None:
         if self.first is None:
@@ -167,8 +169,8 @@ class Burst:
             else:
                 self.paths.add(path)
         deferred = self.deferred()
-        changes = Changes(frozenset(self.paths - deferred), self.rescan, deferred, self.replaced)
-        self.first, self.rescan, self.unsettled, self.replaced = None, False, False, False
+        changes = Changes(frozenset(self.paths - deferred), self.rescan, deferred, frozenset(self.replaced))
+        self.first, self.rescan, self.unsettled, self.replaced = None, False, False, set()
         self.paths, self.gone = set(), set()
         return changes
 
@@ -234,8 +236,8 @@ class DirectoryWatch:
                     changes = self._burst.take(loop.time(), self._is_empty)
                 else:
                     changes = Changes(frozenset(), True, self._burst.deferred())
-                if changes.rescan:
-                    self._rewatch()
+                if changes.rescan and (replaced := self._rewatch()):
+                    changes = changes._replace(replaced=changes.replaced | replaced)
                 return changes
             self._wakeup.clear()
             try:
@@ -261,11 +263,13 @@ class DirectoryWatch:
                 raise
             self._dirs[wd] = "" if path == "." else path
 
-    def _rewatch(self) -> None:
+    def _rewatch(self) -> frozenset[str]:
         """Bring the watches in line with the tree: directories moved within it or away, the
-        directory itself come back (a watch follows an inode, not a path)."""
+        directory itself come back (a watch follows an inode, not a path). The directories
+        now another inode at the same path: recreated, or a mount come or gone there (an
+        unmount has no event while another mount namespace still holds the file system)."""
         if self._fd is None:
-            return
+            return frozenset()
         before, self._dirs = self._dirs, {}
         try:
             self._watch_tree("")
@@ -275,6 +279,8 @@ class DirectoryWatch:
         for wd in before.keys() - self._dirs.keys():
             with contextlib.suppress(OSError):  # already gone with its directory
                 inotify.rm_watch(self._fd, wd)
+        watched = {path: wd for wd, path in before.items()}
+        return frozenset(path for wd, path in self._dirs.items() if watched.get(path, wd) != wd)
 
     def _on_readable(self) -> None:
         now = self._loop.time()  # type: ignore[union-attr]
@@ -300,7 +306,10 @@ class DirectoryWatch:
                             self.directory, self.directory / directory if directory else self.directory)
             if event.mask & IN_IGNORED:
                 del self._dirs[event.wd]
-            return burst.structure_event(now, replaced=directory == "")
+            # The top directory going is an accident more often than not; a subdirectory
+            # deleted is as deliberate as its files deleted, one unmounted is not.
+            gone_whole = directory == "" or bool(event.mask & IN_UNMOUNT)
+            return burst.structure_event(now, replaced=directory if gone_whole else None)
         path = f"{directory}/{event.name}" if directory else event.name
         hidden = event.name.startswith(".")
         if event.mask & IN_ISDIR:

@@ -70,13 +70,13 @@ def web_yaml(topology, revision: int) -> str:
 class Files:
     """The manifest directory, a scratch directory beside it, and the file the tools replace."""
 
-    def __init__(self, topology, tmp_path: Path) -> None:
+    def __init__(self, topology, tmp_path: Path, web_in: str = "") -> None:
         self.topology = topology
         self.dir = tmp_path / "manifests"
         self.scratch = tmp_path / "scratch"
         self.dir.mkdir(exist_ok=True)  # a volume may be mounted there already
         self.scratch.mkdir()
-        self.web = self.dir / "web.yaml"
+        self.web = self.dir / web_in / "web.yaml"
         write(self.dir, "node", node(topology, "a"))
         self.web.write_text(web_yaml(topology, 0))
 
@@ -295,25 +295,28 @@ def kubeport_get_stderr(ns: str) -> str:
     return run_in(ns, kubeport_bin(), "get", "services", "-A").stderr
 
 
-def test_volume_unmounted__keeps_serving_and_the_files_come_back(topology, pods, tmp_path):
-    manifests = tmp_path / "manifests"
-    manifests.mkdir()
-    run("mount", "-t", "tmpfs", "-o", "size=4m", "kubeport-test", manifests)
+@pytest.mark.parametrize("volume, reported", [
+    pytest.param("", "the directory was replaced", id="the_manifest_directory"),
+    pytest.param("team", "another file system at team (mounted over or unmounted)", id="a_subdirectory"),
+])
+def test_volume_unmounted__keeps_serving_and_the_files_come_back(topology, pods, tmp_path, volume, reported):
+    mountpoint = tmp_path / "manifests" / volume
+    mountpoint.mkdir(parents=True)
+    run("mount", "-t", "tmpfs", "-o", "size=4m", "kubeport-test", mountpoint)
     try:
-        files = Files(topology, tmp_path)
+        files = Files(topology, tmp_path, web_in=volume)
         saved = tmp_path / "saved"
-        shutil.copytree(files.dir, saved)
+        shutil.copytree(mountpoint, saved)
         daemon, before, client = start(topology, files, tmp_path)
-        # `ip netns exec` gave the daemon a mount namespace of its own (the host's / is private
-        # here): unmount the volume where the daemon sees it, and in the test's namespace.
-        run("nsenter", "-t", str(daemon.proc.pid), "-m", "umount", manifests)
-        run("umount", manifests)
-        until_sync(lambda: any("the directory was replaced" in p for p in problems(daemon)),
-                   "the unmounted volume reported in /readyz", 15)
-        assert "unmounted" in daemon.log_text()
+        # `ip netns exec` gave the daemon a mount namespace of its own (the host's / may be
+        # private): unmount the volume where the daemon sees it, and in the test's namespace.
+        run("nsenter", "-t", str(daemon.proc.pid), "-m", "umount", mountpoint)
+        run("umount", mountpoint)
+        until_sync(lambda: any(reported in p for p in problems(daemon)), "the unmounted volume reported in /readyz", 15)
+        assert reported in daemon.log_text()
         client.running(50)
         assert allocations(daemon.ns) == before
-        shell('cp -a "$1"/. "$2"', saved, manifests)  # the same files, now in the directory beneath
+        shell('cp -a "$1"/. "$2"', saved, mountpoint)  # the same files, now in the directory beneath
         until_sync(lambda: problems(daemon) == [], "the files back, no problem left", 15)
         client.running()
         counts = client.stop()
@@ -321,6 +324,6 @@ def test_volume_unmounted__keeps_serving_and_the_files_come_back(topology, pods,
         assert allocations(daemon.ns) == before
     finally:
         try:
-            run("umount", manifests)
+            run("umount", mountpoint)
         except subprocess.CalledProcessError:
             pass  # unmounted by the test
