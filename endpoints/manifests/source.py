@@ -268,7 +268,7 @@ class ManifestSource:
                     progress.done.add(path)
                     yield from self._apply_file(path, progress, gone, force=force, size=_size(listing, path),
                                                 initial=initial and not force)
-                if gone:
+                if gone or self._vanished or self._held:
                     self._resolve_gone(gone, progress, initial=initial)
                 if initial:  # every file was read: what a preferred holder did not take is free
                     progress.dropped |= self._holders.end_preferences()
@@ -350,6 +350,9 @@ class ManifestSource:
             self._vanished[path] = now if initial else now + self._gone_grace
         ending = [path for path in sorted(gone)
                   if (path in self._vanished and now >= self._vanished[path]) or (path in self._held and allowed)]
+        # Moved to another file (`mv a.yaml b.yaml`): the new file takes its objects over now.
+        ending += [path for path in sorted((self._vanished.keys() | self._held) - set(ending))
+                   if self._holders.all_declared_elsewhere(path, self._files[path].keys)]
         for path in ending:
             self._vanished.pop(path, None)
             self._held.discard(path)

@@ -187,3 +187,16 @@ async def test_restart_on_an_emptied_directory_with_the_marker__deletes(manifest
         (manifests / ALLOW_EMPTY_MARKER).touch()
         await harness.until(lambda: not harness.state.snapshot.services)
         assert harness.source.problems == [] and not harness.registry.allocated_services()
+
+
+async def test_renamed_to_another_name__taken_over_at_once(manifests):
+    harness = Harness(manifests, gone_grace_ms=60_000)
+    harness.write("a.yaml", service())
+    async with running(harness), every_snapshot(harness) as seen:
+        before = allocation(harness)
+        (manifests / "a.yaml").rename(manifests / "b.yaml")
+        await harness.until(lambda: harness.source.files_loaded == 1 and harness.source.problems == [])
+        assert allocation(harness) == before
+        assert all(WEB in services for services in seen), seen
+        harness.write("b.yaml", service(port=81))  # b.yaml holds it: its edits apply
+        await harness.until(lambda: harness.ports() == [81])
