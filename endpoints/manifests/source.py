@@ -243,6 +243,8 @@ class ManifestSource:
         even if their stat looks unchanged: a same-size rewrite within the file system's
         timestamp granularity keeps it. Without ``rescan`` only they are looked at, and the
         deleted files whose grace ended. ``deferred`` files (open for writing) are not read."""
+        for path in deferred & self._vanished.keys():
+            del self._vanished[path]  # back, and being written: read once it is complete
         now = time.monotonic()
         named |= {path for path, ends in self._vanished.items() if now >= ends}
         if rescan or initial:

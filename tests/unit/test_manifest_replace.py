@@ -200,3 +200,22 @@ async def test_renamed_to_another_name__taken_over_at_once(manifests):
         assert all(WEB in services for services in seen), seen
         harness.write("b.yaml", service(port=81))  # b.yaml holds it: its edits apply
         await harness.until(lambda: harness.ports() == [81])
+
+
+async def test_back_but_written_slower_than_the_grace__kept_until_complete(manifests):
+    harness = Harness(manifests, gone_grace_ms=300)
+    harness.write("web.yaml", service(port=80))
+    async with running(harness):
+        before = allocation(harness)
+        batches = harness.source.batches
+        (manifests / "web.yaml").unlink()
+        await harness.until(lambda: harness.source.batches > batches)  # seen gone: its grace runs
+        with open(manifests / "web.yaml", "w") as writer:  # back, open past the grace's end
+            batches = harness.source.batches
+            harness.write("sentinel.yaml", service("sentinel"))  # waits for the writer, up to 1 s
+            await harness.until(lambda: ServiceName("default", "sentinel") in harness.state.snapshot.services)
+            assert harness.ports() == [80]
+            assert harness.source.batches < batches + 5  # the grace's end is one batch, not one per loop turn
+            writer.write(service(port=81))
+        await harness.until(lambda: harness.ports() == [81])
+        assert allocation(harness) == before
