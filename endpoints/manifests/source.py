@@ -21,10 +21,12 @@ Last good state wins:
   written, :mod:`~kubeport.endpoints.manifests.watch`);
 - a directory emptied all at once is not every object deleted: when the files that disappear
   in one batch are all there were and more than one, or the directory itself was replaced
-  (recreated, mounted over, unmounted: another inode or file system at its path), or it is
-  gone, their objects are held and served, with a problem line, until the files come back,
-  or until ``ALLOW_EMPTY_MARKER`` in the directory says the emptying is meant. Files
-  removed one by one are deleted each after its grace.
+  (recreated, mounted over, unmounted: another inode or file system at its path; for a
+  subdirectory, another file system), or it is gone, their objects are held and served,
+  with a problem line, until the files come back, or until ``ALLOW_EMPTY_MARKER`` in the
+  directory says the emptying is meant; so are the saved copies of a directory found empty
+  at start-up that held more than one file. Files removed one by one are deleted each after
+  its grace; a file whose objects another file now declares (a rename) lets go at once.
 Across a restart too: each file's objects as served are saved in ``--state-dir``
 (:mod:`~kubeport.endpoints.manifests.lastgood`), and at start-up a file whose saved copy is
 not its current version is applied on top of that copy, as an edit of it, by the same rules:

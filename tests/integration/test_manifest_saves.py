@@ -31,7 +31,8 @@ from support.netns.operating import CLIENT_LOOP
 pytestmark = pytest.mark.integration
 
 REPS = int(os.environ.get("KUBEPORT_SAVE_REPS", "3"))
-VIM = shutil.which("vim") or shutil.which("vim.tiny") or "vim"
+# Debian's vim, and vim-tiny (what .ci/run installs); under CI one of them must be there.
+VIMS = [vim for vim in ("vim", "vim.tiny") if shutil.which(vim)] or ["vim.tiny"]
 
 
 def web_yaml(topology, revision: int) -> str:
@@ -120,15 +121,12 @@ def save_rm_then_cp(files: Files, n: int) -> int:
     return n
 
 
-def save_vim(files: Files, n: int) -> int:
-    run(VIM, "-Es", "-c", "%" + SUBSTITUTE.format(n), "-c", "wq", files.web)
-    return n
-
-
-def save_vim_renaming(files: Files, n: int) -> int:
-    # vim's rename-then-write save (`backupcopy=no`), which /tmp files are otherwise spared.
-    run(VIM, "-Es", "-c", "set backupcopy=no backupskip=", "-c", "%" + SUBSTITUTE.format(n), "-c", "wq", files.web)
-    return n
+def save_vim(vim: str, *settings: str) -> Callable[[Files, int], int]:
+    def save(files: Files, n: int) -> int:
+        options = [arg for setting in settings for arg in ("-c", f"set {setting}")]
+        run(vim, "-Es", *options, "-c", "%" + SUBSTITUTE.format(n), "-c", "wq", files.web)
+        return n
+    return save
 
 
 def save_git_checkout(files: Files, n: int) -> int:
@@ -163,8 +161,9 @@ SAVES = {
     "sed_i": save_sed,
     "mv_over": save_mv_over,
     "rm_then_cp": save_rm_then_cp,
-    "vim_ex_mode": save_vim,
-    "vim_ex_mode_renaming_backup": save_vim_renaming,
+    **{f"{vim}_ex_mode": save_vim(vim) for vim in VIMS},
+    # vim's rename-then-write save (`backupcopy=no`), which files under /tmp are otherwise spared.
+    **{f"{vim}_ex_mode_renaming_backup": save_vim(vim, "backupcopy=no backupskip=") for vim in VIMS},
     "git_checkout": save_git_checkout,
     "cp_remove_destination": save_cp_remove_destination,
     "install": save_install,
@@ -259,6 +258,7 @@ def test_saving_a_file_keeps_its_allocations_and_loses_no_request(topology, pods
         revision = save(files, n)
         state = until_sync(lambda: (s := served(ns))[1] == f"rev{revision}" and s, f"revision {revision} served", 10)
         assert state[0] == before["demo/web"], f"repetition {n}: web's allocation changed"
+        client.running(5)  # requests between the saves too, not only during them
     client.running()
     counts = client.stop()
     assert counts["tcp_fail"] == 0 and counts["udp_lost"] == 0, counts
