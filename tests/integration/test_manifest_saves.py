@@ -256,7 +256,8 @@ def test_saving_a_file_keeps_its_allocations_and_loses_no_request(topology, pods
     ns = daemon.ns
     for n in range(1, REPS + 1):
         revision = save(files, n)
-        state = until_sync(lambda: (s := served(ns))[1] == f"rev{revision}" and s, f"revision {revision} served", 10)
+        wanted = f"rev{revision}"
+        state = until_sync(lambda: (s := served(ns))[1] == wanted and s, f"{wanted} served", 10)  # noqa: B023
         assert state[0] == before["demo/web"], f"repetition {n}: web's allocation changed"
         client.running(5)  # requests between the saves too, not only during them
     client.running()

@@ -4,6 +4,7 @@ in), and the asyncio adapter on a real directory (waits on conditions with deadl
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import struct
 from pathlib import Path
@@ -101,7 +102,7 @@ REPLACEMENTS = {
 def test_a_replaced_file_is_read_only_once_closed(steps):
     """Between each step and the next the burst is not due: the file is read once, complete."""
     burst = Burst(QUIET, SETTLE, MAX_DELAY, WRITE_QUIET)
-    for (now, mask), (after, _) in zip(steps, steps[1:], strict=False):
+    for (now, mask), (after, _) in itertools.pairwise(steps):
         burst.file_event("web.yaml", mask, 10.0 + now)
         assert burst.due() > 10.0 + after, f"due before the event at +{after}"
     now, mask = steps[-1]
