@@ -13,7 +13,7 @@ The core (:class:`Burst`, and :func:`~kubeport.lib.inotify.parse_events`) is pur
   the old file away before writing the new one must not delete its objects for a moment),
   or when the tree changed shape (a directory, a symlink swap as in a mounted ConfigMap);
 - once every file written in it is closed again (never half a file), at the latest
-  ``max_delay`` after its first event.
+  ``max_delay`` after its first event, without the files still open then.
 A file open for writing is never read: one created empty (``rm`` then ``cp``, ``git
 checkout``, a shell's ``>``, vim writing its new copy) or being rewritten is read once it
 is closed after writing, or once no event came for ``write_quiet`` while it holds bytes (a
@@ -83,7 +83,7 @@ class Changes(NamedTuple):
     """One burst: manifest paths (relative, POSIX) to read again, and whether to rescan all;
     files still open for writing, not to be read even by a rescan; the directories that went
     away as a whole, whatever is at their path now: the directory itself ("") deleted, moved
-    or unmounted, a subdirectory unmounted."""
+    or unmounted, a subdirectory unmounted or mounted over."""
 
     paths: frozenset[str]
     rescan: bool
