@@ -142,6 +142,8 @@ class ManifestSource:
         self._held: set[str] = set()
         self._held_reason = ""
         self._root: tuple[int, int] | None = None  # (st_dev, st_ino) of the directory at the last listing
+        #: the same, of the directory the saved copies come from
+        self._saved_root = last_good.source_directory() if last_good is not None else None
         #: directories ("" the top one) not the ones the files were read from: gone as a whole
         self._replaced: set[str] = set()
         self._missing = False  # the directory itself was gone at the last look
@@ -289,6 +291,9 @@ class ManifestSource:
                 self._last_good.forget(path)
         if listing is not None:
             self._replaced = set()  # said of the directory this batch read
+            if self._last_good is not None and self._root != self._saved_root and not self._held and self._files:
+                self._last_good.keep_source_directory(self._root)  # type: ignore[arg-type]
+                self._saved_root = self._root
         if self._last_good is not None:
             self._last_good.keep_holders(self._holders.contested())
         if initial:
@@ -369,14 +374,15 @@ class ManifestSource:
             log.debug("manifests: %d files gone, their objects kept (%d held)", kept, len(self._held))
 
     def _hold_copies(self, progress: Progress) -> Batch:
-        """Start-up on an empty directory that held more than one file before the restart (a
-        volume not mounted yet, the directory recreated while the daemon was down): serve
-        their copies, held as after an emptying, rather than delete every object and free
-        its allocations."""
+        """Start-up on an empty directory that held more than one file before the restart, or
+        any while it was another directory (a volume not mounted yet, the directory recreated
+        while the daemon was down): serve their copies, held as after an emptying, rather
+        than delete every object and free its allocations."""
         if self._last_good is None or (self._directory / ALLOW_EMPTY_MARKER).exists():
             return
         copies = sorted(path for path in self._last_good.paths() if self._last_good.has(path))
-        if len(copies) < 2:
+        replaced = self._saved_root is not None and self._saved_root != self._root
+        if not copies or (len(copies) < 2 and not replaced):
             return  # one file deleted while the daemon was down, as one removed while it runs
         for path in copies:
             record = self._files[path] = _FileRecord()
@@ -385,7 +391,8 @@ class ManifestSource:
             else:
                 del self._files[path]
         if self._held:
-            self._held_reason = f"the directory is empty at start-up, and held {len(self._held)} files before"
+            self._held_reason = (f"the directory is empty at start-up, and held {len(self._held)} files before"
+                                 + (" (it was another directory or file system then)" if replaced else ""))
             log.error("manifest directory %s: %s: serving their last good copies; create %s in it to delete them",
                       self._directory, self._held_reason, ALLOW_EMPTY_MARKER)
 

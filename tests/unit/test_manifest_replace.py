@@ -219,3 +219,25 @@ async def test_back_but_written_slower_than_the_grace__kept_until_complete(manif
             writer.write(service(port=81))
         await harness.until(lambda: harness.ports() == [81])
         assert allocation(harness) == before
+
+
+async def test_restart_on_another_empty_directory__serves_even_a_single_copy(manifests, tmp_path):
+    # A volume not mounted yet: its one file is not deleted, the directory is another one.
+    state = tmp_path / "state"
+    state.mkdir()
+    store = AllocationStore(state / "allocations.db")
+    first = Harness(manifests, store, last_good=LastGoodFiles.in_state_dir(state))
+    first.write("web.yaml", service())
+    first.source.load()
+    before = allocation(first)
+    saved = tmp_path / "saved"
+    manifests.rename(saved)
+    manifests.mkdir()  # another directory at the path
+    harness = Harness(manifests, store, last_good=LastGoodFiles.in_state_dir(state))
+    async with running(harness):
+        assert allocation(harness) == before
+        [problem] = harness.source.problems
+        assert "(it was another directory or file system then)" in problem
+        shutil.copy(saved / "web.yaml", manifests / "web.yaml")
+        await harness.until(lambda: harness.source.problems == [])
+        assert allocation(harness) == before
