@@ -25,7 +25,7 @@ Last good state wins:
   subdirectory, another file system), or it is gone, their objects are held and served,
   with a problem line, until the files come back, or until ``ALLOW_EMPTY_MARKER`` in the
   directory says the emptying is meant; so are the saved copies of a directory found empty
-  at start-up that held more than one file. Files removed one by one are deleted each after
+  at start-up that held more than one file, or any while it was another directory. Files removed one by one are deleted each after
   its grace; a file whose objects another file now declares (a rename) lets go at once.
 Across a restart too: each file's objects as served are saved in ``--state-dir``
 (:mod:`~kubeport.endpoints.manifests.lastgood`), and at start-up a file whose saved copy is
