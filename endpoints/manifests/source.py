@@ -25,8 +25,9 @@ Last good state wins:
   subdirectory, another file system), or it is gone, their objects are held and served,
   with a problem line, until the files come back, or until ``ALLOW_EMPTY_MARKER`` in the
   directory says the emptying is meant; so are the saved copies of a directory found empty
-  at start-up that held more than one file, or any while it was another directory. Files removed one by one are deleted each after
-  its grace; a file whose objects another file now declares (a rename) lets go at once.
+  at start-up that held more than one file, or any while it was another directory. Files
+  removed one by one are deleted each after its grace; a file whose objects another file
+  now declares (a rename) lets go at once.
 Across a restart too: each file's objects as served are saved in ``--state-dir``
 (:mod:`~kubeport.endpoints.manifests.lastgood`), and at start-up a file whose saved copy is
 not its current version is applied on top of that copy, as an edit of it, by the same rules:
@@ -340,8 +341,10 @@ class ManifestSource:
             under = [path for path in fresh if any(_within(path, directory) for directory in self._replaced)]
             if under:
                 held = set(under)
-                reason = ("the directory was replaced (recreated, mounted over or unmounted)" if "" in self._replaced
-                          else f"another file system at {', '.join(sorted(self._replaced))} (mounted over or unmounted)")
+                if "" in self._replaced:
+                    reason = "the directory was replaced (recreated, mounted over or unmounted)"
+                else:
+                    reason = f"another file system at {', '.join(sorted(self._replaced))} (mounted over or unmounted)"
             elif not present and len(fresh) > 1:
                 held = set(fresh) | self._vanished.keys()
                 reason = f"all its {len(held)} manifest files disappeared at once"
