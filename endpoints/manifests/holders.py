@@ -77,6 +77,12 @@ class Holders:
                 self._forget_duplicate(path, key)
         return released
 
+    def all_declared_elsewhere(self, path: str, keys: Iterable[ObjectKey]) -> bool:
+        """Every object of ``keys`` that ``path`` holds is declared by another file too (and
+        there is one)."""
+        held = [key for key in keys if self._holder.get(key) == path]
+        return bool(held) and all(self._duplicates.get(key) for key in held)
+
     def waiting(self, keys: Iterable[ObjectKey]) -> set[str]:
         """Files with an ignored declaration of one of ``keys`` that nobody holds."""
         return {path for key in keys if key not in self._holder for path in self._duplicates.get(key, ())}

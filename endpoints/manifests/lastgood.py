@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 DIRECTORY_NAME = "last-good"
 INDEX_NAME = "index.json"
 HOLDERS_NAME = "holders.json"
+SOURCE_DIRECTORY_NAME = "source-directory.json"
 _CHUNK = 1 << 20
 #: A save copying no more than this is made on the event loop (see ``keep_saving``).
 INLINE_SAVE_BYTES = 256 * 1024
@@ -151,6 +152,24 @@ class LastGoodFiles:
         """The holders of contested objects now: saved if they changed."""
         if holders != (self._holders if self._pending.holders is None else self._pending.holders):
             self._pending.holders = holders
+
+    def source_directory(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the manifest directory the copies were made from, if saved."""
+        try:
+            saved = json.loads((self.directory / SOURCE_DIRECTORY_NAME).read_text())
+            return int(saved[0]), int(saved[1])
+        except (OSError, ValueError, TypeError, IndexError, KeyError):
+            return None
+
+    def keep_source_directory(self, identity: tuple[int, int]) -> None:
+        """The manifest directory the copies come from: another one at its path at start-up
+        (a volume not mounted yet) is not the files deleted. Written now, when it changed."""
+        if identity == self.source_directory():
+            return
+        try:
+            self._write(SOURCE_DIRECTORY_NAME, list(identity))
+        except OSError as exc:
+            log.warning("last good manifests %s: cannot save %s (%s)", self.directory, SOURCE_DIRECTORY_NAME, exc)
 
     def forget(self, path: str) -> None:
         """``path`` is gone from the directory: so is its copy."""

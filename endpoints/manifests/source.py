@@ -13,8 +13,21 @@ Last good state wins:
 - an object that fails validation or admission keeps its previous version, if any, as does
   an object the file no longer declares while a broken or unread document of the file may
   stand for it (:mod:`~kubeport.endpoints.manifests.objects`);
-- an object that disappears from a parsable file, or whose file is deleted, is deleted
-  (``ClusterState.delete`` and ``Registry.release``) at the end of the batch.
+- an object that disappears from a parsable file is deleted (``ClusterState.delete`` and
+  ``Registry.release``) at the end of the batch; one whose file is deleted, once the file
+  stayed away for ``gone_grace_ms``: a tool that replaces a file by unlinking it, or by
+  moving it away, and then writes the new one keeps every object, with its allocations, and
+  no client sees it absent meanwhile (the watch does not read the new file until it is
+  written, :mod:`~kubeport.endpoints.manifests.watch`);
+- a directory emptied all at once is not every object deleted: when the files that disappear
+  in one batch are all there were and more than one, or the directory itself was replaced
+  (recreated, mounted over, unmounted: another inode or file system at its path; for a
+  subdirectory, another file system), or it is gone, their objects are held and served,
+  with a problem line, until the files come back, or until ``ALLOW_EMPTY_MARKER`` in the
+  directory says the emptying is meant; so are the saved copies of a directory found empty
+  at start-up that held more than one file, or any while it was another directory. Files
+  removed one by one are deleted each after its grace; a file whose objects another file
+  now declares (a rename) lets go at once.
 Across a restart too: each file's objects as served are saved in ``--state-dir``
 (:mod:`~kubeport.endpoints.manifests.lastgood`), and at start-up a file whose saved copy is
 not its current version is applied on top of that copy, as an edit of it, by the same rules:
@@ -39,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,7 +72,7 @@ from kubeport.endpoints.manifests.read import (
     read_manifest,
     stat_manifest_files,
 )
-from kubeport.endpoints.manifests.watch import DirectoryWatch
+from kubeport.endpoints.manifests.watch import ALLOW_EMPTY_MARKER, DirectoryWatch
 from kubeport.endpoints.registry.registry import Admitter
 from kubeport.endpoints.state import ClusterState
 
@@ -68,6 +82,8 @@ __all__ = ["SOURCE_KINDS", "ManifestSource"]
 
 #: Files up to this size are read and parsed on the event loop, larger ones in a thread.
 INLINE_BYTES = 64 * 1024
+#: A deleted file's objects are kept this long, in case the file is being replaced.
+GONE_GRACE_MS = 3_000
 
 
 @dataclass(slots=True)
@@ -97,6 +113,7 @@ class ManifestSource:
         last_good: LastGoodFiles | None = None,
         duplicate_note: str = "",
         limits: ReadLimits | None = None,
+        gone_grace_ms: float = GONE_GRACE_MS,
     ) -> None:
         """
         :param directory: the manifest directory, read recursively.
@@ -112,6 +129,7 @@ class ManifestSource:
             what the daemon served before a restart, served again after it.
         :param duplicate_note: added to each ``declared also in`` line.
         :param limits: what is read at most (:class:`~kubeport.endpoints.manifests.read.ReadLimits`).
+        :param gone_grace_ms: how long a deleted file's objects are kept, in case it comes back.
         """
         # Resolved: inotify reports paths under the real directory.
         self._directory = Path(directory).resolve()
@@ -129,11 +147,33 @@ class ManifestSource:
         self._collect_pending = True
         self._batches = 0
         self._batch_applied = asyncio.Event()
+        self._gone_grace = gone_grace_ms / 1e3
+        #: files gone from the directory, their objects kept: path -> when the grace ends (monotonic)
+        self._vanished: dict[str, float] = {}
+        #: files gone as the directory emptied all at once: kept until they return or the marker says so
+        self._held: set[str] = set()
+        self._held_reason = ""
+        self._root: tuple[int, int] | None = None  # (st_dev, st_ino) of the directory at the last listing
+        #: the same, of the directory the saved copies come from
+        self._saved_root = last_good.source_directory() if last_good is not None else None
+        #: directories ("" the top one) not the ones the files were read from: gone as a whole
+        self._replaced: set[str] = set()
+        self._missing = False  # the directory itself was gone at the last look
 
     @property
     def problems(self) -> list[str]:
         """Every current problem, ``<path relative to the directory>: <message>``."""
-        return [line for path in sorted(self._files) for line in self._files[path].problems]
+        lines = [line for path in sorted(self._files) for line in self._files[path].problems]
+        if self._missing:
+            lines.insert(0, f"{self._directory}: the manifest directory is gone (moved away or unmounted): "
+                            f"serving the objects of its {len(self._files)} files until it is back")
+        elif self._held:
+            held = sorted(self._held)
+            named = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+            lines.insert(0, f"{self._directory}: {self._held_reason}: serving the objects of {named} until they "
+                            f"are back; if the emptying is meant, create {ALLOW_EMPTY_MARKER} in the directory "
+                            f"to delete them")
+        return lines
 
     @property
     def skipped(self) -> list[str]:
@@ -184,8 +224,9 @@ class ManifestSource:
                 synced.set()
             while True:
                 save_wanted.set()
-                changes = await watch.next_changes()
-                await drive(self._batch(set(changes.paths), rescan=changes.rescan))
+                changes = await watch.next_changes(self._next_grace_end())
+                self._replaced |= changes.replaced
+                await drive(self._batch(set(changes.paths), rescan=changes.rescan, deferred=changes.deferred))
         finally:
             watch.close()
             saver.cancel()
@@ -206,10 +247,22 @@ class ManifestSource:
 
     # --- a batch ------------------------------------------------------------------------------
 
-    def _batch(self, named: set[str], *, initial: bool = False, rescan: bool = True) -> Batch:
+    def _next_grace_end(self) -> float | None:
+        """Seconds until the first deleted file's grace ends, if any is running."""
+        if not self._vanished:
+            return None
+        return min(self._vanished.values()) - time.monotonic() + 0.005  # past it, on a coarse loop clock
+
+    def _batch(self, named: set[str], *, initial: bool = False, rescan: bool = True,
+               deferred: frozenset[str] = frozenset()) -> Batch:
         """Apply what changed on disk as one commit. ``named`` files (from events) are read
         even if their stat looks unchanged: a same-size rewrite within the file system's
-        timestamp granularity keeps it. Without ``rescan`` only they are looked at."""
+        timestamp granularity keeps it. Without ``rescan`` only they are looked at, and the
+        deleted files whose grace ended. ``deferred`` files (open for writing) are not read."""
+        for path in deferred & self._vanished.keys():
+            del self._vanished[path]  # back, and being written: read once it is complete
+        now = time.monotonic()
+        named |= {path for path, ends in self._vanished.items() if now >= ends}
         if rescan or initial:
             listing: dict[str, StatKey] | None = yield self._list
         else:
@@ -219,16 +272,22 @@ class ManifestSource:
             work = []
         elif rescan or initial:
             work = [path for path in sorted(listing.keys() | self._files.keys())
-                    if path not in self._files or path in named or self._files[path].stat != listing.get(path)]
+                    if (path not in self._files or path in named or path in self._held
+                        or self._files[path].stat != listing.get(path)) and path not in deferred]
         else:
-            work = sorted(named)
+            work = sorted(named - deferred)
         force = False
         with self._registry.grouped_writes():  # committed before the snapshot is published
+            if initial and listing == {}:
+                yield from self._hold_copies(progress)
             while work:
+                gone: set[str] = set()
                 for path in work:
                     progress.done.add(path)
-                    yield from self._apply_file(path, progress, force=force, size=_size(listing, path),
+                    yield from self._apply_file(path, progress, gone, force=force, size=_size(listing, path),
                                                 initial=initial and not force)
+                if gone or self._vanished or self._held:
+                    self._resolve_gone(gone, progress, initial=initial)
                 if initial:  # every file was read: what a preferred holder did not take is free
                     progress.dropped |= self._holders.end_preferences()
                 force = True  # files read again: their bytes may be those read last time
@@ -242,6 +301,11 @@ class ManifestSource:
         if self._last_good is not None and initial and listing is not None:
             for path in self._last_good.paths() - self._files.keys():  # deleted while the daemon was down
                 self._last_good.forget(path)
+        if listing is not None:
+            self._replaced = set()  # said of the directory this batch read
+            if self._last_good is not None and self._root != self._saved_root and not self._held and self._files:
+                self._last_good.keep_source_directory(self._root)  # type: ignore[arg-type]
+                self._saved_root = self._root
         if self._last_good is not None:
             self._last_good.keep_holders(self._holders.contested())
         if initial:
@@ -254,14 +318,97 @@ class ManifestSource:
         self._batch_applied = asyncio.Event()
 
     def _list(self) -> dict[str, StatKey] | None:
-        if self._directory.is_dir():
-            return list_manifest_files(self._directory)
-        # Moved away or unmounted: that is not every manifest deleted. Last good state wins.
-        log.error("manifest directory %s is gone: keeping the objects loaded from it", self._directory)
-        return None
+        try:
+            found = os.stat(self._directory)
+        except OSError:
+            found = None
+        if found is None or not stat.S_ISDIR(found.st_mode):
+            # Moved away or unmounted: that is not every manifest deleted. Last good state wins.
+            if not self._missing:
+                log.error("manifest directory %s is gone: keeping the objects loaded from it", self._directory)
+            self._missing = True
+            self._replaced.add("")  # whatever comes back at the path is another directory
+            return None
+        if self._missing:
+            log.warning("manifest directory %s is back", self._directory)
+        self._missing = False
+        root = (found.st_dev, found.st_ino)  # a mount coming or going, seen without inotify
+        if self._root is not None and root != self._root:
+            self._replaced.add("")
+        self._root = root
+        return list_manifest_files(self._directory)
 
     def _stat_named(self, named: set[str]) -> dict[str, StatKey] | None:
         return stat_manifest_files(self._directory, named) if self._directory.is_dir() else self._list()
+
+    def _resolve_gone(self, gone: set[str], progress: Progress, *, initial: bool) -> None:
+        """Files this batch found gone: a grace for each, unless the directory emptied all at
+        once (hold them); those whose grace ended, or held ones the marker lets go, are dropped."""
+        now = time.monotonic()
+        fresh = sorted(path for path in gone if path not in self._vanished and path not in self._held)
+        allowed = (self._directory / ALLOW_EMPTY_MARKER).exists()
+        if fresh and not initial and not allowed:
+            present = self._files.keys() - gone - self._vanished.keys() - self._held
+            under = [path for path in fresh if any(_within(path, directory) for directory in self._replaced)]
+            if under:
+                held = set(under)
+                if "" in self._replaced:
+                    reason = "the directory was replaced (recreated, mounted over or unmounted)"
+                else:
+                    reason = f"another file system at {', '.join(sorted(self._replaced))} (mounted over or unmounted)"
+            elif not present and len(fresh) > 1:
+                held = set(fresh) | self._vanished.keys()
+                reason = f"all its {len(held)} manifest files disappeared at once"
+            else:
+                held, reason = set(), ""
+            if held:
+                self._held |= held
+                for path in held:
+                    self._vanished.pop(path, None)
+                self._held_reason = reason
+                log.error("manifest directory %s: %s: still serving the objects of %d files; create %s in it "
+                          "to delete them", self._directory, reason, len(self._held), ALLOW_EMPTY_MARKER)
+                fresh = [path for path in fresh if path not in held]
+        for path in fresh:
+            self._vanished[path] = now if initial else now + self._gone_grace
+        ending = [path for path in sorted(gone)
+                  if (path in self._vanished and now >= self._vanished[path]) or (path in self._held and allowed)]
+        # Moved to another file (`mv a.yaml b.yaml`): the new file takes its objects over now.
+        ending += [path for path in sorted((self._vanished.keys() | self._held) - set(ending))
+                   if self._holders.all_declared_elsewhere(path, self._files[path].keys)]
+        for path in ending:
+            self._vanished.pop(path, None)
+            self._held.discard(path)
+            record = self._files.pop(path)
+            progress.dropped |= self._holders.drop(path, record.keys)
+            if self._last_good is not None:
+                self._last_good.forget(path)
+        kept = len(gone) - len(ending)
+        if kept:
+            log.debug("manifests: %d files gone, their objects kept (%d held)", kept, len(self._held))
+
+    def _hold_copies(self, progress: Progress) -> Batch:
+        """Start-up on an empty directory that held more than one file before the restart, or
+        any while it was another directory (a volume not mounted yet, the directory recreated
+        while the daemon was down): serve their copies, held as after an emptying, rather
+        than delete every object and free its allocations."""
+        if self._last_good is None or (self._directory / ALLOW_EMPTY_MARKER).exists():
+            return
+        copies = sorted(path for path in self._last_good.paths() if self._last_good.has(path))
+        replaced = self._saved_root is not None and self._saved_root != self._root
+        if not copies or (len(copies) < 2 and not replaced):
+            return  # one file deleted while the daemon was down, as one removed while it runs
+        for path in copies:
+            record = self._files[path] = _FileRecord()
+            if (yield from self._apply_copy(path, record, progress)) is not None:
+                self._held.add(path)
+            else:
+                del self._files[path]
+        if self._held:
+            self._held_reason = (f"the directory is empty at start-up, and held {len(self._held)} files before"
+                                 + (" (it was another directory or file system then)" if replaced else ""))
+            log.error("manifest directory %s: %s: serving their last good copies; create %s in it to delete them",
+                      self._directory, self._held_reason, ALLOW_EMPTY_MARKER)
 
     def _settle(self, progress: Progress) -> list[str]:
         """Delete what was dropped and not taken over; the files to retry if that freed anything."""
@@ -276,7 +423,7 @@ class ManifestSource:
         progress.freed = False
         return sorted(retry)
 
-    def _apply_file(self, path: str, progress: Progress, *, force: bool, size: int | None,
+    def _apply_file(self, path: str, progress: Progress, gone: set[str], *, force: bool, size: int | None,
                     initial: bool = False) -> Batch:
         record = self._files.get(path)
         first_read = record is None
@@ -294,11 +441,14 @@ class ManifestSource:
             read = yield read_file
         if read.gone:
             if record is not None:
-                progress.dropped |= self._holders.drop(path, record.keys)
-                del self._files[path]
-            if self._last_good is not None:
+                gone.add(path)  # what that means depends on the batch's other files: _resolve_gone
+            elif self._last_good is not None:
                 self._last_good.forget(path)
             return
+        if path in self._vanished or path in self._held:
+            self._vanished.pop(path, None)
+            self._held.discard(path)
+            log.debug("%s: back, its objects kept throughout", path)
         if record is None:
             record = self._files[path] = _FileRecord()
         record.stat = read.stat
@@ -360,6 +510,10 @@ class ManifestSource:
                 if line not in self._reported:
                     log.warning("%s", line)
         self._reported = set(current)
+
+
+def _within(path: str, directory: str) -> bool:
+    return directory == "" or path.startswith(f"{directory}/")
 
 
 def _size(listing: dict[str, StatKey] | None, path: str) -> int | None:

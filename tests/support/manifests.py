@@ -87,11 +87,12 @@ def new_registry(store: AllocationStore | None = None, seed: int = 7) -> Countin
 
 class Harness:
     def __init__(self, directory: Path, store: AllocationStore | None = None, seed: int = 7,
-                 last_good: LastGoodFiles | None = None) -> None:
+                 last_good: LastGoodFiles | None = None, gone_grace_ms: float = 100) -> None:
         self.dir = directory
         self.registry = new_registry(store, seed)
         self.state = ClusterState("node-a", pod_slices=slices_for)  # manifest mode's controller, as the daemon runs it
-        self.source = ManifestSource(directory, self.registry, self.state, debounce_ms=20, last_good=last_good)
+        self.source = ManifestSource(directory, self.registry, self.state, debounce_ms=20, last_good=last_good,
+                                     gone_grace_ms=gone_grace_ms)
 
     def write(self, name: str, text: str) -> None:
         path = self.dir / name

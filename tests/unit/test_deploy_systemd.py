@@ -46,6 +46,8 @@ def test_example_configuration_loads():
 
 def test_notify_with_a_watchdog_and_always_restarted():
     service = unit()["Service"]
-    assert (service["Type"], service["NotifyAccess"], service["Restart"]) == ("notify", "main", "always")
+    # all: with --hold-sockets the daemon is the supervisor's child, and it is the one that notifies
+    assert (service["Type"], service["NotifyAccess"], service["Restart"]) == ("notify", "all", "always")
+    assert "--hold-sockets" in service["ExecStart"]
     assert int(service["WatchdogSec"]) >= 10  # pings every WatchdogSec/2 from the event loop
     assert "AF_UNIX" in service["RestrictAddressFamilies"]  # $NOTIFY_SOCKET

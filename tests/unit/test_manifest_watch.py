@@ -4,6 +4,7 @@ in), and the asyncio adapter on a real directory (waits on conditions with deadl
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import struct
 from pathlib import Path
@@ -27,7 +28,7 @@ from kubeport.endpoints.manifests.watch import (
 
 from support.wait import DEADLINE
 
-QUIET, SETTLE, MAX_DELAY = 0.001, 0.05, 1.0
+QUIET, SETTLE, MAX_DELAY, WRITE_QUIET = 0.001, 0.05, 1.0, 2.0
 
 
 def raw(wd: int, mask: int, name: str, pad_to: int = 16) -> bytes:
@@ -46,7 +47,7 @@ def test_parse_events_reads_names_padded_with_nuls():
 
 
 def burst_after(*events: tuple[float, str, int]) -> Burst:
-    burst = Burst(QUIET, SETTLE, MAX_DELAY)
+    burst = Burst(QUIET, SETTLE, MAX_DELAY, WRITE_QUIET)
     for now, path, mask in events:
         if path:
             burst.file_event(path, mask, now)
@@ -60,12 +61,19 @@ def burst_after(*events: tuple[float, str, int]) -> Burst:
     [
         pytest.param([], None, id="nothing_happened"),
         pytest.param([(10.0, "web.yaml", IN_MOVED_TO)], 10.0 + QUIET, id="atomic_rename__quiet"),
-        pytest.param([(10.0, "web.yaml", IN_CREATE), (10.0, "web.yaml", IN_MODIFY),
+        pytest.param([(10.0, "web.yaml", IN_CREATE), (10.001, "web.yaml", IN_MODIFY),
                       (10.002, "web.yaml", IN_CLOSE_WRITE)], 10.002 + QUIET, id="written_and_closed__quiet"),
-        pytest.param([(10.0, "web.yaml", IN_MODIFY)], 10.0 + MAX_DELAY, id="still_open_for_writing__never_half_a_file"),
+        pytest.param([(10.0, "web.yaml", IN_MODIFY)], 10.0 + WRITE_QUIET,
+                     id="still_open_for_writing__read_once_quiet_never_half_a_file"),
+        pytest.param([(10.0, "web.yaml", IN_CREATE)], 10.0 + WRITE_QUIET, id="created_empty__waits_for_its_writer"),
+        pytest.param([(10.0, "web.yaml", IN_CREATE), (10.0, "api.yaml", IN_MOVED_TO)], 10.0 + MAX_DELAY,
+                     id="another_file_ready__waits_for_the_writer_up_to_the_cap"),
         pytest.param([(10.0, "web.yaml", IN_MOVED_FROM)], 10.0 + SETTLE, id="file_gone__settles_for_its_successor"),
-        pytest.param([(10.0, "web.yaml", IN_MOVED_FROM), (10.01, "web.yaml", IN_CREATE), (10.01, "web.yaml", IN_MODIFY),
-                      (10.02, "web.yaml", IN_CLOSE_WRITE)], 10.02 + QUIET, id="editor_renames_old_away_then_writes"),
+        pytest.param([(10.0, "web.yaml", IN_MOVED_FROM), (10.01, "web.yaml", IN_CREATE), (10.2, "web.yaml", IN_MODIFY),
+                      (10.21, "web.yaml", IN_CLOSE_WRITE)], 10.21 + QUIET, id="editor_renames_old_away_then_writes"),
+        pytest.param([(10.0, "web.yaml", IN_DELETE), (10.0, "web.yaml", IN_CREATE), (11.5, "web.yaml", IN_MODIFY),
+                      (11.6, "web.yaml", IN_CLOSE_WRITE)], 10.0 + MAX_DELAY,
+                     id="slow_writer_past_the_cap__read_at_once_when_closed"),
         pytest.param([(10.0, "", 0)], 10.0 + SETTLE, id="tree_changed_shape__settles"),
         pytest.param([(10.0, "web.yaml", IN_MOVED_FROM)] + [(10.0 + 0.04 * i, "a.yaml", IN_MOVED_TO) for i in range(40)],
                      10.0 + MAX_DELAY, id="endless_stream__capped"),
@@ -75,14 +83,58 @@ def test_burst_due(events, due):
     assert burst_after(*events).due() == pytest.approx(due) if due is not None else burst_after(*events).due() is None
 
 
+# How tools replace a file, event by event, with the time each takes between its steps.
+REPLACEMENTS = {
+    "rm_then_cp": [(0.0, IN_DELETE), (0.004, IN_CREATE), (0.006, IN_MODIFY), (0.007, IN_CLOSE_WRITE)],
+    "writer_pausing_300ms_after_create": [(0.0, IN_DELETE), (0.001, IN_CREATE), (0.301, IN_MODIFY),
+                                          (0.302, IN_CLOSE_WRITE)],
+    "vim_backup_rename_then_write": [(0.0, IN_MOVED_FROM), (0.002, IN_CREATE), (0.02, IN_MODIFY),
+                                     (0.021, IN_CLOSE_WRITE)],
+    "shell_redirect_of_a_slow_command": [(0.0, IN_MODIFY), (1.8, IN_MODIFY), (1.81, IN_CLOSE_WRITE)],
+    "rm_then_a_writer_slower_than_the_cap": [(0.0, IN_DELETE), (0.001, IN_CREATE), (1.5, IN_MODIFY),
+                                             (1.6, IN_CLOSE_WRITE)],
+    "git_checkout_unlink_create": [(0.0, IN_DELETE), (0.0005, IN_CREATE), (0.0007, IN_MODIFY),
+                                   (0.0008, IN_CLOSE_WRITE)],
+}
+
+
+@pytest.mark.parametrize("steps", REPLACEMENTS.values(), ids=REPLACEMENTS.keys())
+def test_a_replaced_file_is_read_only_once_closed(steps):
+    """Between each step and the next the burst is not due: the file is read once, complete."""
+    burst = Burst(QUIET, SETTLE, MAX_DELAY, WRITE_QUIET)
+    for (now, mask), (after, _) in itertools.pairwise(steps):
+        burst.file_event("web.yaml", mask, 10.0 + now)
+        assert burst.due() > 10.0 + after, f"due before the event at +{after}"
+    now, mask = steps[-1]
+    burst.file_event("web.yaml", mask, 10.0 + now)
+    assert burst.take(burst.due()) == Changes(frozenset({"web.yaml"}), False)
+
+
 def test_burst_take_resets_but_keeps_files_still_open():
     burst = burst_after((1.0, "a.yaml", IN_MOVED_TO), (1.0, "b.yaml", IN_MODIFY), (1.0, "", 0))
-    assert burst.take() == Changes(frozenset({"a.yaml", "b.yaml"}), True)
-    assert burst.due() is None
-    burst.file_event("c.yaml", IN_MOVED_TO, 5.0)
-    assert burst.due() == 5.0 + MAX_DELAY  # b.yaml was never closed: wait for it, up to the cap
-    burst.file_event("b.yaml", IN_CLOSE_WRITE, 5.1)
-    assert burst.due() == pytest.approx(5.1 + QUIET)
+    assert burst.take(1.1) == Changes(frozenset({"a.yaml"}), True, frozenset({"b.yaml"}))
+    assert burst.due() == 1.0 + WRITE_QUIET  # b.yaml is read once quiet, if never closed
+    burst.file_event("c.yaml", IN_MOVED_TO, 1.2)
+    assert burst.due() == 1.2 + MAX_DELAY  # b.yaml was never closed: wait for it, up to the cap
+    burst.file_event("b.yaml", IN_CLOSE_WRITE, 1.3)
+    assert burst.due() == pytest.approx(1.3 + QUIET)
+    assert burst.take(1.4) == Changes(frozenset({"b.yaml", "c.yaml"}), False)
+
+
+def test_a_file_open_and_quiet_is_read_unless_empty():
+    burst = burst_after((1.0, "full.yaml", IN_MODIFY), (1.0, "empty.yaml", IN_CREATE))
+    taken = burst.take(1.0 + WRITE_QUIET, is_empty=lambda path: path == "empty.yaml")
+    assert taken == Changes(frozenset({"full.yaml"}), False, frozenset({"empty.yaml"}))
+    assert burst.due() is None  # the empty one waits for its writer's next event
+    assert burst.deferred() == {"empty.yaml"}  # a rescan leaves it out too
+    burst.file_event("empty.yaml", IN_CLOSE_WRITE, 9.0)
+    assert burst.take(9.1) == Changes(frozenset({"empty.yaml"}), False)
+
+
+def test_a_link_created_complete_is_not_waited_for():
+    burst = Burst(QUIET, SETTLE, MAX_DELAY, WRITE_QUIET)
+    burst.file_event("web.yaml", IN_CREATE, 1.0, complete=True)
+    assert burst.due() == pytest.approx(1.0 + QUIET)
 
 
 class Watching:
@@ -163,3 +215,35 @@ async def test_a_directory_moved_out_of_the_tree_is_no_longer_reported(watching,
     (outside / "api.json").write_text("{}")  # no longer ours: not reported as team/api.json
     (tmp_path / "web.yaml").write_text("kind: Service\n")
     assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)
+
+
+async def test_a_file_created_empty_is_reported_once_written_and_closed(watching, tmp_path):
+    with open(tmp_path / "web.yaml", "w") as writer:
+        (tmp_path / "api.yaml").write_text("kind: Service\n")  # ready meanwhile: waits up to the cap
+        changes = await watching.changes()
+        assert changes == Changes(frozenset({"api.yaml"}), False, frozenset({"web.yaml"}))
+        writer.write("kind: Service\n")
+    assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)
+
+
+async def test_a_hard_link_is_complete_when_created(watching, tmp_path):
+    (tmp_path / ".staged").write_text("kind: Service\n")
+    os.link(tmp_path / ".staged", tmp_path / "web.yaml")
+    assert await watching.changes() == Changes(frozenset({"web.yaml"}), False)
+
+
+async def test_the_directory_itself_deleted_says_so(tmp_path):
+    directory = tmp_path / "manifests"
+    directory.mkdir()
+    watching = Watching(directory)
+    watching.watch.start()
+    try:
+        (directory / "web.yaml").write_text("kind: Service\n")
+        assert not (await watching.changes()).replaced
+        (directory / "web.yaml").unlink()
+        directory.rmdir()
+        directory.mkdir()
+        changes = await watching.changes()
+        assert changes.rescan and changes.replaced
+    finally:
+        watching.watch.close()
