@@ -28,13 +28,14 @@ from kubeport.dns.encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer
 from kubeport.dns.forward.forwarder import StoredMessage
 from kubeport.dns.forward.replies import ForwardedAnswers, ForwardedReply, TurningReply
 from kubeport.dns.lookup import Lookup, Resolution, qtype_name, reverse_records, soa_record
-from kubeport.dns.names import Zone, classify, reverse_address
+from kubeport.dns.names import Zone, classify, reverse_address, served_zone
 from kubeport.dns.records import IndexChange, RecordIndex
 from kubeport.dns.rotate import Rotation, address_run, record_ends, relayed_run, rotation
 from kubeport.dns.stats import DnsStats
 from kubeport.dns.wire import (
     HEADER,
     NOERROR,
+    NXDOMAIN,
     RCODE_NAMES,
     REFUSED,
     SERVFAIL,
@@ -94,6 +95,11 @@ class Answerer:
         #: the turn of address records in replies built for one query only (CoreDNS
         #: loadbalance): ExternalName chains completed from upstream, uncached relays
         self._turns = 0
+        self._zones(config)
+
+    def _zones(self, config: DnsConfig) -> None:
+        self._reverse_zones = config.reverse_zone_labels
+        self._fallthrough = config.fallthrough_labels
 
     def answer(self, packet: bytes, tcp: bool = False) -> bytes | Forward | None:
         """The reply to one query (bytes in, bytes out), a Forward, or None (no header:
@@ -146,6 +152,7 @@ class Answerer:
     def reconfigure(self, config: DnsConfig, index: RecordIndex) -> None:
         self.config = config
         self.index = index
+        self._zones(config)
         self.cache.capacity = config.answer_cache_size
         self.cache.clear()
         self.forwarded.capacity = config.cache_size
@@ -168,33 +175,48 @@ class Answerer:
             return self.reply_raw(query, tcp, question_reply(query, REFUSED, self.config.edns_udp_size,
                                                              authoritative=False), REFUSED)
         lower = query.lower_labels
-        where = classify(lower, self.index.zone_labels)
+        where = classify(lower, self.index.zone_labels, self._reverse_zones)
         if where is Zone.OTHER:
             return Forward(query, tcp, query.labels, qtype, shareable=True)
         if where is Zone.REVERSE:
-            # NODATA is not NXDOMAIN: no fallthrough, answered here (CoreDNS handler.go ServeDNS):
-            # an SOA anywhere in the zone, and any type but PTR and NS at its apex.
-            apex = len(lower) == 2
-            if qtype == T_SOA or (apex and qtype not in (T_PTR, T_NS)):
-                zone = query.labels[-2:]
-                if apex and qtype == T_SOA:
-                    return self._reply(query, tcp, Resolution(answer=[soa_record(self.index, zone, self.config.ttl)],
-                                                              deps=None))
-                return self._reply(query, tcp, Resolution(negative=True, deps=None, soa_zone=zone))
-            # Unknown reverse names fall through to upstream (CoreDNS `fallthrough in-addr.arpa ip6.arpa`),
-            # and so, here, does an NS query at the apex (CoreDNS names a service inside the reverse zone).
-            address = reverse_address(lower) if qtype == T_PTR else None
-            records = reverse_records(self.index, query.labels, address, self.config.ttl) if address else []
-            if not records:
-                return Forward(query, tcp, query.labels, qtype)
-            return self._reply(query, tcp, Resolution(answer=records, deps=None))
+            return self._reverse(query, tcp, lower)
         lookup = Lookup(self.index, ttl=self.config.ttl, pods=self.config.pods,
-                        local_addresses=self.config.addresses, labels=query.labels, lower=lower)
+                        local_addresses=self.config.addresses, labels=query.labels, lower=lower,
+                        ignore_empty_service=self.config.ignore_empty_service)
         result = lookup.resolve(qtype)
+        if result.name_error and served_zone(lower, self._fallthrough) is not None:
+            return Forward(query, tcp, query.labels, qtype)
         if result.forward is not None:
             target = tuple(label.encode() for label in result.forward.split(".") if label)
             return Forward(query, tcp, target, qtype, chain=tuple(result.answer))
         return self._reply(query, tcp, result)
+
+    def _reverse(self, query: Query, tcp: bool, lower: tuple[str, ...]) -> bytes | Forward:
+        """A name in a served reverse zone (CoreDNS handler.go ServeDNS, reverse.go Reverse):
+        the PTR of a known address; NODATA is answered here (only a name error falls
+        through): an SOA anywhere in the zone, and any type but NS at its apex; an NS query
+        at the apex is forwarded (CoreDNS would name a service inside the reverse zone). A
+        name error falls through when ``fallthrough`` covers it, else NXDOMAIN with the
+        reverse zone's SOA."""
+        qtype = query.qtype
+        served = served_zone(lower, self._reverse_zones)
+        assert served is not None  # classify found it
+        zone = query.labels[len(query.labels) - len(served):]
+        apex = len(lower) == len(served)
+        if qtype == T_SOA or (apex and qtype != T_NS):
+            if apex and qtype == T_SOA:
+                return self._reply(query, tcp, Resolution(answer=[soa_record(self.index, zone, self.config.ttl)],
+                                                          deps=None))
+            return self._reply(query, tcp, Resolution(negative=True, deps=None, soa_zone=zone))
+        address = reverse_address(lower) if qtype == T_PTR else None
+        records = reverse_records(self.index, query.labels, address, self.config.ttl) if address else []
+        if records:
+            return self._reply(query, tcp, Resolution(answer=records, deps=None))
+        if apex or served_zone(lower, self._fallthrough) is not None:
+            return Forward(query, tcp, query.labels, qtype)
+        # Before the first sync an unknown address may only be unknown so far (handler.go ServeDNS).
+        return self._reply(query, tcp, Resolution(rcode=NXDOMAIN if self.index.synced else SERVFAIL, negative=True,
+                                                  deps=None, soa_zone=zone, name_error=True))
 
     def _reply(self, query: Query, tcp: bool, result: Resolution) -> bytes:
         self.stats.answer_cache_misses += 1

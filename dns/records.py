@@ -228,10 +228,14 @@ class IndexChange:
 class RecordIndex:
     """Services by (namespace, name), reverse maps, namespaces, sync state, SOA serial."""
 
-    def __init__(self, zone: str = "cluster.local", *, endpoint_pod_names: bool = False, now: float = 0.0):
+    def __init__(self, zone: str = "cluster.local", *, endpoint_pod_names: bool = False,
+                 exposed: frozenset[str] | None = None, now: float = 0.0):
+        """``exposed``: the namespaces served (CoreDNS ``namespaces``), None for all; the
+        services of the others are not indexed at all, so no name, PTR or pod lookup finds them."""
         self.zone = zone.rstrip(".").lower()
         self.zone_labels = tuple(self.zone.split("."))
         self.endpoint_pod_names = endpoint_pod_names
+        self.exposed = exposed
         self.services: dict[ServiceName, ServiceRecords] = {}
         self.namespaces: frozenset[str] = frozenset()
         self.synced = False
@@ -246,8 +250,8 @@ class RecordIndex:
 
     @classmethod
     def build(cls, snapshot: Snapshot, *, zone: str = "cluster.local", endpoint_pod_names: bool = False,
-              now: float = 0.0) -> "RecordIndex":
-        index = cls(zone, endpoint_pod_names=endpoint_pod_names, now=now)
+              exposed: frozenset[str] | None = None, now: float = 0.0) -> "RecordIndex":
+        index = cls(zone, endpoint_pod_names=endpoint_pod_names, exposed=exposed, now=now)
         index.apply(snapshot, None, now=now)
         return index
 
@@ -257,17 +261,21 @@ class RecordIndex:
         touched = set()
         services = snapshot.services
         held = self.services
+        exposed = self.exposed
         for name in names:
             state = services.get(name)
+            if exposed is not None and name.namespace not in exposed:
+                state = None
             new = service_records(state) if state is not None else None
             if self._replace(name, held.get(name), new):
                 touched.add(name)
+        namespaces = snapshot.namespaces if exposed is None else snapshot.namespaces & exposed
         change = IndexChange(
             services=frozenset(touched),
-            namespaces=snapshot.namespaces != self.namespaces,
+            namespaces=namespaces != self.namespaces,
             synced=snapshot.synced != self.synced,
         )
-        self.namespaces = snapshot.namespaces
+        self.namespaces = namespaces
         self.synced = snapshot.synced
         if change:
             self.serial = int(now)

@@ -48,7 +48,7 @@ class DnsServer:
         self.stats = DnsStats()
         self._clock = clock
         self._monotonic = monotonic
-        self._index = RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names, now=clock())
+        self._index = _index_for(config, clock())
         self._snapshot: Snapshot | None = None
         self.answerer = Answerer(config, self._index, self.stats, timer=monotonic, clock=monotonic)
         self.forwarder = self._make_forwarder(config)
@@ -209,9 +209,8 @@ class DnsServer:
                 await self.start()
 
     def _reconfigure_data(self, config: DnsConfig) -> None:
-        if (config.zone, config.endpoint_pod_names) != (self.config.zone, self.config.endpoint_pod_names):
-            self._index = RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names,
-                                      now=self._clock())
+        if _index_shape(config) != _index_shape(self.config):
+            self._index = _index_for(config, self._clock())
             if self._snapshot is not None:
                 self._index.apply(self._snapshot, None, now=self._clock())
         self.config = config
@@ -350,3 +349,13 @@ class _TcpConnection(asyncio.Protocol):
             self.idle_handle.cancel()
         self.server._connections.discard(self)
         self.transport = None
+
+
+def _index_shape(config: DnsConfig) -> tuple[object, ...]:
+    """The options an index is built for: changing one rebuilds it."""
+    return (config.zone, config.endpoint_pod_names, config.namespaces)
+
+
+def _index_for(config: DnsConfig, now: float) -> RecordIndex:
+    return RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names,
+                       exposed=frozenset(config.namespaces) if config.namespaces else None, now=now)

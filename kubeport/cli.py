@@ -56,6 +56,17 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--dns-port", type=int, metavar="PORT")
     run.add_argument("--dns-ttl", type=int, metavar="SECONDS")
     run.add_argument("--pods", choices=["disabled", "insecure", "verified"], help="DNS pod records mode")
+    run.add_argument("--endpoint-pod-names", action=argparse.BooleanOptionalAction, default=None,
+                     help="name an endpoint without hostname after its Pod (CoreDNS endpoint_pod_names)")
+    run.add_argument("--dns-namespaces", metavar="NS,...",
+                     help="serve only these namespaces (CoreDNS namespaces; default all)")
+    run.add_argument("--ignore-empty-service", action=argparse.BooleanOptionalAction, default=None,
+                     help="NXDOMAIN for a ClusterIP Service without ready endpoints (CoreDNS ignore empty_service)")
+    run.add_argument("--dns-reverse-zones", metavar="ZONE|CIDR,...",
+                     help="reverse zones answered (default in-addr.arpa,ip6.arpa; empty: none)")
+    run.add_argument("--dns-fallthrough", metavar="ZONE,...",
+                     help="zones whose unknown names are forwarded, not NXDOMAIN (CoreDNS fallthrough; "
+                          "default in-addr.arpa,ip6.arpa; '.': every zone; empty: none)")
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
@@ -120,6 +131,11 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.ttl": ("--dns-ttl",),
     "dns.pods": ("--pods",),
     "dns.upstreams": ("--upstream",),
+    "dns.endpointPodNames": ("--endpoint-pod-names",),
+    "dns.namespaces": ("--dns-namespaces",),
+    "dns.ignoreEmptyService": ("--ignore-empty-service",),
+    "dns.reverseZones": ("--dns-reverse-zones",),
+    "dns.fallthrough": ("--dns-fallthrough",),
     "dns.lameDuck": ("--dns-lame-duck",),
 }
 
@@ -127,6 +143,9 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
 _CONVERT = {
     "--in-cluster": lambda given: True if given else None,
     "--nodeport-addresses": lambda text: _csv(text),
+    "--dns-namespaces": lambda text: _csv(text),
+    "--dns-reverse-zones": lambda text: _csv(text),
+    "--dns-fallthrough": lambda text: _csv(text),
     # The configuration validates the number (the error names the flag); empty is unset.
     "--handover-generation": lambda text: text.strip() or None if text is not None else None,
 }

@@ -81,7 +81,20 @@ class DnsSettings(_Section):
     )
     ttl: int = Field(5, ge=0, le=3600, description="TTL of cluster records (CoreDNS `ttl`).")
     pods: Literal["disabled", "insecure", "verified"] = Field("disabled", description="CoreDNS `pods` mode.")
-    endpoint_pod_names: bool = Field(False, description="CoreDNS `endpoint_pod_names`.")
+    endpoint_pod_names: bool = Field(
+        False, description="CoreDNS `endpoint_pod_names`: an endpoint without hostname is named after its Pod.")
+    namespaces: list[str] = Field(
+        default_factory=list, description="CoreDNS `namespaces`: serve only these namespaces (empty: all).")
+    ignore_empty_service: bool = Field(
+        False, description="CoreDNS `ignore empty_service`: NXDOMAIN for a ClusterIP Service without ready endpoints.")
+    reverse_zones: list[str] = Field(
+        default_factory=lambda: ["in-addr.arpa", "ip6.arpa"],
+        description="The reverse zones of CoreDNS `kubernetes <zone> [ZONES...]` (names or CIDRs): PTR records "
+        "are answered there only.")
+    fallthrough: list[str] = Field(
+        default_factory=lambda: ["in-addr.arpa", "ip6.arpa"],
+        description="CoreDNS `fallthrough [ZONES...]`: unknown names in these zones are forwarded instead of "
+        "NXDOMAIN; `.` is every zone, empty none.")
     cache_size: int = Field(9984, ge=0, description="Entries of the upstream answer cache (CoreDNS cache size).")
     cache_max_ttl: Duration = Field(3600.0, ge=0, alias="cacheMaxTTL", description="Cap on TTLs of cached upstream answers.")
     cache_max_denial_ttl: Duration = Field(1800.0, ge=0, alias="cacheMaxDenialTTL", description="Cap on TTLs of cached negative answers.")
@@ -98,6 +111,28 @@ class DnsSettings(_Section):
     @classmethod
     def _ips(cls, values: list[str]) -> list[str]:
         return [str(ipaddress.ip_address(v)) for v in values]
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespaces(cls, values: list[str]) -> list[str]:
+        from kubeport.dns.config import DnsConfig, DnsConfigError
+
+        try:
+            DnsConfig(upstreams=(), namespaces=tuple(values))
+        except DnsConfigError as exc:
+            raise ValueError(str(exc).partition(": ")[2]) from None
+        return values
+
+    @field_validator("reverse_zones", "fallthrough")
+    @classmethod
+    def _zones(cls, values: list[str], info: ValidationInfo) -> list[str]:
+        from kubeport.dns.config import DnsConfig, DnsConfigError
+
+        try:
+            DnsConfig(upstreams=(), **{info.field_name: tuple(values)})  # type: ignore[arg-type]
+        except DnsConfigError as exc:
+            raise ValueError(str(exc).partition(": ")[2]) from None
+        return values
 
     @field_validator("upstreams")
     @classmethod
