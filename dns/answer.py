@@ -360,10 +360,13 @@ class Answerer:
         return with_opt(trimmed, query, self.config.edns_udp_size), kept
 
     def complete_chain(self, forward: Forward, message: bytes | None) -> bytes:
-        """CNAME chain + upstream answer, NOERROR whatever upstream said, TC copied; NODATA
-        when upstream could not be asked (CoreDNS A() for an out-of-zone CNAME target)."""
+        """CNAME chain + upstream answer, NOERROR whatever upstream said, TC copied (CoreDNS
+        plugin/backend_lookup.go A() for an out-of-zone CNAME target). When upstream could
+        not be asked the chain is the whole answer: CoreDNS's upstream.go Lookup asks through
+        its own server, which answers SERVFAIL when forward fails (core/dnsserver/server.go
+        ServeDNS, errorFunc), and A() appends that reply's empty answer to the CNAME."""
         query = forward.query
-        answer: list[Record] = []
+        answer: list[Record] = list(forward.chain or ())
         truncated = False
         if message is not None:
             try:
@@ -371,7 +374,7 @@ class Answerer:
             except Exception:  # dnslib raises many types on garbage; treat as no answer
                 upstream = None
             if upstream is not None:
-                answer = list(forward.chain or ()) + [_from_dnslib(rr) for rr in upstream.rr]
+                answer += [_from_dnslib(rr) for rr in upstream.rr]
                 truncated = bool(upstream.header.tc)
         result = Resolution(rcode=NOERROR, answer=answer, negative=not answer, deps=None)
         udp, full, turning = self._encode(query, result)
