@@ -69,6 +69,8 @@ class Forward:
     #: the relayed reply may be kept encoded for this query shape: never for names the
     #: cluster could claim later (reverse names fall through only while unknown)
     shareable: bool = False
+    #: bytes of the query (coredns_dns_request_size_bytes)
+    request_size: int = 0
 
     @property
     def question(self) -> bytes:
@@ -95,6 +97,8 @@ class Answerer:
         #: the turn of address records in replies built for one query only (CoreDNS
         #: loadbalance): ExternalName chains completed from upstream, uncached relays
         self._turns = 0
+        #: size of the query being answered (set per query on the slow path)
+        self._request_size = 0
         self._zones(config)
 
     def _zones(self, config: DnsConfig) -> None:
@@ -162,22 +166,24 @@ class Answerer:
 
     def _answer(self, packet: bytes, tcp: bool) -> bytes | Forward | None:
         proto = "tcp" if tcp else "udp"
+        self._request_size = len(packet)
         try:
             query = parse_query(packet)
         except Ignored:
             self.stats.dropped += 1
             return None
         except QueryError as error:
-            self.stats.count(proto, "invalid", RCODE_NAMES.get(error.rcode, str(error.rcode)))
-            return error.reply(self.config.edns_udp_size)
+            reply = error.reply(self.config.edns_udp_size)
+            self.stats.count(proto, "invalid", RCODE_NAMES.get(error.rcode, str(error.rcode)), len(packet), len(reply))
+            return reply
         qtype = query.qtype
         if qtype in (T_AXFR, T_IXFR):  # no zone transfers (CoreDNS without `transfer`)
             return self.reply_raw(query, tcp, question_reply(query, REFUSED, self.config.edns_udp_size,
-                                                             authoritative=False), REFUSED)
+                                                             authoritative=False), REFUSED, len(packet))
         lower = query.lower_labels
         where = classify(lower, self.index.zone_labels, self._reverse_zones)
         if where is Zone.OTHER:
-            return Forward(query, tcp, query.labels, qtype, shareable=True)
+            return Forward(query, tcp, query.labels, qtype, shareable=True, request_size=len(packet))
         if where is Zone.REVERSE:
             return self._reverse(query, tcp, lower)
         lookup = Lookup(self.index, ttl=self.config.ttl, pods=self.config.pods,
@@ -185,10 +191,10 @@ class Answerer:
                         ignore_empty_service=self.config.ignore_empty_service)
         result = lookup.resolve(qtype)
         if result.name_error and served_zone(lower, self._fallthrough) is not None:
-            return Forward(query, tcp, query.labels, qtype)
+            return Forward(query, tcp, query.labels, qtype, request_size=len(packet))
         if result.forward is not None:
             target = tuple(label.encode() for label in result.forward.split(".") if label)
-            return Forward(query, tcp, target, qtype, chain=tuple(result.answer))
+            return Forward(query, tcp, target, qtype, chain=tuple(result.answer), request_size=len(packet))
         return self._reply(query, tcp, result)
 
     def _reverse(self, query: Query, tcp: bool, lower: tuple[str, ...]) -> bytes | Forward:
@@ -213,7 +219,7 @@ class Answerer:
         if records:
             return self._reply(query, tcp, Resolution(answer=records, deps=None))
         if apex or served_zone(lower, self._fallthrough) is not None:
-            return Forward(query, tcp, query.labels, qtype)
+            return Forward(query, tcp, query.labels, qtype, request_size=self._request_size)
         # Before the first sync an unknown address may only be unknown so far (handler.go ServeDNS).
         return self._reply(query, tcp, Resolution(rcode=NXDOMAIN if self.index.synced else SERVFAIL, negative=True,
                                                   deps=None, soa_zone=zone, name_error=True))
@@ -224,7 +230,7 @@ class Answerer:
         rcode = RCODE_NAMES.get(result.rcode, str(result.rcode))
         qtype = qtype_name(query.qtype)
         stats = self.stats
-        cells = stats.served_cells(qtype, rcode)
+        cells = stats.served_cells(qtype, rcode, None, self._request_size, (len(udp) + 2, len(full) + 2))
         if turning is None:
             entry: CachedAnswer | TurningAnswer = CachedAnswer((udp, full), cells)
             reply = full if tcp else udp
@@ -233,7 +239,7 @@ class Answerer:
             reply = turning.reply(tcp) if query.cache_key is not None else self._once(turning, tcp)
         if query.cache_key is not None:
             self.cache.put(query.cache_key, entry, result.deps)
-        stats.count("tcp" if tcp else "udp", qtype, rcode)
+        stats.count("tcp" if tcp else "udp", qtype, rcode, self._request_size, len(reply) + 2)
         if self._timer is not None:
             stats.observe(qtype, self._timer() - self._started)
         return query.id.to_bytes(2, "big") + reply
@@ -244,9 +250,10 @@ class Answerer:
         self._turns += 1
         return turning.reply(tcp)
 
-    def reply_raw(self, query: Query, tcp: bool, reply: bytes, rcode: int) -> bytes:
+    def reply_raw(self, query: Query, tcp: bool, reply: bytes, rcode: int, request_size: int) -> bytes:
         """Count and return a reply built elsewhere (relayed upstream answers, REFUSED...)."""
-        self.stats.count("tcp" if tcp else "udp", qtype_name(query.qtype), RCODE_NAMES.get(rcode, str(rcode)))
+        self.stats.count("tcp" if tcp else "udp", qtype_name(query.qtype), RCODE_NAMES.get(rcode, str(rcode)),
+                         request_size, len(reply))
         return reply
 
     def _encode(self, query: Query, result: Resolution) -> tuple[bytes, bytes, Rotation | None]:
@@ -295,13 +302,13 @@ class Answerer:
             return self.complete_chain(forward, message)
         if message is None:
             return self.reply_raw(query, forward.tcp, question_reply(
-                query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL)
+                query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL, forward.request_size)
         reply, kept = self._relayed(query, message, MAX_TCP_MESSAGE if forward.tcp else query.udp_limit())
         # CoreDNS loadbalance sits before forward too: the whole run turns, then the cut
         turning = rotation(relayed_run(message), reply, reply, (kept, kept), message=message)
         if turning is not None:
             reply = self._once(turning, True)
-        return self.reply_raw(query, forward.tcp, reply, reply[3] & 0xF)
+        return self.reply_raw(query, forward.tcp, reply, reply[3] & 0xF, forward.request_size)
 
     def relay_stored(self, forward: Forward, stored: StoredMessage, now: float) -> bytes:
         """:meth:`relay` of a cached upstream answer, TTLs aged to ``now``; the reply is kept
@@ -324,11 +331,13 @@ class Answerer:
             udp_body, body, [offset - 2 for offset in ttl_offsets[:tcp_records]],
             [ttl for _, ttl in stored.ttls[:tcp_records]], udp_records=udp_records, stored=stored.stored,
             expires=stored.expires,
-            cells=stats.served_cells(qtype, rcode, "denial" if stored.negative else "success"))
+            cells=stats.served_cells(qtype, rcode, "denial" if stored.negative else "success", forward.request_size,
+                                     (len(udp_body) + 2, len(body) + 2)))
         if forward.shareable and query.cache_key is not None:
             self.forwarded.put(query.cache_key, entry)
-        stats.count("tcp" if forward.tcp else "udp", qtype, rcode)
-        return query.id.to_bytes(2, "big") + entry.reply(forward.tcp, now)
+        reply = query.id.to_bytes(2, "big") + entry.reply(forward.tcp, now)
+        stats.count("tcp" if forward.tcp else "udp", qtype, rcode, forward.request_size, len(reply))
+        return reply
 
     def _relayed(self, query: Query, message: bytes, limit: int,
                  ttl_offsets: list[int] | None = None) -> tuple[bytes, int]:
@@ -381,7 +390,7 @@ class Answerer:
         reply = (full if forward.tcp else udp) if turning is None else self._once(turning, forward.tcp)
         if truncated:
             reply = (((reply[0] << 8) | reply[1]) | TC).to_bytes(2, "big") + reply[2:]
-        return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR)
+        return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR, forward.request_size)
 
 
 def _pack(flags: int, query: Query, sections: tuple[list[Record], ...]) -> tuple[bytes, list[int]]:

@@ -231,7 +231,7 @@ class DnsServer:
         if self.forwarder.busy:
             self.stats.forward_refused += 1
             send(self.answerer.reply_raw(query, forward.tcp, question_reply(
-                query, REFUSED, self.config.edns_udp_size, authoritative=False), REFUSED))
+                query, REFUSED, self.config.edns_udp_size, authoritative=False), REFUSED, forward.request_size))
             return
         task = asyncio.get_running_loop().create_task(
             self._resolve(forward, send, key, do=do, cd=cd, started=now))
@@ -243,6 +243,7 @@ class DnsServer:
         try:
             message = await self.forwarder.resolve(forward.question, do=do, cd=cd, tcp=forward.tcp)
         except Exception:  # a bug must cost one SERVFAIL, not the client's silence
+            self.stats.panics += 1
             log.exception("dns: forwarding %s failed", forward.labels)
             message = None
         now = self._monotonic()
