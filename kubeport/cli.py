@@ -75,6 +75,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--metrics-bind-address", metavar="IP[:PORT]",
                      help="/metrics and the status API `kubeport get` reads (default 127.0.0.1:10249). "
                           "Set empty to disable: `kubeport get` then has nothing to talk to.")
+    run.add_argument("--dns-metrics-bind-address", metavar="IP[:PORT]",
+                     help="the DNS server's /metrics, CoreDNS's series only (default 0.0.0.0:9253, NodeLocal "
+                          "DNSCache's). Set empty to disable.")
     run.add_argument("--vip-interface", metavar="LINK",
                      help="link the service addresses' local routes go through (default lo)")
     run.add_argument("--conntrack-udp-timeout", metavar="DURATION",
@@ -110,6 +113,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "stateDir": ("--state-dir",),
     "healthzBindAddress": ("--healthz-bind-address",),
     "metricsBindAddress": ("--metrics-bind-address",),
+    "dnsMetricsBindAddress": ("--dns-metrics-bind-address",),
     "vipInterface": ("--vip-interface",),
     "conntrack.udpTimeout": ("--conntrack-udp-timeout", "--udp-idle-timeout"),
     "conntrack.udpStreamTimeout": ("--conntrack-udp-timeout-stream",),

@@ -92,12 +92,14 @@ def dns_config(config: KubeportConfiguration) -> DnsConfig:
     )
 
 
-def build_dns(config: KubeportConfiguration, registry: CollectorRegistry) -> DnsServer:
+def build_dns(config: KubeportConfiguration, *registries: CollectorRegistry) -> DnsServer:
+    """The DNS server, its metrics in every registry given (the daemon's and the DNS address's)."""
     from kubeport.dns.metrics import DnsCollector
     from kubeport.dns.server import DnsServer
 
     server = DnsServer(dns_config(config))
-    registry.register(DnsCollector(server))
+    for registry in registries:
+        registry.register(DnsCollector(server))
     return server
 
 

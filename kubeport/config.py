@@ -183,6 +183,10 @@ class KubeportConfiguration(_Section):
     metrics_bind_address: str = Field(
         "127.0.0.1:10249",
         description="/metrics and the `kubeport get` status API; empty (flag only): no such server.")
+    dns_metrics_bind_address: str = Field(
+        "0.0.0.0:9253",
+        description="The DNS server's /metrics alone, where CoreDNS users scrape it (NodeLocal DNSCache's "
+        "`prometheus :9253`: a node-local DNS on the host network); empty (flag only): no such server.")
     config_sync_period: Duration = Field(900.0, gt=0, description="Full resync period of the API source.")
     vip_interface: str = Field("lo", description="Link the local routes of ClusterIP/externalIP/LB addresses go through.")
     conntrack: Conntrack = Field(default_factory=Conntrack)
@@ -237,7 +241,7 @@ class KubeportConfiguration(_Section):
             raise ValueError(f"{value!r} is not an IP address") from None
         return value
 
-    @field_validator("healthz_bind_address", "metrics_bind_address")
+    @field_validator("healthz_bind_address", "metrics_bind_address", "dns_metrics_bind_address")
     @classmethod
     def _host_port(cls, value: str, info: ValidationInfo) -> str:
         if value == "":
@@ -303,7 +307,7 @@ class KubeportConfiguration(_Section):
         return yaml.safe_dump(data, sort_keys=False)
 
 
-_DEFAULT_PORTS = {"healthz_bind_address": 10256, "metrics_bind_address": 10249}
+_DEFAULT_PORTS = {"healthz_bind_address": 10256, "metrics_bind_address": 10249, "dns_metrics_bind_address": 9253}
 
 
 def _node_name(value: str) -> str:
@@ -383,7 +387,7 @@ def _file_defaults(data: dict[str, Any]) -> dict[str, Any]:
             if not (key in _BIND_ADDRESS_FIELDS and value in ("", None))}
 
 
-_BIND_ADDRESS_FIELDS = ("healthzBindAddress", "metricsBindAddress")
+_BIND_ADDRESS_FIELDS = ("healthzBindAddress", "metricsBindAddress", "dnsMetricsBindAddress")
 
 
 def build(

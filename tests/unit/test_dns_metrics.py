@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import platform
-import re
 import struct
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from dnslib import QTYPE, RCODE, RR, SOA, A, DNSRecord
@@ -23,6 +21,7 @@ from kubeport.dns.server import DnsServer
 from kubeport.dns.stats import DURATION_BUCKETS, SIZE_BUCKETS, DurationHistogram
 
 from support.api import cluster_state, endpoint_slice, service
+from support.coredns_dashboard import NOT_EXPORTED, dashboard_series
 from support.zonetext import question
 
 HTTP = [{"name": "http", "port": 80}]
@@ -285,28 +284,6 @@ async def test_build_info_plugins_and_panics_are_exported(dns: DnsServer) -> Non
     enabled = {dict(key)["name"] for key in metrics["coredns_plugin_enabled"]}
     assert {"kubernetes", "forward", "cache", "loadbalance", "prometheus"} <= enabled
     assert metrics["coredns_panics_total"] == {labels(): 0}
-
-
-#: every series the CoreDNS Grafana dashboard of povilasv/coredns-mixin (dashboards/coredns.libsonnet,
-#: listed on monitoring.mixins.dev) reads, with the labels its queries aggregate by
-DASHBOARD_QUERIES = Path(__file__).resolve().parents[1] / "fixtures" / "coredns-dashboard-queries.txt"
-#: what the dashboard reads that is not a CoreDNS series kubeport can have (Prometheus's own
-#: ``up``; Go's goroutines) or that kubeport does not export (see kubeport.dns.metrics)
-NOT_EXPORTED = {"up", "go_goroutines", "coredns_forward_request_duration_seconds_bucket",
-                "coredns_kubernetes_dns_programming_duration_seconds_bucket"}
-
-
-def dashboard_series() -> dict[str, set[str]]:
-    """metric name -> the labels the fixture's queries group by (``by (...)``)."""
-    series: dict[str, set[str]] = {}
-    for query in DASHBOARD_QUERIES.read_text().splitlines():
-        if not query.strip() or query.startswith("#"):
-            continue
-        by = re.findall(r"by \(([^)]*)\)", query)
-        grouped = {label.strip() for group in by for label in group.split(",")} - {"le"}
-        for name in re.findall(r"\b([a-z_]+)\{", query):
-            series.setdefault(name, set()).update(grouped)
-    return series
 
 
 async def test_every_series_a_coredns_dashboard_reads_is_exported(dns: DnsServer) -> None:
