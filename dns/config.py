@@ -72,6 +72,12 @@ class DnsConfig:
     #: TTL caps of cached upstream answers: positive, and negative (NXDOMAIN/NODATA).
     cache_max_ttl: int = 3600
     cache_max_negative_ttl: int = 1800
+    #: CoreDNS cache ``serve_stale DURATION``: seconds an upstream answer may be served past
+    #: its TTL (with TTL 0) while upstreams fail; 0: never.
+    serve_stale: float = 0.0
+    #: CoreDNS ``serve_stale`` REFRESH_MODE: ``immediate`` answers stale at once and refreshes
+    #: in the background; ``verify`` asks upstream first and answers stale only if that fails.
+    serve_stale_refresh: Literal["immediate", "verify"] = "immediate"
     #: Entries of the cache of encoded cluster answers (cleared when full).
     answer_cache_size: int = 100_000
     #: UDP payload size this server advertises in its OPT record (DNS flag day 2020).
@@ -114,6 +120,11 @@ class DnsConfig:
         for name in ("cache_size", "cache_max_ttl", "cache_max_negative_ttl"):
             if getattr(self, name) < 0:
                 raise DnsConfigError(f"DnsConfig.{name}: must be >= 0")
+        if self.serve_stale < 0:
+            raise DnsConfigError(f"DnsConfig.serve_stale: {self.serve_stale} must be >= 0")
+        if self.serve_stale_refresh not in ("immediate", "verify"):
+            raise DnsConfigError(f"DnsConfig.serve_stale_refresh: {self.serve_stale_refresh!r} is not immediate "
+                                 "or verify")
         if not 512 <= self.edns_udp_size <= 65535:
             raise DnsConfigError(f"DnsConfig.edns_udp_size: {self.edns_udp_size} is outside 512..65535")
 

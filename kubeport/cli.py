@@ -67,6 +67,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--dns-fallthrough", metavar="ZONE,...",
                      help="zones whose unknown names are forwarded, not NXDOMAIN (CoreDNS fallthrough; "
                           "default in-addr.arpa,ip6.arpa; '.': every zone; empty: none)")
+    run.add_argument("--dns-serve-stale", metavar="DURATION",
+                     help="answer from upstream answers expired up to this long while upstreams fail "
+                          "(CoreDNS cache serve_stale; default 0: never)")
+    run.add_argument("--dns-serve-stale-refresh-mode", choices=["immediate", "verify"],
+                     help="serve_stale's REFRESH_MODE (default immediate)")
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
@@ -140,6 +145,8 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.ignoreEmptyService": ("--ignore-empty-service",),
     "dns.reverseZones": ("--dns-reverse-zones",),
     "dns.fallthrough": ("--dns-fallthrough",),
+    "dns.serveStale": ("--dns-serve-stale",),
+    "dns.serveStaleRefreshMode": ("--dns-serve-stale-refresh-mode",),
     "dns.lameDuck": ("--dns-lame-duck",),
 }
 

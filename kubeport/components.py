@@ -87,6 +87,8 @@ def dns_config(config: KubeportConfiguration) -> DnsConfig:
         cache_size=dns.cache_size,
         cache_max_ttl=int(dns.cache_max_ttl),
         cache_max_negative_ttl=int(dns.cache_max_denial_ttl),
+        serve_stale=dns.serve_stale,
+        serve_stale_refresh=dns.serve_stale_refresh_mode,
         upstream_expire=dns.forward_expire,
         max_concurrent_forwards=dns.max_concurrent_forwards,
     )

@@ -98,6 +98,12 @@ class DnsSettings(_Section):
     cache_size: int = Field(9984, ge=0, description="Entries of the upstream answer cache (CoreDNS cache size).")
     cache_max_ttl: Duration = Field(3600.0, ge=0, alias="cacheMaxTTL", description="Cap on TTLs of cached upstream answers.")
     cache_max_denial_ttl: Duration = Field(1800.0, ge=0, alias="cacheMaxDenialTTL", description="Cap on TTLs of cached negative answers.")
+    serve_stale: Duration = Field(
+        0.0, ge=0, description="CoreDNS cache `serve_stale DURATION`: answer from an upstream answer expired up to "
+        "this long (TTL 0) while upstreams fail; 0: never (CoreDNS's DURATION default is 1h).")
+    serve_stale_refresh_mode: Literal["immediate", "verify"] = Field(
+        "immediate", description="CoreDNS `serve_stale` REFRESH_MODE: immediate (stale at once, refreshed behind) "
+        "or verify (upstream first, stale if it fails).")
     lame_duck: Duration = Field(5.0, ge=0, description="Keep answering this long after SIGTERM (CoreDNS health lameduck).")
     forward_expire: Duration = Field(10.0, gt=0, description="How long an idle TCP connection to an upstream may be reused (CoreDNS forward `expire`).")
     max_concurrent_forwards: int = Field(1000, ge=1, description="Forwarded queries in flight; more are answered REFUSED (CoreDNS forward `max_concurrent`).")

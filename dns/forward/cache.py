@@ -33,6 +33,13 @@ class StoredMessage:
     expires: float
     negative: bool
 
+    def stale(self) -> bytes:
+        """The message with every TTL 0, as CoreDNS's cache serves an expired item (serve_stale)."""
+        message = bytearray(self.message)
+        for offset, _ in self.ttls:
+            struct.pack_into("!I", message, offset, 0)
+        return bytes(message)
+
     def aged(self, now: float) -> bytes:
         """The message with every TTL lowered by the whole seconds since it was stored."""
         age = int(now - self.stored)
@@ -72,10 +79,13 @@ def without_opt(message: bytes) -> tuple[bytes, list[RecordSpan]]:
 class UpstreamCache:
     """Upstream answers by question (as sent, with the DO/CD bits), until their TTL ends."""
 
-    def __init__(self, capacity: int, max_ttl: int, max_negative_ttl: int):
+    def __init__(self, capacity: int, max_ttl: int, max_negative_ttl: int, serve_stale: float = 0.0):
+        """``serve_stale``: seconds an entry is kept past its TTL, to be served while no
+        upstream answers (CoreDNS cache ``serve_stale``); 0 drops it when it expires."""
         self.capacity = capacity
         self.max_ttl = max_ttl
         self.max_negative_ttl = max_negative_ttl
+        self.serve_stale = serve_stale
         self._entries: dict[bytes, StoredMessage] = {}
 
     def __len__(self) -> int:
@@ -90,14 +100,18 @@ class UpstreamCache:
         stored = self.lookup(key, now)
         return None if stored is None else (stored.aged(now), stored.negative)
 
-    def lookup(self, key: bytes, now: float) -> StoredMessage | None:
-        """The stored answer, unless absent or expired (then it is dropped)."""
+    def lookup(self, key: bytes, now: float, *, stale: bool = False) -> StoredMessage | None:
+        """The stored answer, unless absent or expired; ``stale``: an expired one too while
+        within ``serve_stale`` of its expiry (CoreDNS cache getIgnoreTTL). An entry past that
+        is dropped."""
         stored = self._entries.get(key)
         if stored is None:
             return None
         if now >= stored.expires:
-            del self._entries[key]
-            return None
+            if now >= stored.expires + self.serve_stale:
+                del self._entries[key]
+                return None
+            return stored if stale else None
         return stored
 
     def put(self, key: bytes, message: bytes, spans: list[RecordSpan], now: float) -> None:

@@ -77,9 +77,10 @@ class Forwarder:
     def cache_key(question: bytes, *, do: bool, cd: bool) -> bytes:
         return question + bytes((do | (cd << 1),))
 
-    def cached(self, key: bytes, now: float) -> StoredMessage | None:
-        """The cached answer to relay, counted as a cache hit or miss."""
-        stored = self.cache.lookup(key, now)
+    def cached(self, key: bytes, now: float, *, stale: bool = False) -> StoredMessage | None:
+        """The cached answer to relay, counted as a cache hit or miss; ``stale``: an expired
+        one within serve_stale too (a hit, as CoreDNS counts it; ``now >= expires`` tells)."""
+        stored = self.cache.lookup(key, now, stale=stale)
         if stored is None:
             self.stats.cache_misses += 1
             return None
