@@ -330,7 +330,8 @@ class Answerer:
         entry = (ForwardedReply if turning is None else partial(TurningReply, turning=turning))(
             udp_body, body, [offset - 2 for offset in ttl_offsets[:tcp_records]],
             [ttl for _, ttl in stored.ttls[:tcp_records]], udp_records=udp_records, stored=stored.stored,
-            expires=stored.expires,
+            # with prefetch, the queries past the prefetch point reach the upstream cache, which counts them
+            expires=stored.prefetch_at(self.config.prefetch_percentage) if self.config.prefetch else stored.expires,
             cells=stats.served_cells(qtype, rcode, "denial" if stored.negative else "success", forward.request_size,
                                      (len(udp_body) + 2, len(body) + 2)))
         if forward.shareable and query.cache_key is not None:

@@ -78,6 +78,12 @@ class DnsConfig:
     #: CoreDNS ``serve_stale`` REFRESH_MODE: ``immediate`` answers stale at once and refreshes
     #: in the background; ``verify`` asks upstream first and answers stale only if that fails.
     serve_stale_refresh: Literal["immediate", "verify"] = "immediate"
+    #: CoreDNS cache ``prefetch AMOUNT [DURATION] [PERCENTAGE%]``: an upstream answer asked
+    #: ``prefetch`` times within ``prefetch_duration`` seconds once its TTL left is down to
+    #: ``prefetch_percentage`` % is refreshed before it expires; 0: never.
+    prefetch: int = 0
+    prefetch_duration: float = 60.0
+    prefetch_percentage: int = 10
     #: Entries of the cache of encoded cluster answers (cleared when full).
     answer_cache_size: int = 100_000
     #: UDP payload size this server advertises in its OPT record (DNS flag day 2020).
@@ -120,6 +126,12 @@ class DnsConfig:
         for name in ("cache_size", "cache_max_ttl", "cache_max_negative_ttl"):
             if getattr(self, name) < 0:
                 raise DnsConfigError(f"DnsConfig.{name}: must be >= 0")
+        if self.prefetch < 0:
+            raise DnsConfigError(f"DnsConfig.prefetch: {self.prefetch} must be >= 0")
+        if self.prefetch_duration <= 0:
+            raise DnsConfigError(f"DnsConfig.prefetch_duration: {self.prefetch_duration} must be > 0")
+        if not 10 <= self.prefetch_percentage <= 90:
+            raise DnsConfigError(f"DnsConfig.prefetch_percentage: {self.prefetch_percentage} is outside 10..90")
         if self.serve_stale < 0:
             raise DnsConfigError(f"DnsConfig.serve_stale: {self.serve_stale} must be >= 0")
         if self.serve_stale_refresh not in ("immediate", "verify"):

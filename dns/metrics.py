@@ -84,6 +84,8 @@ METRICS: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
                              "hits/requests counters.", (_S, "zones", _V)),
     "coredns_cache_served_stale": (CounterMetricFamily, "The number of requests served from stale cache entries.",
                                    (_S, "zones", _V)),
+    "coredns_cache_prefetch": (CounterMetricFamily, "The number of times the cache has prefetched a cached item.",
+                               (_S, "zones", _V)),
     "coredns_cache_entries": (GaugeMetricFamily, "The number of elements in the cache.", (_S, "type", "zones", _V)),
     "coredns_forward_requests": (CounterMetricFamily, "Counter of requests made per upstream.", ("to",)),
     "coredns_forward_responses": (CounterMetricFamily, "Counter of responses received per upstream.",
@@ -225,6 +227,7 @@ def _add_upstream_cache(families: dict[str, Any], server: DnsServer, own: list[s
     families["coredns_cache_misses"].add_metric(cache_block, stats.cache_misses)
     families["coredns_cache_requests"].add_metric(cache_block, stats.cache_misses + sum(hits.values()))
     families["coredns_cache_served_stale"].add_metric(cache_block, stats.served_stale)
+    families["coredns_cache_prefetch"].add_metric(cache_block, stats.prefetches)
     cache = server.forwarder.cache
     negative = cache.negative_entries()
     families["coredns_cache_entries"].add_metric([*own, "success", ZONE, NO_VIEW], len(cache) - negative)

@@ -231,6 +231,10 @@ class DnsServer:
         stale = None
         if stored is not None:
             if now < stored.expires:
+                config = self.config
+                if config.prefetch and now >= stored.prefetch_at(config.prefetch_percentage) and \
+                        stored.counts_towards_prefetch(now, config.prefetch_duration, config.prefetch):
+                    self._refresh(forward, key, do=do, cd=cd, prefetch=True)
                 send(self.answerer.relay_stored(forward, stored, now))
                 return
             stale = stored
@@ -250,12 +254,14 @@ class DnsServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _refresh(self, forward: Forward, key: bytes, *, do: bool, cd: bool) -> None:
-        """Ask upstream for a stale entry in the background, once at a time per question;
-        the answer only refreshes the cache."""
+    def _refresh(self, forward: Forward, key: bytes, *, do: bool, cd: bool, prefetch: bool = False) -> None:
+        """Ask upstream for a stale or soon expiring entry in the background, once at a time
+        per question; the answer only refreshes the cache."""
         if key in self._refreshing or self.forwarder.busy:
             return
         self._refreshing.add(key)
+        if prefetch:
+            self.stats.prefetches += 1
 
         async def refresh() -> None:
             try:

@@ -52,6 +52,8 @@ class DnsStats:
     panics: int = 0
     #: expired upstream answers served (serve_stale): coredns_cache_served_stale_total
     served_stale: int = 0
+    #: upstream answers refreshed before they expired: coredns_cache_prefetch_total
+    prefetches: int = 0
     #: cluster-zone answers built (CoreDNS has no such cache; the hits are in _served)
     answer_cache_misses: int = 0
     #: upstream answers from the cache, by "success"|"denial": coredns_cache_hits_total{type}

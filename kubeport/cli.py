@@ -72,6 +72,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                           "(CoreDNS cache serve_stale; default 0: never)")
     run.add_argument("--dns-serve-stale-refresh-mode", choices=["immediate", "verify"],
                      help="serve_stale's REFRESH_MODE (default immediate)")
+    run.add_argument("--dns-prefetch", type=int, metavar="AMOUNT",
+                     help="refresh upstream answers asked AMOUNT times in the last 10%% of their TTL "
+                          "(CoreDNS cache prefetch; default 0: never)")
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
@@ -146,6 +149,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.reverseZones": ("--dns-reverse-zones",),
     "dns.fallthrough": ("--dns-fallthrough",),
     "dns.serveStale": ("--dns-serve-stale",),
+    "dns.prefetch": ("--dns-prefetch",),
     "dns.serveStaleRefreshMode": ("--dns-serve-stale-refresh-mode",),
     "dns.lameDuck": ("--dns-lame-duck",),
 }

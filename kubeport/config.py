@@ -104,6 +104,11 @@ class DnsSettings(_Section):
     serve_stale_refresh_mode: Literal["immediate", "verify"] = Field(
         "immediate", description="CoreDNS `serve_stale` REFRESH_MODE: immediate (stale at once, refreshed behind) "
         "or verify (upstream first, stale if it fails).")
+    prefetch: int = Field(
+        0, ge=0, description="CoreDNS cache `prefetch AMOUNT`: refresh an upstream answer asked this many times "
+        "within prefetchDuration once its TTL left is down to prefetchPercentage; 0: never.")
+    prefetch_duration: Duration = Field(60.0, gt=0, description="CoreDNS `prefetch` DURATION (1m).")
+    prefetch_percentage: int = Field(10, ge=10, le=90, description="CoreDNS `prefetch` PERCENTAGE (10).")
     lame_duck: Duration = Field(5.0, ge=0, description="Keep answering this long after SIGTERM (CoreDNS health lameduck).")
     forward_expire: Duration = Field(10.0, gt=0, description="How long an idle TCP connection to an upstream may be reused (CoreDNS forward `expire`).")
     max_concurrent_forwards: int = Field(1000, ge=1, description="Forwarded queries in flight; more are answered REFUSED (CoreDNS forward `max_concurrent`).")

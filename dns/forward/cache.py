@@ -6,8 +6,9 @@ TTL patches.
 
 from __future__ import annotations
 
+import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dnslib import DNSRecord
 
@@ -32,6 +33,20 @@ class StoredMessage:
     stored: float
     expires: float
     negative: bool
+    #: when the queries that count towards a prefetch came (CoreDNS cache item.Update)
+    hits: list[float] = field(default_factory=list)
+
+    def prefetch_at(self, percentage: int) -> float:
+        """When the TTL left is down to ``percentage`` of the TTL stored (CoreDNS cache
+        shouldPrefetch: ttl <= ceil(percentage/100 * origTTL))."""
+        ttl = int(self.expires - self.stored)
+        return self.expires - math.ceil(percentage / 100 * ttl)
+
+    def counts_towards_prefetch(self, now: float, window: float, amount: int) -> bool:
+        """Count a query after the prefetch point; True once ``amount`` came within ``window``."""
+        self.hits = [hit for hit in self.hits if hit > now - window]
+        self.hits.append(now)
+        return len(self.hits) >= amount
 
     def stale(self) -> bytes:
         """The message with every TTL 0, as CoreDNS's cache serves an expired item (serve_stale)."""

@@ -175,3 +175,50 @@ def test_cache_lookup_windows(age: float, fresh: bool, stale: bool) -> None:
     assert (found is not None) == stale
     if found is not None and not fresh:
         assert [rr.ttl for rr in DNSRecord.parse(found.stale()).rr] == [0]
+
+
+PREFETCH = {"prefetch": 1}
+
+
+def fresh_in_cache(server: DnsServer, clock: Clock, stored_after: float) -> bool:
+    key = server.forwarder.cache_key(b"\x03www\x07example\x04test\x00\x00\x01\x00\x01", do=False, cd=False)
+    stored = server.forwarder.cache.lookup(key, clock.now)
+    return stored is not None and stored.stored >= stored_after
+
+
+@pytest.mark.parametrize("rig", [pytest.param(PREFETCH, id="prefetch_1")], indirect=True)
+async def test_prefetch_refreshes_a_popular_answer_before_it_expires(rig) -> None:
+    """plugin/cache/handler.go shouldPrefetch: ttl <= ceil(10% of 30) = 3 s left, one hit: refresh
+    in the background, counted at the stub before the answer expires."""
+    server, stub, clock = rig
+    await ask(server)
+    clock.now += 26  # 4 s left: not yet
+    assert answer(await ask(server)) == [(4, "203.0.113.7")] and server.stats.prefetches == 0
+    clock.now += 1.5  # 2.5 s left
+    assert answer(await ask(server)) == [(3, "203.0.113.7")]  # answered from the cache, refreshed behind it
+    refreshed_at = clock.now
+    await until(lambda: stub.asked == 2 and fresh_in_cache(server, clock, refreshed_at), "the prefetch")
+    clock.now += 5  # past the first answer's expiry
+    assert answer(await ask(server)) == [(25, "203.0.113.7")] and stub.asked == 2
+    assert server.stats.prefetches == 1
+
+
+@pytest.mark.parametrize("rig", [pytest.param({"prefetch": 2}, id="prefetch_2")], indirect=True)
+async def test_prefetch_amount_counts_the_queries_in_the_window(rig) -> None:
+    server, stub, clock = rig
+    await ask(server)
+    clock.now += 28
+    await ask(server)
+    assert server.stats.prefetches == 0 and not server._refreshing  # one query: not popular enough
+    await ask(server)
+    assert server.stats.prefetches == 1
+    await until(lambda: stub.asked == 2, "the prefetch")
+
+
+@pytest.mark.parametrize("rig", [pytest.param({}, id="off")], indirect=True)
+async def test_without_prefetch_nothing_is_refreshed(rig) -> None:
+    server, stub, clock = rig
+    await ask(server)
+    clock.now += 28
+    assert answer(await ask(server)) == [(2, "203.0.113.7")]
+    assert server.stats.prefetches == 0 and not server._refreshing and stub.asked == 1
