@@ -40,6 +40,8 @@ class DnsConfig:
     endpoint_pod_names: bool = False
     #: CoreDNS ``namespaces``: serve only these namespaces (empty: every namespace).
     namespaces: tuple[str, ...] = ()
+    #: CoreDNS ``noendpoints``: no endpoint records (headless services and endpoint names NXDOMAIN).
+    noendpoints: bool = False
     #: CoreDNS ``ignore empty_service``: a ClusterIP service without ready endpoints is NXDOMAIN.
     ignore_empty_service: bool = False
     #: The reverse zones of CoreDNS ``kubernetes <zone> [ZONES...]``, as names or CIDRs: PTR

@@ -229,13 +229,16 @@ class RecordIndex:
     """Services by (namespace, name), reverse maps, namespaces, sync state, SOA serial."""
 
     def __init__(self, zone: str = "cluster.local", *, endpoint_pod_names: bool = False,
-                 exposed: frozenset[str] | None = None, now: float = 0.0):
+                 exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0):
         """``exposed``: the namespaces served (CoreDNS ``namespaces``), None for all; the
-        services of the others are not indexed at all, so no name, PTR or pod lookup finds them."""
+        services of the others are not indexed at all, so no name, PTR or pod lookup finds them.
+        ``endpoints`` False (CoreDNS ``noendpoints``): no endpoint is indexed, as CoreDNS does
+        without its EndpointSlice watch: headless services and endpoint names are NXDOMAIN."""
         self.zone = zone.rstrip(".").lower()
         self.zone_labels = tuple(self.zone.split("."))
         self.endpoint_pod_names = endpoint_pod_names
         self.exposed = exposed
+        self.endpoints = endpoints
         self.services: dict[ServiceName, ServiceRecords] = {}
         self.namespaces: frozenset[str] = frozenset()
         self.synced = False
@@ -250,8 +253,8 @@ class RecordIndex:
 
     @classmethod
     def build(cls, snapshot: Snapshot, *, zone: str = "cluster.local", endpoint_pod_names: bool = False,
-              exposed: frozenset[str] | None = None, now: float = 0.0) -> "RecordIndex":
-        index = cls(zone, endpoint_pod_names=endpoint_pod_names, exposed=exposed, now=now)
+              exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0) -> "RecordIndex":
+        index = cls(zone, endpoint_pod_names=endpoint_pod_names, exposed=exposed, endpoints=endpoints, now=now)
         index.apply(snapshot, None, now=now)
         return index
 
@@ -267,6 +270,8 @@ class RecordIndex:
             if exposed is not None and name.namespace not in exposed:
                 state = None
             new = service_records(state) if state is not None else None
+            if new is not None and not self.endpoints:
+                new = replace(new, slices=(), unready_addresses=())
             if self._replace(name, held.get(name), new):
                 touched.add(name)
         namespaces = snapshot.namespaces if exposed is None else snapshot.namespaces & exposed

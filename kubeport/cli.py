@@ -62,6 +62,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                      help="serve only these namespaces (CoreDNS namespaces; default all)")
     run.add_argument("--ignore-empty-service", action=argparse.BooleanOptionalAction, default=None,
                      help="NXDOMAIN for a ClusterIP Service without ready endpoints (CoreDNS ignore empty_service)")
+    run.add_argument("--noendpoints", action=argparse.BooleanOptionalAction, default=None,
+                     help="no endpoint records: headless Services and endpoint names NXDOMAIN (CoreDNS noendpoints)")
     run.add_argument("--dns-reverse-zones", metavar="ZONE|CIDR,...",
                      help="reverse zones answered (default in-addr.arpa,ip6.arpa; empty: none)")
     run.add_argument("--dns-fallthrough", metavar="ZONE,...",
@@ -146,6 +148,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.endpointPodNames": ("--endpoint-pod-names",),
     "dns.namespaces": ("--dns-namespaces",),
     "dns.ignoreEmptyService": ("--ignore-empty-service",),
+    "dns.noendpoints": ("--noendpoints",),
     "dns.reverseZones": ("--dns-reverse-zones",),
     "dns.fallthrough": ("--dns-fallthrough",),
     "dns.serveStale": ("--dns-serve-stale",),

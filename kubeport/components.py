@@ -79,6 +79,7 @@ def dns_config(config: KubeportConfiguration) -> DnsConfig:
         endpoint_pod_names=dns.endpoint_pod_names,
         namespaces=tuple(dns.namespaces),
         ignore_empty_service=dns.ignore_empty_service,
+        noendpoints=dns.noendpoints,
         reverse_zones=tuple(dns.reverse_zones),
         fallthrough=tuple(dns.fallthrough),
         upstreams=[parse_upstream(u) for u in dns.upstreams] if dns.upstreams else None,

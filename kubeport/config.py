@@ -85,6 +85,9 @@ class DnsSettings(_Section):
         False, description="CoreDNS `endpoint_pod_names`: an endpoint without hostname is named after its Pod.")
     namespaces: list[str] = Field(
         default_factory=list, description="CoreDNS `namespaces`: serve only these namespaces (empty: all).")
+    noendpoints: bool = Field(
+        False, description="CoreDNS `noendpoints`: no endpoint records; headless Services and endpoint names are "
+        "NXDOMAIN.")
     ignore_empty_service: bool = Field(
         False, description="CoreDNS `ignore empty_service`: NXDOMAIN for a ClusterIP Service without ready endpoints.")
     reverse_zones: list[str] = Field(

@@ -124,6 +124,31 @@ def test_ignore_empty_service_option(c: OptionCase) -> None:
     check(c)
 
 
+NO_ENDPOINTS = {"noendpoints": True, "fallthrough": ()}
+
+NOENDPOINTS_CASES = [
+    # setup.go `noendpoints`: no endpoint watch, so a headless service has nothing to answer
+    case("headless_service_is_nxdomain", f"hdls1.{S}", "A", "NXDOMAIN", **NO_ENDPOINTS),
+    case("headless_srv_is_nxdomain", f"_http._tcp.hdls1.{S}", "SRV", "NXDOMAIN", **NO_ENDPOINTS),
+    # kubernetes.go findServices: an endpoint name has no endpoints to match
+    case("endpoint_name_is_nxdomain", f"pet-0.hdls1.{S}", "A", "NXDOMAIN", **NO_ENDPOINTS),
+    case("endpoint_of_a_clusterip_service_is_nxdomain", f"10-244-0-5.{W}", "A", "NXDOMAIN", **NO_ENDPOINTS),
+    # kubernetes.go findServices: ClusterIPs come from Services
+    case("clusterip_still_answers", W, "A", answer=[f"{W} 5 IN A 10.96.0.20"], **NO_ENDPOINTS),
+    # reverse.go serviceRecordForIP: EpIndexReverse finds nothing
+    case("endpoint_ptr_is_nxdomain", "2.0.0.172.in-addr.arpa.", "PTR", "NXDOMAIN", soa="in-addr.arpa.",
+         **NO_ENDPOINTS),
+    case("clusterip_ptr_still_answers", "20.0.96.10.in-addr.arpa.", "PTR",
+         answer=[f"20.0.96.10.in-addr.arpa. 5 IN PTR {W}"], **NO_ENDPOINTS),
+]
+
+
+@pytest.mark.parametrize("c", NOENDPOINTS_CASES)
+def test_noendpoints_option(c: OptionCase) -> None:
+    """CoreDNS `noendpoints`: endpoint records are not served."""
+    check(c)
+
+
 AUTHORITATIVE = {"fallthrough": ()}
 #: reverse_test.go TestReverse serves narrower reverse zones beside the cluster zone
 NARROW = {"reverse_zones": ("10.96.0.0/16", "fd00:10:96::/48"), "fallthrough": ()}
