@@ -250,10 +250,11 @@ class Answerer:
         self._turns += 1
         return turning.reply(tcp)
 
-    def reply_raw(self, query: Query, tcp: bool, reply: bytes, rcode: int, request_size: int) -> bytes:
-        """Count and return a reply built elsewhere (relayed upstream answers, REFUSED...)."""
+    def reply_raw(self, query: Query, tcp: bool, reply: bytes, rcode: int, request_size: int | None = None) -> bytes:
+        """Count and return a reply built elsewhere (relayed upstream answers, REFUSED...);
+        ``request_size`` by default that of the query being answered now (the slow path's)."""
         self.stats.count("tcp" if tcp else "udp", qtype_name(query.qtype), RCODE_NAMES.get(rcode, str(rcode)),
-                         request_size, len(reply))
+                         self._request_size if request_size is None else request_size, len(reply))
         return reply
 
     def _encode(self, query: Query, result: Resolution) -> tuple[bytes, bytes, Rotation | None]:
