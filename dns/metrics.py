@@ -28,10 +28,12 @@ cache (encoded cluster answers, cached upstream answers, errors written without 
 take microseconds and are not timed: they are counted in the first bucket (0.25 ms) and
 add nothing to ``_sum``, so ``_count`` still equals the number of requests.
 
-Not exported: ``coredns_kubernetes_dns_programming_duration_seconds`` needs the
-EndpointSlice ``endpoints.kubernetes.io/last-change-trigger-time`` annotation, which the
-slim types do not keep; ``coredns_forward_request_duration_seconds`` (per upstream): upstream
-round trips are timed into the request duration only.
+``coredns_kubernetes_dns_programming_duration_seconds{service_kind}``: from an EndpointSlice's
+last-change-trigger-time (or a change's arrival) to the moment its answers are dropped, so
+the next query gets the new answer (see :func:`kubeport.dns.records.programming_starts`).
+
+Not exported: ``coredns_forward_request_duration_seconds`` (per upstream): upstream round
+trips are timed into the request duration only.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from kubeport import __version__
-from kubeport.dns.stats import DURATION_BUCKETS, SIZE_BUCKETS, DnsStats
+from kubeport.dns.stats import DURATION_BUCKETS, PROGRAMMING_BUCKETS, SIZE_BUCKETS, DnsStats
 
 if TYPE_CHECKING:
     from kubeport.dns.server import DnsServer
@@ -56,6 +58,7 @@ ZONE = "."
 NO_PLUGIN = ""
 BUCKET_BOUNDS = (*map(floatToGoString, DURATION_BUCKETS), "+Inf")
 SIZE_BOUNDS = (*SIZE_BUCKETS, float("inf"))
+PROGRAMMING_BOUNDS = (*map(floatToGoString, PROGRAMMING_BUCKETS), "+Inf")
 NO_VIEW = ""
 #: the CoreDNS plugins whose work kubeport does, as a kubeadm Corefile enables them
 PLUGINS = ("cache", "forward", "health", "kubernetes", "loadbalance", "prometheus", "ready")
@@ -78,6 +81,9 @@ METRICS: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
                            "goversion from which CoreDNS was built.", ("version", "revision", "goversion")),
     "coredns_plugin_enabled": (GaugeMetricFamily, "A metric that indicates whether a plugin is enabled on per "
                                "server and zone basis.", (_S, _Z, _V, "name")),
+    "coredns_kubernetes_dns_programming_duration_seconds": (
+        HistogramMetricFamily, "Histogram of the time (in seconds) it took to program a dns instance.",
+        ("service_kind",)),
     "coredns_cache_requests": (CounterMetricFamily, "The count of cache requests.", (_S, "zones", _V)),
     "coredns_cache_hits": (CounterMetricFamily, "The count of cache hits.", (_S, "type", "zones", _V)),
     "coredns_cache_misses": (CounterMetricFamily, "The count of cache misses. Deprecated, derive misses from cache "
@@ -156,6 +162,12 @@ class DnsCollector:
             families["coredns_dns_responses"].add_metric([*block, rcode, NO_PLUGIN], count)
         _add_durations(families["coredns_dns_request_duration_seconds"], stats, block)
         _add_sizes(families, stats, block)
+        for kind, histogram in sorted(stats.programming.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip(PROGRAMMING_BOUNDS, histogram.counts):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            families["coredns_kubernetes_dns_programming_duration_seconds"].add_metric([kind], buckets, histogram.total)
         families["coredns_panics"].add_metric([], stats.panics)
         families["coredns_build_info"].add_metric([__version__, "", platform.python_version()], 1)
         for plugin in PLUGINS:

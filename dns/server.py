@@ -23,8 +23,8 @@ from kubeport.dns.config import DnsConfig, default_upstreams
 from kubeport.dns.forward.forwarder import Forwarder, StoredMessage, UpstreamCache
 from kubeport.dns.forward.policy import FORWARD_DEADLINE
 from kubeport.dns.lookup import qtype_name
-from kubeport.dns.records import RecordIndex
-from kubeport.dns.stats import DnsStats
+from kubeport.dns.records import RecordIndex, programming_starts
+from kubeport.dns.stats import DnsStats, ProgrammingHistogram
 from kubeport.dns.udp import UdpServing, bind_tcp, bind_udp, udp_listener
 from kubeport.dns.wire import CD, NOERROR, NXDOMAIN, REFUSED, question_reply
 from kubeport.endpoints.types import Snapshot
@@ -49,6 +49,8 @@ class DnsServer:
         self._clock = clock
         self._monotonic = monotonic
         self._index = _index_for(config, clock())
+        #: trigger times from before this are not this server's to measure
+        self._started = clock()
         self._snapshot: Snapshot | None = None
         self.answerer = Answerer(config, self._index, self.stats, timer=monotonic, clock=monotonic)
         self.forwarder = self._make_forwarder(config)
@@ -162,10 +164,19 @@ class DnsServer:
     def apply(self, snapshot: Snapshot) -> None:
         """Take a snapshot; only services changed since the previous one are rebuilt, and
         their cached answers dropped before this returns (fresh at once)."""
-        changed = snapshot.changed_since(self._snapshot)
+        previous = self._snapshot
+        changed = snapshot.changed_since(previous)
         change = self._index.apply(snapshot, changed, now=self._clock())
         self._snapshot = snapshot
         self.answerer.invalidate(change)
+        if previous is not None and change.services:
+            now = self._clock()  # answered from here on: the changed answers are dropped
+            programming = self.stats.programming
+            for kind, started in programming_starts(previous, snapshot, change.services, self._started):
+                histogram = programming.get(kind)
+                if histogram is None:
+                    histogram = programming[kind] = ProgrammingHistogram()
+                histogram.observe(max(0.0, now - started))
 
     def snapshot_queued(self, snapshot: Snapshot) -> None:
         """Nothing to do before the apply: answers change when the index does."""

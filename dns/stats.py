@@ -38,6 +38,23 @@ class DurationHistogram:
         return sum(self.counts)
 
 
+#: Upper bounds (seconds) of coredns_kubernetes_dns_programming_duration_seconds:
+#: prometheus.ExponentialBuckets(0.001, 2, 20), 1 ms .. ~17 min (plugin/kubernetes/metrics.go).
+PROGRAMMING_BUCKETS: tuple[float, ...] = tuple(0.001 * 2**i for i in range(20))
+
+
+@dataclass(slots=True)
+class ProgrammingHistogram:
+    """Observations per programming-duration bucket (the last one is +Inf) and their sum."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(PROGRAMMING_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(PROGRAMMING_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+
 @dataclass(slots=True)
 class DnsStats:
     _requests: dict[tuple[str, str], Cell] = field(default_factory=dict)
@@ -54,6 +71,8 @@ class DnsStats:
     served_stale: int = 0
     #: upstream answers refreshed before they expired: coredns_cache_prefetch_total
     prefetches: int = 0
+    #: service_kind -> change-to-answered durations: coredns_kubernetes_dns_programming_duration_seconds
+    programming: dict[str, ProgrammingHistogram] = field(default_factory=dict)
     #: cluster-zone answers built (CoreDNS has no such cache; the hits are in _served)
     answer_cache_misses: int = 0
     #: upstream answers from the cache, by "success"|"denial": coredns_cache_hits_total{type}

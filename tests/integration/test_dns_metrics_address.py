@@ -11,6 +11,7 @@ from support.coredns_dashboard import NOT_EXPORTED, dashboard_series
 from support.netns import EXT_IPS, SERVICE_CIDRS, KubeportDaemon, curl_in
 from support.netns.cluster_dns import NS, dig, fqdn, start_fake_upstream
 from support.netns.manifests import endpoint_slice, node, service, write
+from support.wait import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +28,7 @@ def cluster(topology, tmp_path_factory):
     daemon = KubeportDaemon(topology.node("a"), manifests, tmp_path_factory.mktemp("state") / "a",
                             "--upstream", EXT_IPS[0], "--service-cluster-ip-range", ",".join(SERVICE_CIDRS))
     daemon.wait_ready(timeout=30)
-    yield
+    yield manifests
     daemon.stop()
 
 
@@ -46,6 +47,9 @@ def test_every_series_a_coredns_dashboard_reads_is_on_the_dns_metrics_address(to
     for args in ((fqdn("web"), "A"), (fqdn("web"), "A"), ("www.example.test", "A"), ("www.example.test", "A"),
                  (fqdn("nope"), "A"), ("+tcp", fqdn("web"), "A")):
         assert dig(pod, *args).status in ("NOERROR", "NXDOMAIN")
+    write(cluster, "db", service("db", ports=HTTP, namespace=NS, clusterIP="None"),
+          endpoint_slice("db-1", "db", HTTP, ["10.244.1.21"], namespace=NS))  # a change to program
+    until_sync(lambda: dig(pod, fqdn("db"), "A").answer, "the new headless service to be answered")
     scraped = scrape(topology.node("a"), "http://127.0.0.1:9253/metrics")
     wanted = dashboard_series()
     assert not {name for name in wanted if name not in scraped} - NOT_EXPORTED, sorted(scraped)

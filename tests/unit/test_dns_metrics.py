@@ -287,8 +287,15 @@ async def test_build_info_plugins_and_panics_are_exported(dns: DnsServer) -> Non
 
 
 async def test_every_series_a_coredns_dashboard_reads_is_exported(dns: DnsServer) -> None:
-    """Scraped after traffic, the way the dashboard's Prometheus sees the DNS metrics address."""
+    """Scraped after traffic and a change, the way the dashboard's Prometheus sees the DNS
+    metrics address."""
     await send_traffic(dns)
+    from support.api import to_model
+
+    state = cluster_state([*CLUSTER, service("db", clusterIP="None", ports=HTTP)])
+    state.commit()
+    state.upsert(to_model(endpoint_slice("db", ports=HTTP, endpoints=["10.244.0.9"])))
+    dns.apply(state.commit())  # the next generation: db's new slice is a change to program
     registry = CollectorRegistry()
     registry.register(DnsCollector(dns))
     for collector in (ProcessCollector,):
@@ -304,3 +311,31 @@ async def test_every_series_a_coredns_dashboard_reads_is_exported(dns: DnsServer
     for name, grouped in wanted.items():
         if name in scraped:
             assert grouped <= scraped[name] | {"instance", "job"}, name
+
+
+def test_dns_programming_duration_from_the_trigger_time_to_answered() -> None:
+    """coredns_kubernetes_dns_programming_duration_seconds (plugin/kubernetes/metrics.go): a headless
+    service's changed EndpointSlice, from its last-change-trigger-time to the apply that drops
+    the old answers; a ClusterIP service's change from its arrival."""
+    from support.api import to_model
+
+    triggered = 1_700_000_100.0  # 2023-11-14T22:15:00Z
+    wall = [triggered - 60]  # the server started before the change
+    server = DnsServer(DnsConfig(addresses=("127.0.0.1",), port=0, upstreams=()), clock=lambda: wall[0])
+    ports = [{"name": "http", "port": 80}]
+    state = cluster_state([service("db", clusterIP="None", ports=ports, selector={"app": "db"}),
+                           endpoint_slice("db", ports=ports, endpoints=["10.244.0.7"])])
+    server.apply(state.commit())
+    slice_ = endpoint_slice("db", ports=ports, endpoints=["10.244.0.7", "10.244.0.8"])
+    slice_["metadata"]["annotations"] = {"endpoints.kubernetes.io/last-change-trigger-time": "2023-11-14T22:15:00Z"}
+    state.upsert(to_model(slice_))
+    wall[0] = triggered + 2.5
+    server.apply(state.commit())
+    (histogram,) = server.stats.programming.values()
+    assert list(server.stats.programming) == ["headless_with_selector"]
+    assert histogram.total == pytest.approx(2.5)
+    metrics = scrape(server)
+    assert metrics["coredns_kubernetes_dns_programming_duration_seconds_count"] == {
+        labels(service_kind="headless_with_selector"): 1}
+    assert metrics["coredns_kubernetes_dns_programming_duration_seconds_bucket"][
+        labels(service_kind="headless_with_selector", le="4.096")] == 1
