@@ -32,8 +32,9 @@ add nothing to ``_sum``, so ``_count`` still equals the number of requests.
 last-change-trigger-time (or a change's arrival) to the moment its answers are dropped, so
 the next query gets the new answer (see :func:`kubeport.dns.records.programming_starts`).
 
-Not exported: ``coredns_forward_request_duration_seconds`` (per upstream): upstream round
-trips are timed into the request duration only.
+``coredns_forward_request_duration_seconds{to,rcode}`` (CoreDNS before 1.11) and
+``coredns_proxy_request_duration_seconds{proxy_name="forward",to,rcode}`` (since): each
+answered round trip to an upstream.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ METRICS: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
     "coredns_forward_requests": (CounterMetricFamily, "Counter of requests made per upstream.", ("to",)),
     "coredns_forward_responses": (CounterMetricFamily, "Counter of responses received per upstream.",
                                   ("to", "rcode")),
+    "coredns_forward_request_duration_seconds": (
+        HistogramMetricFamily, "Histogram of the time each request took.", ("to", "rcode")),
+    "coredns_proxy_request_duration_seconds": (
+        HistogramMetricFamily, "Histogram of the time each request took.", ("proxy_name", "to", "rcode")),
     "coredns_forward_conn_cache_hits": (CounterMetricFamily, "Counter of connection cache hits per upstream and "
                                         "protocol.", ("to", "proto")),
     "coredns_forward_conn_cache_misses": (CounterMetricFamily, "Counter of connection cache misses per upstream "
@@ -251,6 +256,13 @@ def _add_forward(families: dict[str, Any], stats: DnsStats) -> None:
         families["coredns_forward_requests"].add_metric([to], count)
     for (to, rcode), count in sorted(stats.forward_responses.items()):
         families["coredns_forward_responses"].add_metric([to, rcode], count)
+    for (to, rcode), histogram in sorted(stats.forward_durations.items()):
+        cumulative, buckets = 0, []
+        for bound, count in zip(BUCKET_BOUNDS, histogram.counts):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        families["coredns_forward_request_duration_seconds"].add_metric([to, rcode], buckets, histogram.total)
+        families["coredns_proxy_request_duration_seconds"].add_metric(["forward", to, rcode], buckets, histogram.total)
     for (to, proto), count in sorted(stats.forward_conn_cache_hits.items()):
         families["coredns_forward_conn_cache_hits"].add_metric([to, proto], count)
     for (to, proto), count in sorted(stats.forward_conn_cache_misses.items()):

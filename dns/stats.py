@@ -71,6 +71,8 @@ class DnsStats:
     served_stale: int = 0
     #: upstream answers refreshed before they expired: coredns_cache_prefetch_total
     prefetches: int = 0
+    #: (upstream, rcode name) -> round trips answered: coredns_forward_request_duration_seconds{to,rcode}
+    forward_durations: dict[tuple[str, str], DurationHistogram] = field(default_factory=dict)
     #: service_kind -> change-to-answered durations: coredns_kubernetes_dns_programming_duration_seconds
     programming: dict[str, ProgrammingHistogram] = field(default_factory=dict)
     #: cluster-zone answers built (CoreDNS has no such cache; the hits are in _served)
@@ -147,6 +149,12 @@ class DnsStats:
         histogram = self.durations.get(qtype)
         if histogram is None:
             histogram = self.durations[qtype] = DurationHistogram()
+        histogram.observe(seconds)
+
+    def observe_forward(self, to: str, rcode: str, seconds: float) -> None:
+        histogram = self.forward_durations.get((to, rcode))
+        if histogram is None:
+            histogram = self.forward_durations[(to, rcode)] = DurationHistogram()
         histogram.observe(seconds)
 
     @property

@@ -125,6 +125,7 @@ class Forwarder:
         when it failed (refused by ICMP, connection reset or closed early)."""
         name = f"{upstream[0]}:{upstream[1]}"
         self.stats.forward_requests[name] += 1
+        started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
                 if tcp:
@@ -144,7 +145,9 @@ class Forwarder:
             log.debug("dns: upstream %s failed: %s", name, error)
             self._check(upstream)
             raise
-        self.stats.forward_responses[(name, RCODE_NAMES.get(message[3] & 0xF, str(message[3] & 0xF)))] += 1
+        rcode = RCODE_NAMES.get(message[3] & 0xF, str(message[3] & 0xF))
+        self.stats.forward_responses[(name, rcode)] += 1
+        self.stats.observe_forward(name, rcode, time.monotonic() - started)
         return message
 
     def _count_connection(self, upstream: Upstream, proto: str, reused: bool) -> None:

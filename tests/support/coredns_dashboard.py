@@ -10,7 +10,7 @@ from pathlib import Path
 DASHBOARD_QUERIES = Path(__file__).resolve().parents[1] / "fixtures" / "coredns-dashboard-queries.txt"
 #: what the dashboard reads that is not a CoreDNS series kubeport can have (Prometheus's own
 #: ``up``; Go's goroutines) or that kubeport does not export (see kubeport.dns.metrics)
-NOT_EXPORTED = {"up", "go_goroutines", "coredns_forward_request_duration_seconds_bucket"}
+NOT_EXPORTED = {"up", "go_goroutines"}
 
 
 def dashboard_series() -> dict[str, set[str]]:
