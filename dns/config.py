@@ -104,11 +104,12 @@ class DnsConfig:
         for namespace in self.namespaces:
             if len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace):
                 raise DnsConfigError(f"DnsConfig.namespaces: {namespace!r} is not a namespace name")
-        reverse = self.reverse_zone_labels  # validates
-        if any(zone[-2:] not in REVERSE_ZONES for zone in reverse):
+        object.__setattr__(self, "reverse_zones", tuple(self.reverse_zones))
+        object.__setattr__(self, "fallthrough", tuple(self.fallthrough))
+        if any(zone[-2:] not in REVERSE_ZONES for zone in _zones(self.reverse_zones, "DnsConfig.reverse_zones")):
             raise DnsConfigError(f"DnsConfig.reverse_zones: {', '.join(self.reverse_zones)}: a reverse zone is "
                                  "in-addr.arpa or ip6.arpa, or a CIDR")
-        self.fallthrough_labels  # validates
+        _zones(self.fallthrough, "DnsConfig.fallthrough")
         if self.upstreams is not None:
             object.__setattr__(self, "upstreams", tuple(_upstream(u) for u in self.upstreams))
         addresses = tuple(self.addresses)
