@@ -255,3 +255,20 @@ def test_option_errors_name_the_field(changes: dict, message: str) -> None:
 ])
 def test_reverse_zones_as_coredns_normalizes_them(zones: tuple[str, ...], labels: tuple) -> None:
     assert DnsConfig(upstreams=(), reverse_zones=zones).reverse_zone_labels == labels
+
+
+async def test_a_reload_with_new_namespaces_or_noendpoints_rebuilds_the_index() -> None:
+    """Options the index is built for apply on reconfigure (the `dns` section applies live)."""
+    from kubeport.dns.server import DnsServer
+
+    from support.api import cluster_state
+    from support.dns_answers import CLUSTER
+
+    server = DnsServer(DnsConfig(upstreams=(), addresses=("10.96.0.10",)))
+    server.apply(cluster_state(CLUSTER).commit())
+    assert read_reply(server.answerer.answer(question(W))).rcode == "NOERROR"
+    await server.reconfigure(server.config.with_changes(namespaces=("testns",)))
+    assert read_reply(server.answerer.answer(question(W))).rcode == "NXDOMAIN"
+    assert read_reply(server.answerer.answer(question(f"hdls2.{S}"))).rcode == "NOERROR"
+    await server.reconfigure(server.config.with_changes(noendpoints=True))
+    assert read_reply(server.answerer.answer(question(f"hdls2.{S}"))).rcode == "NXDOMAIN"
