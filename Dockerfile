@@ -14,8 +14,11 @@ COPY kubeport kubeport
 COPY endpoints endpoints
 COPY proxy proxy
 COPY dns dns
+# kube-proxy's name too: kubeadm's kube-proxy DaemonSet runs `/usr/local/bin/kube-proxy
+# --config=... --hostname-override=...`, which this image serves with its image swapped alone.
 RUN pip install --no-cache-dir . \
-    && rm -rf /src
+    && rm -rf /src \
+    && ln -s "$(command -v kubeport)" /usr/local/bin/kube-proxy
 
 WORKDIR /
 # Root: the DaemonSet's NET_ADMIN and NET_BIND_SERVICE take effect only for uid 0.

@@ -8,7 +8,11 @@ It speaks the real list/watch protocol (paged lists, watch events, bookmarks) ov
 HTTP with a bearer token, in the namespace it is started in. One route is the benchmark's
 own: ``POST /bench/apply`` with a JSON list of objects applies them (ADDED or MODIFIED
 events to the open watches, as `kubectl apply` would cause); it answers with the new
-resourceVersion. Prints ``serving <url>`` once listening. Runs until SIGTERM.
+resourceVersion. For the reconnect-storm benchmark: ``POST /bench/down`` stops the API
+(connections refused), ``POST /bench/up`` starts it again as a restarted server (a new watch
+cache: watches from older versions get 410), ``GET /bench/requests?since=T`` lists the API
+requests received since Unix time T as ``[time, verb, plural]``. Prints ``serving <url>``
+once listening. Runs until SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import importlib.util
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -58,8 +63,28 @@ def cluster_objects(services: int, endpoints: int) -> list[dict]:
     return objects
 
 
+class TimedRequests(list):
+    """The fake's request log, each entry also stamped with its Unix time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def append(self, request) -> None:
+        super().append(request)
+        self.times.append(time.time())
+
+
+def bound_socket(listen: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((listen, port))
+    return sock
+
+
 async def serve(args: argparse.Namespace) -> None:
     fake = FakeApiServer(token=args.token)
+    fake.requests = TimedRequests()
     for name in (NAMESPACE, "default"):
         fake.apply(k8s.namespace(name))
     fake.apply(k8s.node(args.node, internal_ip=args.listen))
@@ -78,12 +103,25 @@ async def serve(args: argparse.Namespace) -> None:
             version = fake.apply(obj)
         return web.json_response({"resourceVersion": str(version)})
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.listen, args.port))
-    await fake.start(sock=sock)
+    async def down(request: web.Request) -> web.Response:
+        await fake.go_down()
+        return web.json_response({})
+
+    async def up(request: web.Request) -> web.Response:
+        await fake.come_up(sock=bound_socket(args.listen, args.port))
+        return web.json_response({"up": time.time()})
+
+    async def requests(request: web.Request) -> web.Response:
+        since = float(request.query.get("since", "0"))
+        log = fake.requests
+        return web.json_response([[at, r.verb, r.plural] for at, r in zip(log.times, log) if at >= since])
+
+    await fake.start(sock=bound_socket(args.listen, args.port))
     control = web.Application()
     control.router.add_post("/bench/apply", apply)
+    control.router.add_post("/bench/down", down)
+    control.router.add_post("/bench/up", up)
+    control.router.add_get("/bench/requests", requests)
     runner = web.AppRunner(control, access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, args.listen, args.control_port).start()

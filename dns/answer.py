@@ -45,6 +45,7 @@ from kubeport.dns.wire import (
     QueryError,
     encode_name,
     opt_record,
+    options_fit,
     parse_query,
     question_reply,
     reply_flags,
@@ -129,7 +130,8 @@ class Answerer:
         if size == end:
             key = packet[2:end]
         elif end >= 17 and size >= end + 11 and packet[end : end + 3] == b"\x00\x00\x29" \
-                and size == end + 11 + ((packet[end + 9] << 8) | packet[end + 10]):
+                and size == end + 11 + ((packet[end + 9] << 8) | packet[end + 10]) \
+                and (size == end + 11 or options_fit(packet, end + 11, size)):
             key = packet[2:end] + packet[end + 3 : end + 9]
         else:
             return None

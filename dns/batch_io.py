@@ -39,7 +39,7 @@ from kubeport.lib.mmsg import (  # noqa: F401  (the names dns/udp.py reads throu
     available,
 )
 
-SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and dropped
+SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and answered FORMERR (udp.py)
 ID_SIZE = 2
 
 _NAME = struct.Struct("=QI")  # msg_name, msg_namelen

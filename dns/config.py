@@ -60,8 +60,14 @@ class DnsConfig:
     port: int = 53
     #: Seconds a TCP connection may stay idle (no query, nothing pending) before it is closed.
     tcp_idle_timeout: float = 10.0
-    #: Concurrent TCP connections; new ones beyond this are closed at once.
+    #: Seconds a TCP client has to deliver the rest of a message it began (miekg/dns's read
+    #: timeout, dnsTimeout): a client trickling bytes is closed, not kept by its trickle.
+    tcp_read_timeout: float = 2.0
+    #: Concurrent TCP connections; at the cap the one idle longest is closed for a new one,
+    #: and when none is idle the new one is closed at once.
     max_tcp_connections: int = 1000
+    #: Concurrent TCP connections from one client address: one pod cannot take the cap.
+    max_tcp_connections_per_client: int = 100
     #: Seconds to wait for one try before asking the next upstream (CoreDNS read_timeout); a
     #: query is tried again, over every upstream in turn, until 5 s have passed.
     upstream_timeout: float = 2.0
@@ -120,10 +126,11 @@ class DnsConfig:
         object.__setattr__(self, "addresses", tuple(str(ipaddress.ip_address(a)) for a in addresses))
         if not 0 <= self.port <= 65535:
             raise DnsConfigError(f"DnsConfig.port: {self.port} is outside 0..65535")
-        for name in ("tcp_idle_timeout", "upstream_timeout", "upstream_expire"):
+        for name in ("tcp_idle_timeout", "tcp_read_timeout", "upstream_timeout", "upstream_expire"):
             if getattr(self, name) <= 0:
                 raise DnsConfigError(f"DnsConfig.{name}: must be > 0")
-        for name in ("max_tcp_connections", "max_concurrent_forwards", "answer_cache_size"):
+        for name in ("max_tcp_connections", "max_tcp_connections_per_client", "max_concurrent_forwards",
+                     "answer_cache_size"):
             if getattr(self, name) < 1:
                 raise DnsConfigError(f"DnsConfig.{name}: must be >= 1")
         for name in ("cache_size", "cache_max_ttl", "cache_max_negative_ttl"):

@@ -122,7 +122,12 @@ METRICS: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
     "kubeport_dns_dropped": (CounterMetricFamily, "Packets not answered: no complete DNS header, or a response.",
                              (_S,)),
     "kubeport_dns_tcp_rejected": (CounterMetricFamily, "TCP connections closed at once: the connection cap was "
-                                  "reached.", (_S,)),
+                                  "reached with none idle, or the client address's share.", (_S,)),
+    "kubeport_dns_tcp_evicted": (CounterMetricFamily, "Idle TCP connections closed to make room at the "
+                                 "connection cap.", (_S,)),
+    "kubeport_dns_tcp_read_timeouts": (CounterMetricFamily, "TCP connections closed: a message did not arrive "
+                                       "whole within the read deadline.", (_S,)),
+    "kubeport_dns_oversized": (CounterMetricFamily, "UDP queries over 4096 bytes, answered FORMERR.", (_S,)),
     "kubeport_dns_send_failed": (CounterMetricFamily, "UDP replies the kernel refused to send (a full send "
                                  "buffer); the client retries.", (_S,)),
 }
@@ -184,6 +189,9 @@ class DnsCollector:
                             ("kubeport_dns_answer_cache_entries", len(server.answerer.cache)),
                             ("kubeport_dns_dropped", stats.dropped),
                             ("kubeport_dns_tcp_rejected", stats.tcp_rejected),
+                            ("kubeport_dns_tcp_evicted", stats.tcp_evicted),
+                            ("kubeport_dns_tcp_read_timeouts", stats.tcp_read_timeouts),
+                            ("kubeport_dns_oversized", stats.oversized),
                             ("kubeport_dns_send_failed", stats.send_failed)):
             families[name].add_metric(own, value)
         return iter(families.values())

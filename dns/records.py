@@ -253,9 +253,10 @@ class IndexChange:
     services: frozenset[ServiceName] = frozenset()
     namespaces: bool = False
     synced: bool = False
+    pods: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.services) or self.namespaces or self.synced
+        return bool(self.services) or self.namespaces or self.synced or self.pods
 
 
 class RecordIndex:
@@ -283,6 +284,10 @@ class RecordIndex:
         self.endpoint_owners: dict[str, Owners] = {}
         #: endpoint IP that is not published -> its service(s) (``pods verified``)
         self.unready_owners: dict[str, Owners] = {}
+        #: (namespace, status.podIP) of the Pods read, not terminating (``pods verified``,
+        #: CoreDNS object.ToPod); the snapshot's pods they were taken from
+        self.pod_addresses: frozenset[tuple[str, str]] = frozenset()
+        self._pods_of: object = None
 
     @classmethod
     def build(cls, snapshot: Snapshot, *, zone: str = "cluster.local", endpoint_pod_names: bool = False,
@@ -308,10 +313,17 @@ class RecordIndex:
             if self._replace(name, held.get(name), new):
                 touched.add(name)
         namespaces = snapshot.namespaces if exposed is None else snapshot.namespaces & exposed
+        pods_changed = False
+        if snapshot.pods is not self._pods_of:
+            self._pods_of = snapshot.pods
+            addresses = frozenset(
+                (pod.namespace, pod.ips[0]) for pod in snapshot.pods.values() if pod.ips and not pod.terminating)
+            pods_changed, self.pod_addresses = addresses != self.pod_addresses, addresses
         change = IndexChange(
             services=frozenset(touched),
             namespaces=namespaces != self.namespaces,
             synced=snapshot.synced != self.synced,
+            pods=pods_changed,
         )
         self.namespaces = namespaces
         self.synced = snapshot.synced
@@ -394,7 +406,10 @@ class RecordIndex:
         return targets
 
     def knows_pod(self, namespace: str, address: str) -> bool:
-        """Whether a service of the namespace has an endpoint (of any readiness) there."""
+        """Whether a Pod of the namespace has that IP, or a service of the namespace an
+        endpoint (of any readiness) there (a hand-written slice stands for its Pods)."""
+        if (namespace, address) in self.pod_addresses:
+            return True
         owners = self.endpoint_services(address) + owners_of(self.unready_owners.get(address))
         return any(owner.namespace == namespace for owner in owners)
 
@@ -408,6 +423,7 @@ class RecordIndex:
             "cluster_ip_owners": _owner_sets(self.cluster_ip_owners),
             "endpoint_owners": _owner_sets(self.endpoint_owners),
             "unready_owners": _owner_sets(self.unready_owners),
+            "pod_addresses": self.pod_addresses,
         }
 
     def _view(self, records: ServiceRecords) -> tuple[object, ...]:

@@ -5,7 +5,10 @@ through the same :meth:`Answerer.answer`. A cached answer (cluster or relayed up
 is written back from the same callback, and only questions that need an upstream become
 tasks (owned by the server, cancelled on stop). TCP follows RFC 7766: pipelined queries
 answered as they complete, an idle timeout, a cap on connections, reading paused while
-the client does not read its answers.
+the client does not read its answers. As miekg/dns (CoreDNS's server) a message must
+arrive whole within a read deadline, so a client trickling bytes cannot hold a connection;
+beyond that, no client address holds more than its share of the cap, and at the cap the
+connection idle longest makes room for a new one (RFC 7766 section 6.2.3).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from kubeport.dns.stats import DnsStats, ProgrammingHistogram
 from kubeport.dns.udp import UdpServing, bind_tcp, bind_udp, udp_listener
 from kubeport.dns.wire import CD, NOERROR, NXDOMAIN, REFUSED, question_reply
 from kubeport.endpoints.types import Snapshot
+from kubeport.lib import sockethold
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,8 @@ class DnsServer:
         self._udp: list[UdpServing] = []
         self._listening = False
         self._tcp: list[asyncio.Server] = []
-        self._connections: set[_TcpConnection] = set()
+        self._connections = TcpConnections(config.max_tcp_connections, config.max_tcp_connections_per_client,
+                                           self.stats)
         self._tasks: set[asyncio.Task[None]] = set()
         #: cache keys of stale entries being refreshed in the background
         self._refreshing: set[bytes] = set()
@@ -117,12 +122,21 @@ class DnsServer:
             family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
             # SO_REUSEPORT: a new kubeport instance binds the same address before this one
             # leaves (seamless restart); the kernel spreads queries over both meanwhile.
-            sock = bind_udp(address, self.port, family)
+            held = sockethold.hold()
+            label = f"dns-udp/{address}/{self.port}"
+            sock = held.adopt(label)
+            if sock is None:
+                sock = bind_udp(address, self.port, family)
+                held.keep(label, sock)
             self._udp.append(UdpServing(sock, udp_listener(sock, self.answerer, self._forward, self.stats), loop))
             if self.port == 0:
                 self.port = sock.getsockname()[1]
-            server = await loop.create_server(lambda: _TcpConnection(self),
-                                              sock=bind_tcp(address, self.port, family))
+            label = f"dns-tcp/{address}/{self.port}"
+            listener = held.adopt(label)
+            if listener is None:
+                listener = bind_tcp(address, self.port, family)
+                held.keep(label, listener)
+            server = await loop.create_server(lambda: _TcpConnection(self), sock=listener)
             self._tcp.append(server)
 
     async def stop(self, lame_duck: float = 0.0, *, hand_over: bool = False) -> None:
@@ -137,6 +151,10 @@ class DnsServer:
         if lame_duck > 0:
             await asyncio.sleep(lame_duck)
         self._listening = False
+        held = sockethold.hold()
+        for address in self.config.addresses:  # closed for good: the holder's copies first
+            held.release(f"dns-udp/{address}/{self.port}")
+            held.release(f"dns-tcp/{address}/{self.port}")
         for server in self._tcp:
             server.close()
         if hand_over:
@@ -317,6 +335,55 @@ def _forwarding(config: DnsConfig) -> tuple[object, ...]:
             config.serve_stale)
 
 
+class TcpConnections:
+    """The open TCP connections, and which a new one may join (the caps, the eviction)."""
+
+    def __init__(self, limit: int, per_client: int, stats: DnsStats) -> None:
+        self.limit = limit
+        self.per_client = per_client
+        self._stats = stats
+        self._open: set[_TcpConnection] = set()
+        self._per_client: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def __iter__(self):
+        return iter(self._open)
+
+    def admit(self, connection: "_TcpConnection") -> bool:
+        """Count ``connection`` in, closing the one idle longest at the cap; False: refused."""
+        client = connection.client
+        if self._per_client.get(client, 0) >= self.per_client:
+            self._stats.tcp_rejected += 1
+            return False
+        if len(self._open) >= self.limit:
+            idle = [c for c in self._open if c.idle]
+            if not idle:
+                self._stats.tcp_rejected += 1
+                return False
+            self._stats.tcp_evicted += 1
+            oldest = min(idle, key=_last_activity)
+            oldest.close()
+            self.discard(oldest)  # its connection_lost comes later; the place is free now
+        self._open.add(connection)
+        self._per_client[client] = self._per_client.get(client, 0) + 1
+        return True
+
+    def discard(self, connection: "_TcpConnection") -> None:
+        if connection in self._open:
+            self._open.discard(connection)
+            count = self._per_client[connection.client] - 1
+            if count:
+                self._per_client[connection.client] = count
+            else:
+                del self._per_client[connection.client]
+
+
+def _last_activity(connection: "_TcpConnection") -> float:
+    return connection.last_activity
+
+
 class _TcpConnection(asyncio.Protocol):
     """One client connection: 2-byte length framed queries, answered as they complete."""
 
@@ -327,22 +394,39 @@ class _TcpConnection(asyncio.Protocol):
         self.pending = 0
         self.last_activity = 0.0
         self.idle_handle: asyncio.TimerHandle | None = None
+        #: armed from the connect to the first message, then while part of a message is buffered:
+        #: the rest must come within tcp_read_timeout.
+        self.read_deadline: asyncio.TimerHandle | None = None
         self.eof = False
+        self.client = ""
+        #: a whole message has arrived (until then the read deadline runs from the connect).
+        self.started = False
+
+    @property
+    def idle(self) -> bool:
+        """No query under way: nothing pending, no message begun."""
+        return not self.pending and not self.buffer and self.transport is not None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         server = self.server
-        if len(server._connections) >= server.config.max_tcp_connections:
-            server.stats.tcp_rejected += 1
+        peer = transport.get_extra_info("peername")
+        self.client = peer[0] if peer else ""
+        if not server._connections.admit(self):
+            self.transport = None
             transport.abort()  # type: ignore[attr-defined]
             return
-        server._connections.add(self)
         loop = asyncio.get_running_loop()
         self.last_activity = loop.time()
         self.idle_handle = loop.call_later(server.config.tcp_idle_timeout, self._check_idle)
+        # The first message has the read deadline from the connect on, as in miekg/dns.
+        self.read_deadline = loop.call_later(server.config.tcp_read_timeout, self._read_timed_out)
 
     def data_received(self, data: bytes) -> None:
-        self.last_activity = asyncio.get_running_loop().time()
+        if self.transport is None:
+            return  # refused or closed: what was in flight is not read
+        loop = asyncio.get_running_loop()
+        self.last_activity = loop.time()
         buffer = self.buffer + data if self.buffer else data
         answerer = self.server.answerer
         offset = 0
@@ -362,6 +446,22 @@ class _TcpConnection(asyncio.Protocol):
                 self.pending += 1
                 self.server._forward(reply, self._write_forwarded)  # type: ignore[arg-type]
         self.buffer = buffer[offset:]
+        if offset:
+            self.started = True
+        if self.buffer:  # a message begun: its deadline runs from its first bytes
+            if offset or self.read_deadline is None:
+                if self.read_deadline is not None:
+                    self.read_deadline.cancel()
+                self.read_deadline = loop.call_later(self.server.config.tcp_read_timeout, self._read_timed_out)
+        elif self.read_deadline is not None:
+            self.read_deadline.cancel()
+            self.read_deadline = None
+
+    def _read_timed_out(self) -> None:
+        self.read_deadline = None
+        if self.transport is not None and (self.buffer or not self.started):
+            self.server.stats.tcp_read_timeouts += 1
+            self.transport.abort()
 
     def _write(self, reply: bytes) -> None:
         transport = self.transport
@@ -405,6 +505,8 @@ class _TcpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.idle_handle is not None:
             self.idle_handle.cancel()
+        if self.read_deadline is not None:
+            self.read_deadline.cancel()
         self.server._connections.discard(self)
         self.transport = None
 

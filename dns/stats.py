@@ -103,8 +103,16 @@ class DnsStats:
     dropped: int = 0
     #: UDP replies the kernel refused to send (a full send buffer): the client retries
     send_failed: int = 0
-    #: TCP connections closed at once because max_tcp_connections were open
+    #: TCP connections closed at once: max_tcp_connections were open and none idle, or
+    #: max_tcp_connections_per_client from the same address
     tcp_rejected: int = 0
+    #: idle TCP connections closed to make room for a new one at max_tcp_connections
+    tcp_evicted: int = 0
+    #: TCP connections closed because a message did not arrive whole within tcp_read_timeout
+    tcp_read_timeouts: int = 0
+    #: UDP queries longer than the receive slot (4096 bytes), answered FORMERR as CoreDNS
+    #: answers what it cannot unpack
+    oversized: int = 0
     #: qtype name -> durations of the answers that were timed: answers built (answer cache
     #: misses) and upstream round trips. Cached answers are not timed (they take
     #: microseconds); coredns_dns_request_duration_seconds counts them in its first bucket.

@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 from kubeport.dns import batch_io
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.stats import DnsStats
+from kubeport.dns.wire import FORMERR, HEADER, QR, error_reply
 from kubeport.lib.sockbuf import enlarge_receive_buffer
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,26 @@ log = logging.getLogger(__name__)
 BATCH = 128
 #: a DNS query over UDP is at most this big (EDNS payloads above 64 KiB do not exist)
 MAX_DATAGRAM = 65535
+#: a longer query is answered FORMERR unread: miekg/dns reads a datagram into a buffer
+#: of its UDP size and answers FORMERR for what it then cannot unpack.
+MAX_QUERY = batch_io.SLOT_SIZE
 #: receive buffer asked for: room for bursts (the kernel default drops after ~200 KiB)
 
 Address = tuple  # (host, port) or (host, port, flowinfo, scope_id)
+
+
+def oversized_reply(head: bytes, stats: DnsStats) -> bytes | None:
+    """The FORMERR for a query longer than MAX_QUERY, from its first bytes; None (dropped)
+    without a query header."""
+    if len(head) < HEADER.size:
+        stats.dropped += 1
+        return None
+    query_id, flags = HEADER.unpack_from(head)[:2]
+    if flags & QR:
+        stats.dropped += 1  # a response: never answered
+        return None
+    stats.oversized += 1
+    return error_reply(query_id, flags, FORMERR, None, 512)
 Send = Callable[[bytes], None]
 ForwardHandler = Callable[[Forward, Send], None]
 
@@ -71,7 +89,7 @@ class UdpListener:
                 break
             count += 1
             try:
-                reply = answer(packet)
+                reply = answer(packet) if len(packet) <= MAX_QUERY else oversized_reply(packet, self.stats)
             except Exception:  # a bug costs this query, not the rest of the batch
                 self._failed()
                 continue
@@ -137,10 +155,13 @@ class BatchedUdpListener(UdpListener):
         slot_size, data_offset = batch_io.SLOT_SIZE, batch_io.BYTES_DATA
         ready = 0
         for i, (name_length, flags, length) in enumerate(zip(fields, fields, fields)):
-            if flags & batch_io.MSG_TRUNC:
-                self.stats.dropped += 1  # longer than any real query
-                continue
             start = i * slot_size
+            if flags & batch_io.MSG_TRUNC:  # longer than any real query
+                body = oversized_reply(bytes(data[start : start + HEADER.size]), self.stats)
+                if body is not None:
+                    io.place(ready, i, name_length, body, batch_io.ID_SIZE)
+                    ready += 1
+                continue
             packet = bytes(data[start : start + length])
             try:
                 body = cached(packet)

@@ -100,7 +100,8 @@ def cache_key(packet: bytes) -> bytes | None:
     if size == end:
         return packet[2:end]
     if size >= end + 11 and packet[end : end + 3] == b"\x00\x00\x29":
-        if size == end + 11 + ((packet[end + 9] << 8) | packet[end + 10]):
+        if size == end + 11 + ((packet[end + 9] << 8) | packet[end + 10]) and (
+                size == end + 11 or options_fit(packet, end + 11, size)):
             return packet[2:end] + packet[end + 3 : end + 9]
     return None
 
@@ -211,9 +212,21 @@ def _skip_records(packet: bytes, offset: int, plain: int, additional: int) -> tu
         if rtype == TYPE_OPT:
             if index < plain or edns is not None or packet[start] != 0:
                 raise ValueError("misplaced or duplicate OPT record")
+            if not options_fit(packet, offset - rdlength, offset):
+                raise ValueError("an EDNS option runs past the OPT record")
             edns = Edns(udp_size=rclass, version=(ttl >> 16) & 0xFF, do=bool(ttl & 0x8000))
             opt_offset = start
     return edns, opt_offset, offset
+
+
+def options_fit(packet: bytes, offset: int, end: int) -> bool:
+    """Each EDNS option's length fits its OPT record's data, as miekg/dns unpacks them (one
+    that does not is FORMERR in CoreDNS)."""
+    while offset < end:
+        if offset + 4 > end:
+            return False
+        offset += 4 + ((packet[offset + 2] << 8) | packet[offset + 3])
+    return offset == end
 
 
 def encode_name(labels: tuple[bytes, ...]) -> bytes:

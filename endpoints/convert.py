@@ -6,13 +6,17 @@ import functools
 import ipaddress
 import sys
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import TypeVar
 
 from kubeport.endpoints import model, names
 from kubeport.endpoints.types import (
+    ContainerPortInfo,
+    ContainerStatusInfo,
     EndpointInfo,
     EndpointPortInfo,
     NodeInfo,
+    PodInfo,
     PortSpec,
     ServiceInfo,
     ServiceName,
@@ -98,6 +102,8 @@ def service_info(svc: model.Service) -> ServiceInfo:
         headless_label=model.LABEL_HEADLESS in meta.labels,
         created=_rfc3339(meta.creation_timestamp),
         selector=",".join(f"{k}={v}" for k, v in sorted((spec.selector or {}).items())),
+        selector_labels=tuple(sorted(spec.selector.items())) if spec.selector else None,
+        ip_families=tuple(spec.ip_families or ()),
     )
 
 
@@ -160,6 +166,7 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
         proxied=model.LABEL_HEADLESS not in labels and model.LABEL_SERVICE_PROXY_NAME not in labels,
         more_addresses=tuple(more) if any(more) else None,
         trigger_time=_trigger_time(eps.metadata.annotations.get(TRIGGER_TIME_ANNOTATION)),
+        managed_by=labels.get(model.LABEL_MANAGED_BY),
     )
 
 
@@ -206,4 +213,41 @@ def node_info(node: model.Node) -> NodeInfo:
         allocatable_cpu_millis=_cpu_millis(node.status.allocatable.get("cpu")),
         control_plane="node-role.kubernetes.io/control-plane" in labels
         or "node-role.kubernetes.io/master" in labels,
+    )
+
+
+def pod_info(pod: model.Pod) -> PodInfo:
+    meta, spec, status = pod.metadata, pod.spec, pod.status
+    ports = [
+        ContainerPortInfo(_intern(port.name), _intern(port.protocol), port.container_port, container.name)
+        for container in spec.containers for port in container.ports if port.name
+    ]
+    # Sidecars (init containers that keep running) serve ports too (podutil.FindPort).
+    ports += [
+        ContainerPortInfo(_intern(port.name), _intern(port.protocol), port.container_port, container.name)
+        for container in spec.init_containers if container.restart_policy == "Always"
+        for port in container.ports if port.name
+    ]
+    ready_condition = [c for c in status.conditions if c.type == "Ready"]
+    return PodInfo(
+        namespace=_intern(meta.namespace),
+        name=meta.name,
+        uid=meta.uid or "",
+        labels=MappingProxyType(dict(meta.labels)),
+        ips=tuple(canonical_ip(entry.ip) for entry in status.pod_ips if entry.ip),
+        phase=status.phase or "Pending",
+        ready=bool(ready_condition) and ready_condition[0].status == "True",
+        deletion_timestamp=_rfc3339(meta.deletion_timestamp),
+        node_name=_intern(spec.node_name) if spec.node_name else None,
+        hostname=spec.hostname or None,
+        subdomain=spec.subdomain or None,
+        ports=tuple(ports),
+        containers=tuple(container.name for container in spec.containers),
+        reason=status.reason,
+        container_statuses=tuple(
+            ContainerStatusInfo(c.name, c.ready, c.restart_count,
+                                c.state.waiting.reason if c.state.waiting else None,
+                                c.state.terminated.reason if c.state.terminated else None)
+            for c in status.container_statuses),
+        created=_rfc3339(meta.creation_timestamp),
     )

@@ -1,7 +1,9 @@
 """Manifest mode: what the EndpointSlice controller would have written, hints above all.
 
-No EndpointSlice controller runs in manifest mode, so :func:`as_the_controller_writes` (a
-``ClusterState(slice_transform=...)``) plays its part:
+In manifest mode no cluster's EndpointSlice controller writes the slices, so
+:func:`as_the_controller_writes` (a ``ClusterState(slice_transform=...)``) plays its part, for
+the slices written by hand and those made from Pods
+(:mod:`~kubeport.endpoints.controllers.endpointslice`) alike:
 
 * ``publishNotReadyAddresses: true`` -> every endpoint is ``ready`` (the controller writes
   ``ready = publishNotReadyAddresses || (podReady && !terminating)``, podToEndpoint): DNS

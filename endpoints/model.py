@@ -344,12 +344,113 @@ class Namespace(ApiModel):
     metadata: ObjectMeta
 
 
-KubeObject = Union[Service, EndpointSlice, Node, Namespace]
+# --- core/v1 Pod (manifest mode: what the EndpointSlice controller and `pods verified` read) ---
+
+
+class ContainerPort(ApiModel):
+    name: str | None = None
+    container_port: int
+    protocol: Protocol = "TCP"
+
+
+class Container(ApiModel):
+    name: str = ""
+    ports: list[ContainerPort] = Field(default_factory=list)
+    #: init containers only: ``Always`` makes a sidecar, whose ports a Service may name.
+    restart_policy: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_ports(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ports" in data and data["ports"] is None:
+            data = {**data, "ports": []}
+        return data
+
+
+class PodSpec(ApiModel):
+    node_name: str | None = None
+    hostname: str | None = None
+    subdomain: str | None = None
+    containers: list[Container] = Field(default_factory=list)
+    init_containers: list[Container] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_lists(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("containers", "initContainers"):
+                if key in data and data[key] is None:
+                    data = {**data, key: []}
+        return data
+
+
+class PodIP(ApiModel):
+    ip: str
+
+
+class PodCondition(ApiModel):
+    type: str
+    status: str
+
+
+class ContainerStateReason(ApiModel):
+    reason: str | None = None
+
+
+class ContainerState(ApiModel):
+    waiting: ContainerStateReason | None = None
+    terminated: ContainerStateReason | None = None
+
+
+class ContainerStatus(ApiModel):
+    name: str = ""
+    ready: bool = False
+    restart_count: int = 0
+    state: ContainerState = Field(default_factory=ContainerState)
+
+
+class PodStatus(ApiModel):
+    phase: str | None = None
+    reason: str | None = None
+    pod_ip: str | None = Field(default=None, alias="podIP")
+    pod_ips: list[PodIP] = Field(default_factory=list, alias="podIPs")
+    conditions: list[PodCondition] = Field(default_factory=list)
+    container_statuses: list[ContainerStatus] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_lists(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("podIPs", "conditions", "containerStatuses"):
+                if key in data and data[key] is None:
+                    data = {**data, key: []}
+        return data
+
+    @model_validator(mode="after")
+    def _mirror_pod_ip(self) -> "PodStatus":
+        # The v1 conversion (Convert_v1_PodStatus_To_core_PodStatus): podIP alone is podIPs[0].
+        if not self.pod_ips and self.pod_ip:
+            self.pod_ips = [PodIP(ip=self.pod_ip)]
+        elif self.pod_ips and not self.pod_ip:
+            self.pod_ip = self.pod_ips[0].ip
+        return self
+
+
+class Pod(ApiModel):
+    api_version: str = "v1"
+    kind: Literal["Pod"] = "Pod"
+    metadata: ObjectMeta
+    spec: PodSpec = Field(default_factory=PodSpec)
+    status: PodStatus = Field(default_factory=PodStatus)
+
+
+KubeObject = Union[Service, EndpointSlice, Node, Namespace, Pod]
 KIND_MODELS: dict[str, type[ApiModel]] = {
     "Service": Service,
     "EndpointSlice": EndpointSlice,
     "Node": Node,
     "Namespace": Namespace,
+    "Pod": Pod,
 }
 #: Kinds without a namespace: their metadata.namespace is not meaningful.
 CLUSTER_SCOPED_KINDS = frozenset({"Node", "Namespace"})

@@ -12,17 +12,25 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from kubeport.endpoints import convert, model
-from kubeport.endpoints.types import NodeInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
+from kubeport.endpoints.types import NodeInfo, PodInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
+
+if TYPE_CHECKING:
+    from kubeport.endpoints.laststate import Entry, LastState, SavedState
 
 log = logging.getLogger(__name__)
 
 #: Rewrites a service's slices before publication (manifest mode fills topology hints
 #: the way the EndpointSlice controller would). Must be pure.
 SliceTransform = Callable[[ServiceInfo, tuple[SliceInfo, ...], Mapping[str, NodeInfo]], tuple[SliceInfo, ...]]
+
+#: The slices a controller writes for a service from the Pods of its namespace (manifest
+#: mode's EndpointSlice controller), () for a service it leaves alone. Must be pure.
+PodSlices = Callable[[ServiceInfo, Iterable[PodInfo], Mapping[str, NodeInfo]], tuple[SliceInfo, ...]]
 
 #: The kinds that must complete a first list before the state is "synced".
 REQUIRED_KINDS = frozenset({"Service", "EndpointSlice"})
@@ -35,6 +43,7 @@ class ClusterState:
         *,
         implicit_namespaces: bool = False,
         slice_transform: SliceTransform | None = None,
+        pod_slices: PodSlices | None = None,
         required_kinds: Iterable[str] = REQUIRED_KINDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -43,6 +52,8 @@ class ClusterState:
         :param implicit_namespaces: a namespace exists as soon as any object lives in it
             (manifest mode, where nobody writes Namespace objects).
         :param slice_transform: applied to every service's slices when building its state.
+        :param pod_slices: the slices of services with a selector, from the Pods upserted;
+            added to the slices upserted for the service, before ``slice_transform``.
         """
         self.node_name = node_name
         self._clock = clock
@@ -50,6 +61,7 @@ class ClusterState:
         self._pending_since: float | None = None
         self._implicit_namespaces = implicit_namespaces
         self._slice_transform = slice_transform
+        self._pod_slices = pod_slices
         self._required_kinds = frozenset(required_kinds)
         self._synced_kinds: set[str] = set()
 
@@ -58,6 +70,13 @@ class ClusterState:
         self._slices: dict[tuple[str, str], tuple[ServiceName | None, SliceInfo]] = {}
         self._slices_by_service: dict[ServiceName, dict[str, SliceInfo]] = {}
         self._nodes: dict[str, NodeInfo] = {}
+        self._pods: dict[tuple[str, str], PodInfo] = {}
+        #: (namespace, label key, value) -> the Pods carrying it, by name
+        self._pods_by_label: dict[tuple[str, str, str], dict[str, PodInfo]] = {}
+        #: (namespace, label key, value) -> the services whose selector has that pair
+        self._selecting: dict[tuple[str, str, str], set[ServiceName]] = {}
+        self._with_selector: set[ServiceName] = set()
+        self._pods_dirty = False
         self._explicit_namespaces: set[str] = set()
         self._namespace_refs: Counter[str] = Counter()
 
@@ -68,6 +87,13 @@ class ClusterState:
 
         self._snapshot = Snapshot(generation=0)
         self._published = asyncio.Event()
+
+        #: where each change is also recorded (the last applied state, kept for a restart)
+        self._journal: LastState | None = None
+        #: restored from a saved state and not yet confirmed by the source, per kind: what the
+        #: kind's first sync has not mentioned is deleted then
+        self._unconfirmed: dict[str, set[tuple[str, str]]] = {}
+        self._restored_at: float | None = None
 
     # --- reading ----------------------------------------------------------------
 
@@ -86,29 +112,43 @@ class ClusterState:
 
     def upsert(self, obj: model.KubeObject) -> None:
         self._note_arrival()
+        key = (obj.metadata.namespace or "", obj.metadata.name)
+        value: Any
         if isinstance(obj, model.Service):
-            self._upsert_service(convert.service_info(obj))
+            value = convert.service_info(obj)
+            self._upsert_service(value)
         elif isinstance(obj, model.EndpointSlice):
-            self._upsert_slice(obj.metadata.namespace, obj.service_name, convert.slice_info(obj))
+            value = (obj.service_name, convert.slice_info(obj))
+            self._upsert_slice(obj.metadata.namespace, *value)
         elif isinstance(obj, model.Node):
-            info = convert.node_info(obj)
-            if self._nodes.get(info.name) != info:
-                self._nodes[info.name] = info
-                self._nodes_dirty = True
+            value = convert.node_info(obj)
+            self._upsert_node(value)
+        elif isinstance(obj, model.Pod):
+            value = convert.pod_info(obj)
+            self._upsert_pod(value)
         elif isinstance(obj, model.Namespace):
-            if obj.metadata.name not in self._explicit_namespaces:
-                self._explicit_namespaces.add(obj.metadata.name)
-                self._namespaces_dirty = True
+            value = True
+            self._upsert_namespace(obj.metadata.name)
         else:  # pragma: no cover - the type union is closed
             raise TypeError(f"unsupported object {type(obj).__name__}")
+        if self._unconfirmed:
+            self._unconfirmed.get(obj.kind, set()).discard(key)
+        if self._journal is not None:
+            self._journal.record(obj.kind, key, value)
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         self._note_arrival()
+        if self._unconfirmed:
+            self._unconfirmed.get(kind, set()).discard((namespace, name))
+        if self._journal is not None:
+            self._journal.record(kind, (namespace, name), None)
         if kind == "Service":
             key = ServiceName(namespace, name)
-            if self._services.pop(key, None) is not None:
+            held_service = self._services.pop(key, None)
+            if held_service is not None:
                 self._unref_namespace(namespace)
                 self._dirty.add(key)
+                self._unselect(held_service)
         elif kind == "EndpointSlice":
             held = self._slices.pop((namespace, name), None)
             if held is not None:
@@ -123,6 +163,11 @@ class ClusterState:
             if name in self._explicit_namespaces:
                 self._explicit_namespaces.discard(name)
                 self._namespaces_dirty = True
+        elif kind == "Pod":
+            held_pod = self._pods.pop((namespace, name), None)
+            if held_pod is not None:
+                self._unindex_pod(held_pod)
+                self._unref_namespace(namespace)
 
     def keys(self, kind: str) -> set[tuple[str, str]]:
         """(namespace, name) of every held object of a kind ("" namespace if cluster-scoped)."""
@@ -134,10 +179,54 @@ class ClusterState:
             return {("", n) for n in self._nodes}
         if kind == "Namespace":
             return {("", n) for n in self._explicit_namespaces}
+        if kind == "Pod":
+            return set(self._pods)
         raise ValueError(kind)
 
     def mark_synced(self, kind: str) -> None:
+        # What was restored and the kind's first complete view did not mention is gone.
+        for namespace, name in sorted(self._unconfirmed.pop(kind, ())):
+            self.delete(kind, namespace, name)
         self._synced_kinds.add(kind)
+
+    # --- the last applied state ---------------------------------------------------
+
+    def keep_in(self, journal: LastState) -> None:
+        """Record every change in ``journal`` from now on."""
+        self._journal = journal
+        journal.attach(self.entries)
+
+    def entries(self) -> Iterator[Entry]:
+        """Everything held, as the last applied state keeps it."""
+        for name, info in self._services.items():
+            yield "Service", (name.namespace, name.name), info
+        for key, (owner, info) in self._slices.items():
+            yield "EndpointSlice", key, (owner.name if owner is not None else None, info)
+        for name, node in self._nodes.items():
+            yield "Node", ("", name), node
+        for key, pod in self._pods.items():
+            yield "Pod", key, pod
+        for name in self._explicit_namespaces:
+            yield "Namespace", ("", name), True
+
+    def restore(self, saved: SavedState) -> None:
+        """Hold what ``saved`` holds until the source's first sync confirms or replaces it;
+        the snapshots until then carry ``restored_at`` (servable, not synced)."""
+        for (kind, (namespace, name)), value in saved.entries.items():
+            if kind == "Service":
+                self._upsert_service(value)
+            elif kind == "EndpointSlice":
+                self._upsert_slice(namespace, *value)
+            elif kind == "Node":
+                self._upsert_node(value)
+            elif kind == "Pod":
+                self._upsert_pod(value)
+            elif kind == "Namespace":
+                self._upsert_namespace(name)
+            else:
+                continue
+            self._unconfirmed.setdefault(kind, set()).add((namespace, name))
+        self._restored_at = saved.saved_at
 
     @property
     def synced(self) -> bool:
@@ -155,6 +244,9 @@ class ClusterState:
                 for name, info in self._services.items()
                 if info.traffic_distribution is not None or info.topology_mode is not None
             )
+        if self._nodes_dirty and self._pod_slices is not None:
+            # Endpoints take their zone from their Pod's Node.
+            self._dirty.update(self._with_selector)
         changed = set()
         for name in self._dirty:
             state = self._build(name)
@@ -175,8 +267,12 @@ class ClusterState:
         if self._namespaces_dirty:
             namespaces = frozenset(self._explicit_namespaces | set(self._namespace_refs))
             self._namespaces_dirty = False
+        if synced:
+            self._restored_at = None
+        pods_changed, self._pods_dirty = self._pods_dirty, False
         if not changed and not node_changed and not nodes_dirty and namespaces == previous.namespaces \
-                and synced == previous.synced:
+                and synced == previous.synced and not pods_changed \
+                and (None if synced else self._restored_at) == previous.restored_at:
             return None
         services = previous.services
         if changed:
@@ -187,7 +283,10 @@ class ClusterState:
             namespaces=namespaces,
             node=node,
             nodes=MappingProxyType(dict(self._nodes)) if nodes_dirty else previous.nodes,
+            pods=MappingProxyType(dict(self._pods)) if pods_changed else previous.pods,
+            pods_changed=pods_changed,
             synced=synced,
+            restored_at=None if synced else self._restored_at,
             changed=frozenset(changed),
             node_changed=node_changed,
             changed_at=changed_at,
@@ -208,6 +307,14 @@ class ClusterState:
             return None
         by_name = self._slices_by_service.get(name, {})
         slices = tuple(by_name[k] for k in sorted(by_name))
+        if self._pod_slices is not None and info.selector_labels is not None:
+            # The Pods carrying the selector's rarest pair: the controller checks the rest.
+            namespace = info.name.namespace
+            pods = min((self._pods_by_label.get((namespace, key, value), {}) for key, value in info.selector_labels),
+                       key=len).values()
+            generated = self._pod_slices(info, pods, self._nodes)
+            if generated:
+                slices = tuple(sorted(slices + generated, key=lambda s: s.name))
         if self._slice_transform is not None:
             slices = self._slice_transform(info, slices, self._nodes)
         held = self._states.get(name)
@@ -215,14 +322,83 @@ class ClusterState:
             return held  # keep identity: "unchanged" is an `is` check downstream
         return ServiceState(info, slices)
 
+    def _upsert_node(self, info: NodeInfo) -> None:
+        if self._nodes.get(info.name) != info:
+            self._nodes[info.name] = info
+            self._nodes_dirty = True
+
+    def _upsert_namespace(self, name: str) -> None:
+        if name not in self._explicit_namespaces:
+            self._explicit_namespaces.add(name)
+            self._namespaces_dirty = True
+
     def _upsert_service(self, info: ServiceInfo) -> None:
         held = self._services.get(info.name)
         if held == info:
             return
         if held is None:
             self._ref_namespace(info.name.namespace)
+        else:
+            self._unselect(held)
         self._services[info.name] = info
         self._dirty.add(info.name)
+        if info.selector_labels is not None:
+            self._with_selector.add(info.name)
+            for key, value in info.selector_labels:
+                self._selecting.setdefault((info.name.namespace, key, value), set()).add(info.name)
+
+    def _unselect(self, info: ServiceInfo) -> None:
+        if info.selector_labels is None:
+            return
+        self._with_selector.discard(info.name)
+        for key, value in info.selector_labels:
+            pair = (info.name.namespace, key, value)
+            names = self._selecting.get(pair)
+            if names is not None:
+                names.discard(info.name)
+                if not names:
+                    del self._selecting[pair]
+
+    def _upsert_pod(self, info: PodInfo) -> None:
+        key = (info.namespace, info.name)
+        held = self._pods.get(key)
+        if info.created is None:
+            # The API server stamps creationTimestamp; a hand-written Pod is created when first read.
+            info = replace(info, created=held.created if held is not None else _rfc3339_now(self._clock()))
+        if held == info:
+            return
+        if held is None:
+            self._ref_namespace(info.namespace)
+        else:
+            self._unindex_pod(held)
+        self._pods[key] = info
+        for pair in info.labels.items():
+            self._pods_by_label.setdefault((info.namespace, *pair), {})[info.name] = info
+        self._pods_dirty = True
+        self._pod_touched(info)
+
+    def _unindex_pod(self, pod: PodInfo) -> None:
+        """Take a version of the Pod out of the label index; the services it matched are dirty."""
+        for pair in pod.labels.items():
+            index_key = (pod.namespace, *pair)
+            bucket = self._pods_by_label.get(index_key)
+            if bucket is not None:
+                bucket.pop(pod.name, None)
+                if not bucket:
+                    del self._pods_by_label[index_key]
+        self._pods_dirty = True
+        self._pod_touched(pod)
+
+    def _pod_touched(self, pod: PodInfo) -> None:
+        """Mark dirty the services whose selector matches this version of the Pod."""
+        labels = pod.labels
+        candidates: set[ServiceName] = set()
+        for pair in labels.items():
+            candidates.update(self._selecting.get((pod.namespace, *pair), ()))
+        for name in candidates:
+            selector = self._services[name].selector_labels
+            if selector is not None and all(labels.get(k) == v for k, v in selector):
+                self._dirty.add(name)
 
     def _upsert_slice(self, namespace: str, service: str | None, info: SliceInfo) -> None:
         key = (namespace, info.name)
@@ -262,3 +438,7 @@ class ClusterState:
         if self._namespace_refs[namespace] <= 0:
             del self._namespace_refs[namespace]
             self._namespaces_dirty = True
+
+
+def _rfc3339_now(moment: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))

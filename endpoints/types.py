@@ -81,6 +81,11 @@ class ServiceInfo:
     created: str | None = None
     #: spec.selector as "k=v,k2=v2" ("" when none), for `kubeport get -o wide` only.
     selector: str = ""
+    #: spec.selector as pairs; None without one (or an empty one): the EndpointSlice
+    #: controller leaves such a Service to whoever writes its slices.
+    selector_labels: tuple[tuple[str, str], ...] | None = None
+    #: spec.ipFamilies, as the registry defaulted them ("IPv4", "IPv6").
+    ip_families: tuple[str, ...] = ()
 
     @property
     def proxied(self) -> bool:
@@ -147,6 +152,8 @@ class SliceInfo:
     #: EndpointSlice controller: where kube-proxy's network programming latency starts.
     #: Not compared: kube-proxy sees a slice whose endpoints are unchanged as unchanged.
     trigger_time: float | None = field(default=None, compare=False)
+    #: label endpointslice.kubernetes.io/managed-by: who wrote the slice.
+    managed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +218,74 @@ def endpoints_for_port(
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerPortInfo:
+    """A named container port a Service's targetPort may name (``spec.containers[].ports[]``,
+    and those of sidecar init containers)."""
+
+    name: str
+    protocol: str
+    port: int
+    #: the container that declares it
+    container: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerStatusInfo:
+    """What kubectl's READY, STATUS and RESTARTS columns read of a container's status."""
+
+    name: str
+    ready: bool = False
+    restart_count: int = 0
+    waiting_reason: str | None = None
+    terminated_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """A Pod as manifest mode's EndpointSlice controller, ``pods verified`` and `kubeport get pods` read it."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: status.podIPs (podIP alone counts as podIPs[0]), canonical
+    ips: tuple[str, ...] = ()
+    phase: str = "Pending"
+    #: the Ready condition is True
+    ready: bool = False
+    #: metadata.deletionTimestamp (RFC 3339): the Pod is terminating
+    deletion_timestamp: str | None = None
+    node_name: str | None = None
+    hostname: str | None = None
+    subdomain: str | None = None
+    ports: tuple[ContainerPortInfo, ...] = ()
+    #: for `kubeport get pods` only: spec.containers' names, status.reason, status.containerStatuses
+    containers: tuple[str, ...] = ()
+    reason: str | None = None
+    container_statuses: tuple[ContainerStatusInfo, ...] = ()
+    created: str | None = None
+
+    @property
+    def terminating(self) -> bool:
+        return self.deletion_timestamp is not None
+
+    @property
+    def terminal(self) -> bool:
+        """Succeeded or Failed (``podutil.IsPodTerminal``): in no EndpointSlice."""
+        return self.phase in ("Succeeded", "Failed")
+
+    def find_port(self, target: int | str, protocol: str) -> int | None:
+        """``podutil.FindPort``: a number as is; a name -> the first container port of that
+        name and protocol; None when none has it."""
+        if isinstance(target, int):
+            return target
+        for port in self.ports:
+            if port.name == target and port.protocol == protocol:
+                return port.port
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     """This node, as read from its Node object."""
 
@@ -254,15 +329,27 @@ class Snapshot:
     node: NodeInfo | None = None
     #: False until every source kind has completed its first list.
     synced: bool = False
+    #: Before that, the Unix time of the last applied state an earlier process kept, when
+    #: this snapshot is built from it (and what the source said since): servable at once.
+    restored_at: float | None = None
+    #: manifest mode's Pods, by (namespace, name); empty with an API server (kube-proxy reads none).
+    pods: Mapping[tuple[str, str], "PodInfo"] = field(default_factory=lambda: MappingProxyType({}))
     #: every Node object (topology-mode Auto hints need them all), by name.
     nodes: Mapping[str, NodeInfo] = field(default_factory=lambda: MappingProxyType({}))
     #: services added, changed or removed since generation - 1.
     changed: frozenset[ServiceName] = frozenset()
     #: the Node object changed since generation - 1.
     node_changed: bool = False
+    #: some Pod was added, changed or removed since generation - 1.
+    pods_changed: bool = False
     #: wall-clock time the oldest change in this snapshot arrived from the source; the
     #: start of kube-proxy's network programming latency. None for the empty snapshot.
     changed_at: float | None = None
+
+    @property
+    def servable(self) -> bool:
+        """The proxy and DNS apply it: the source's whole view, or the last applied state."""
+        return self.synced or self.restored_at is not None
 
     def changed_since(self, older: "Snapshot | None") -> frozenset[ServiceName]:
         """Services that differ between ``older`` and this snapshot.

@@ -3,7 +3,8 @@
 Pure functions: an object in, the list of :class:`FieldError` out (empty when valid).
 Sources: ``pkg/apis/core/validation/validation.go`` (ValidateService,
 ValidateServiceClusterIPsRelatedFields, validateServiceExternalTrafficPolicy,
-ValidateNonSpecialIP, ValidateNode, ValidateNamespace) and
+ValidateNonSpecialIP, ValidateNode, ValidateNamespace, the parts of ValidatePod and
+ValidatePodStatusUpdate the EndpointSlice controller relies on) and
 ``pkg/apis/discovery/validation/validation.go`` (ValidateEndpointSlice).
 
 Checks that need the allocators (nodePort inside the node-port range, clusterIP inside
@@ -61,6 +62,8 @@ def validate(obj: model.KubeObject, cluster_ip_owners: Mapping[str, str] | None 
         return validate_endpoint_slice(obj, cluster_ip_owners)
     if isinstance(obj, model.Node):
         return validate_node(obj)
+    if isinstance(obj, model.Pod):
+        return validate_pod(obj)
     return validate_namespace(obj)
 
 
@@ -355,3 +358,39 @@ def validate_node(node: model.Node) -> list[FieldError]:
 def validate_namespace(namespace: model.Namespace) -> list[FieldError]:
     return _validate_meta(namespace.metadata, names.is_dns1123_label, namespaced=False)
 
+
+
+# --- Pod: what the EndpointSlice controller reads ------------------------------------------
+
+
+def validate_pod(pod: model.Pod) -> list[FieldError]:
+    errors = _validate_meta(pod.metadata, names.is_dns1123_subdomain, namespaced=True)
+    for group, containers in (("containers", pod.spec.containers), ("initContainers", pod.spec.init_containers)):
+        for i, container in enumerate(containers):
+            for j, port in enumerate(container.ports):
+                path = f"spec.{group}[{i}].ports[{j}]"
+                if port.name:
+                    errors += [invalid(f"{path}.name", port.name, msg) for msg in names.is_valid_port_name(port.name)]
+                errors += [invalid(f"{path}.containerPort", port.container_port, msg)
+                           for msg in names.is_valid_port_num(port.container_port)]
+    if pod.spec.hostname:
+        errors += [invalid("spec.hostname", pod.spec.hostname, msg) for msg in names.is_dns1123_label(pod.spec.hostname)]
+    if pod.spec.subdomain:
+        errors += [invalid("spec.subdomain", pod.spec.subdomain, msg)
+                   for msg in names.is_dns1123_label(pod.spec.subdomain)]
+    families = []
+    status = pod.status
+    if status.pod_ip:
+        errors += [invalid("status.podIP", status.pod_ip, msg) for msg in names.is_valid_ip(status.pod_ip)]
+    for i, entry in enumerate(status.pod_ips):
+        problems = names.is_valid_ip(entry.ip)
+        if not (i == 0 and entry.ip == status.pod_ip):  # reported as status.podIP
+            errors += [invalid(f"status.podIPs[{i}].ip", entry.ip, msg) for msg in problems]
+        if not problems:
+            families.append(names.ip_family(entry.ip))
+    if len(families) != len(set(families)):
+        errors.append(invalid("status.podIPs", [e.ip for e in pod.status.pod_ips],
+                              "may specify no more than one IP for each IP family"))
+    if pod.status.pod_ip and pod.status.pod_ips and pod.status.pod_ip != pod.status.pod_ips[0].ip:
+        errors.append(invalid("status.podIP", pod.status.pod_ip, "must match status.podIPs[0].ip"))
+    return errors

@@ -1,9 +1,14 @@
-"""`kubeport` command line: run, get, check, version. Exit codes are chosen here only."""
+"""`kubeport` command line: run, get, check, version. Exit codes are chosen here only.
+
+A kube-proxy command line works as it is: without a subcommand the flags are `run`'s
+(``kubeport --config=/var/lib/kube-proxy/config.conf --hostname-override=$(NODE_NAME)``), and
+``--cleanup`` removes what kubeport leaves on the host and exits, as kube-proxy's does."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +16,7 @@ from typing import Any
 from kubeport import __version__
 from kubeport import config as config_module
 from kubeport.config import ConfigError, KubeportConfiguration
-from kubeport.get_client import DEFAULT_SERVER, cmd_get
+from kubeport.get_client import DEFAULT_SERVER, cmd_env, cmd_get
 from kubeport.lib.logformat import configure_logging
 
 log = logging.getLogger("kubeport")
@@ -45,7 +50,16 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     source.add_argument("--manifests", metavar="DIR", help="directory of manifests (default source)")
     source.add_argument("--kubeconfig", metavar="FILE", help="read a kube-apiserver through this kubeconfig")
     source.add_argument("--in-cluster", action="store_true", help="read the kube-apiserver as a pod")
-    run.add_argument("--config", metavar="FILE", help="configuration file (KubeportConfiguration)")
+    run.add_argument("--config", metavar="FILE",
+                     help="configuration file: KubeportConfiguration, or kube-proxy's KubeProxyConfiguration")
+    run.add_argument("--cleanup", action="store_true",
+                     help="remove the service addresses, nftables table and routing rule kubeport leaves on "
+                          "this host, and the state directory's leftovers; then exit")
+    run.add_argument("--proxy-mode", metavar="MODE",
+                     help="kube-proxy's; ignored (with a line): kubeport is its own userspace proxy")
+    run.add_argument("--bind-address", metavar="IP",
+                     help="an IPv6 one moves the healthz/metrics defaults to [::] and [::1] (kube-proxy's)")
+    run.add_argument("--config-sync-period", metavar="DURATION", help="kube-proxy's informer resync period")
     run.add_argument("--hostname-override", metavar="NODE", help="this node's name (default: hostname)")
     run.add_argument("--cluster-domain", metavar="ZONE")
     run.add_argument("--service-cluster-ip-range", metavar="CIDR[,CIDR]")
@@ -80,6 +94,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
+    run.add_argument("--hold-sockets", action="store_const", const=True, default=None,
+                     help="a supervisor holds the listening sockets and restarts a killed daemon at once")
+    run.add_argument("--last-state-max-age", metavar="DURATION",
+                     help="serve the last applied state kept in the state dir at start, until the source has "
+                          "synced, if it is younger than this (default 1h; 0: never)")
     run.add_argument("--healthz-bind-address", metavar="IP[:PORT]",
                      help="/healthz, /livez, /readyz (default 0.0.0.0:10256). Set empty to disable.")
     run.add_argument("--metrics-bind-address", metavar="IP[:PORT]",
@@ -120,7 +139,11 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "clientConnection.kubeconfig": ("--kubeconfig",),
     "inCluster": ("--in-cluster",),
     "hostnameOverride": ("--hostname-override",),
+    "bindAddress": ("--bind-address",),
+    "configSyncPeriod": ("--config-sync-period",),
     "stateDir": ("--state-dir",),
+    "lastStateMaxAge": ("--last-state-max-age",),
+    "holdSockets": ("--hold-sockets",),
     "healthzBindAddress": ("--healthz-bind-address",),
     "metricsBindAddress": ("--metrics-bind-address",),
     "dnsMetricsBindAddress": ("--dns-metrics-bind-address",),
@@ -174,13 +197,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     get = sub.add_parser("get", help="show what the running daemon holds")
-    get.add_argument("resource", choices=["services", "svc", "endpointslices", "endpointslice", "eps", "status"],
+    get.add_argument("resource", choices=["services", "svc", "endpointslices", "endpointslice", "eps", "pods", "pod",
+                                          "po", "status"],
                      help="status: the source's progress (list/watch counters) and what is served")
     scope = get.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", default="default")
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     get.add_argument("-o", "--output", choices=["wide", "json", "yaml"])
     get.add_argument("--server", default=DEFAULT_SERVER,
+                     help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
+    env = sub.add_parser("env", help="the service environment variables the kubelet gives a pod of a namespace")
+    env.add_argument("-n", "--namespace", default="default")
+    env.add_argument("-o", "--output", choices=["json"], help="json: a list of {name, value}, as a container's env")
+    env.add_argument("--server", default=DEFAULT_SERVER,
                      help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
     check = sub.add_parser("check", help="validate a directory of manifests")
     check.add_argument("directory")
@@ -236,6 +265,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"kubeport: wrote the effective configuration to {args.write_config_to}", file=sys.stderr)
         return 0
     configure_logging(config.log_format, config.verbosity)
+    if args.proxy_mode is not None:
+        log.info("--proxy-mode=%s ignored: kubeport is a userspace proxy of its own", args.proxy_mode)
+    if args.config:
+        ignored = config_module.ignored_fields(Path(args.config))
+        if ignored:
+            log.info("%s: not applicable to a userspace proxy, ignored: %s", args.config, ", ".join(ignored))
+    if args.cleanup:
+        from kubeport.cleanup import CleanupRefused, cleanup_host
+
+        try:
+            cleanup_host(config, report=lambda line: print(f"kubeport: {line}"))
+        except (CleanupRefused, OSError) as exc:
+            print(f"kubeport: cleanup: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    from kubeport.lib.sockethold import ENV as SUPERVISED
+
+    if config.hold_sockets and SUPERVISED not in os.environ:
+        from kubeport.supervisor import supervise
+
+        return supervise([sys.executable, "-m", "kubeport", *sys.argv[1:]])
     from kubeport.daemon import DaemonError, run
 
     try:
@@ -279,13 +329,29 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Words after which argv is not a kube-proxy command line.
+_NOT_RUN = frozenset({"-h", "--help"})
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--version"]:
+        argv = ["version"]  # kube-proxy's --version
+    elif argv and argv[0].startswith("-") and argv[0] not in _NOT_RUN:
+        argv = ["run", *argv]  # kube-proxy's command line: its flags, no subcommand
     args = build_parser().parse_args(argv)
     if args.command == "version":
         print(f"kubeport {__version__}")
         return 0
-    handler = {"run": cmd_run, "get": cmd_get, "check": cmd_check}[args.command]
-    return handler(args)
+    handler = {"run": cmd_run, "get": cmd_get, "env": cmd_env, "check": cmd_check}[args.command]
+    try:
+        return handler(args)
+    except BrokenPipeError:
+        # `kubeport get ... | head`: the reader left. Python's documented recipe (the "Note on
+        # SIGPIPE" of the signal module): no traceback, and no second error at exit when the
+        # interpreter flushes stdout.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command a broken pipe ended
 
 
 if __name__ == "__main__":

@@ -27,15 +27,16 @@ class ComponentError(Exception):
 
 def build_state(config: KubeportConfiguration) -> ClusterState:
     manifest_mode = config.source_kind == "manifests"
-    transform = None
+    transform = pod_slices = None
     if manifest_mode:
+        from kubeport.endpoints.controllers.endpointslice import slices_for
         from kubeport.endpoints.hints import as_the_controller_writes
 
-        transform = as_the_controller_writes
+        transform, pod_slices = as_the_controller_writes, slices_for
     # With an API server, DNS also waits for Namespaces (CoreDNS answers for namespace names).
     required = REQUIRED_KINDS if manifest_mode else REQUIRED_KINDS | {"Namespace"}
     return ClusterState(config.hostname_override, implicit_namespaces=manifest_mode,
-                        slice_transform=transform, required_kinds=required)
+                        slice_transform=transform, pod_slices=pod_slices, required_kinds=required)
 
 
 def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry) -> Source:
@@ -51,6 +52,7 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
         registry.register(source.collector())
         return source
     from kubeport.endpoints.manifests.lastgood import LastGoodFiles
+    from kubeport.endpoints.manifests.read import ReadLimits
     from kubeport.endpoints.manifests.source import ManifestSource
     from kubeport.endpoints.registry.registry import Registry
     from kubeport.endpoints.registry.store import AllocationStore, StoreError
@@ -65,7 +67,9 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
     except (OSError, StoreError) as exc:
         raise ComponentError(f"--state-dir {config.state_dir}: {exc}") from exc
     registry_ = Registry(store, list(config.service_cluster_ip_range), config.service_node_port_range)
-    return ManifestSource(directory, registry_, state, last_good=LastGoodFiles.in_state_dir(config.state_dir))
+    limits = config.manifest_limits
+    return ManifestSource(directory, registry_, state, last_good=LastGoodFiles.in_state_dir(config.state_dir),
+                          limits=ReadLimits(limits.file_bytes, limits.total_bytes, limits.read_timeout))
 
 
 def dns_config(config: KubeportConfiguration) -> DnsConfig:
@@ -125,8 +129,11 @@ def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry) -> P
         workers=config.workers,
     )
     # Manifest mode may have no Node object at all: then the node counts as eligible.
+    from kubeport.proxy.host.address_events import AddressEvents
+
     return ProxyService(proxy_config, config.hostname_override, registry,
-                        families=proxier_families(config), require_node=config.source_kind != "manifests")
+                        families=proxier_families(config), require_node=config.source_kind != "manifests",
+                        address_events=AddressEvents())
 
 
 #: What a SIGHUP can change without a restart.

@@ -9,6 +9,7 @@ Proxy fields reuse KubeProxyConfiguration's names and meanings (``hostnameOverri
 ``healthzBindAddress``, ``nodePortAddresses``, ``clientConnection.kubeconfig``,
 ``conntrack.udpTimeout`` ...); the ``dns`` section mirrors the CoreDNS kubernetes
 plugin's options. Flags override the file. Unknown fields are errors naming the field.
+kube-proxy's own ``KubeProxyConfiguration`` is read too (kubeport.kubeproxy_config).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kubeport import kubeproxy_config
 from kubeport.config_values import (  # noqa: F401 - parse_*/format_duration/split_host_port are used as config.*
     CIDRList,
     Duration,
@@ -66,6 +68,12 @@ class Conntrack(_Section):
         120.0, gt=0, description="The same for a flow the endpoint answered and still in use 2 s after it began "
         "(nf_conntrack_udp_timeout_stream)."
     )
+
+
+class ManifestLimits(_Section):
+    file_bytes: int = Field(64 << 20, ge=1, description="A manifest file larger than this is not read (a problem line).")
+    total_bytes: int = Field(256 << 20, ge=1, description="All manifest files read together hold at most this.")
+    read_timeout: Duration = Field(10.0, gt=0, description="A manifest file not read to its end this soon is not read.")
 
 
 class DnsSettings(_Section):
@@ -170,6 +178,7 @@ class KubeportConfiguration(_Section):
         default_factory=lambda: _node_name(""), description="This node's name (its Node object)."
     )
     manifests: Path | None = Field(None, description="Directory of manifests (the embedded source, the default).")
+    manifest_limits: ManifestLimits = Field(default_factory=ManifestLimits)
     client_connection: ClientConnection = Field(default_factory=ClientConnection)
     in_cluster: bool = Field(False, description="Reach the kube-apiserver with the pod's service account.")
     bind_address: str = Field(
@@ -191,7 +200,15 @@ class KubeportConfiguration(_Section):
         alias="clusterCIDR",
         description="Pod CIDRs: sources treated as in-cluster for externalTrafficPolicy Local.",
     )
-    state_dir: Path = Field(Path("/var/lib/kubeport"), description="Where allocations persist.")
+    state_dir: Path = Field(Path("/var/lib/kubeport"),
+                            description="Where allocations and the last applied state persist.")
+    hold_sockets: bool = Field(
+        False, description="Run the daemon under a small supervisor that holds its listening sockets and "
+                           "starts it again at once when it is killed: connections and queries arriving "
+                           "meanwhile wait in the kernel's queues instead of being refused.")
+    last_state_max_age: Duration = Field(
+        3600.0, ge=0, description="A restarted daemon serves the last applied state kept in the state "
+                                  "directory until its source has synced, if it is younger than this; 0: never.")
     healthz_bind_address: str = Field(
         "0.0.0.0:10256", description="/healthz, /livez, /readyz; empty (flag only): no such server.")
     metrics_bind_address: str = Field(
@@ -201,7 +218,10 @@ class KubeportConfiguration(_Section):
         "0.0.0.0:9253",
         description="The DNS server's /metrics alone, where CoreDNS users scrape it (NodeLocal DNSCache's "
         "`prometheus :9253`: a node-local DNS on the host network); empty (flag only): no such server.")
-    config_sync_period: Duration = Field(900.0, gt=0, description="Full resync period of the API source.")
+    config_sync_period: Duration = Field(
+        900.0, gt=0, description="kube-proxy's informer resync period: accepted and validated, without effect. "
+        "client-go's resync re-delivers the cache to the handlers, which changes nothing; kubeport's "
+        "informers relist when a watch expires and the proxy rewrites the host in full hourly.")
     vip_interface: str = Field("lo", description="Link the local routes of ClusterIP/externalIP/LB addresses go through.")
     conntrack: Conntrack = Field(default_factory=Conntrack)
     shutdown_grace_period: Duration = Field(
@@ -365,23 +385,65 @@ def _short_repr(value: Any, limit: int = 60) -> str:
 
 
 def load_file(path: Path) -> dict[str, Any]:
-    """The file's fields (camelCase, as written); ConfigError naming the file on any problem."""
+    """The file's fields (camelCase, as written); ConfigError naming the file on any problem.
+    A KubeProxyConfiguration is translated into kubeport's fields (kubeport.kubeproxy_config)."""
+    return read_file(path).fields
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A key given twice is an error, as in kube-proxy's strict decoding (sigs.k8s.io/yaml:
+    'mapping key "mode" already defined'), not the last one silently winning."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                continue  # an unhashable key: SafeLoader's own error names it
+            if key in seen:
+                raise _DuplicateKey(f"line {line}: mapping key {key!r} already defined at line {seen[key]}")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def ignored_fields(path: Path) -> list[str]:
+    """The fields of a KubeProxyConfiguration file that a userspace proxy does not apply."""
+    return read_file(path).ignored
+
+
+def read_file(path: Path) -> kubeproxy_config.Translation:
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a KubeportConfiguration document")
+        raise ConfigError(f"{path}: expected a {KIND} or {kubeproxy_config.KIND} document")
+    if kubeproxy_config.is_kube_proxy_configuration(data):
+        try:
+            return kubeproxy_config.translate(data)
+        except kubeproxy_config.KubeProxyConfigError as exc:
+            raise ConfigError("\n".join(f"{path}: {line}" for line in str(exc).splitlines())) from None
     if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
         raise ConfigError(
-            f"{path}: apiVersion/kind must be {API_VERSION}/{KIND}, "
+            f"{path}: apiVersion/kind must be {API_VERSION}/{KIND} "
+            f"(or {kubeproxy_config.API_VERSION}/{kubeproxy_config.KIND}), "
             f"got {data.get('apiVersion')}/{data.get('kind')}"
         )
-    return data
+    return kubeproxy_config.Translation(data)
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -404,6 +466,20 @@ def _file_defaults(data: dict[str, Any]) -> dict[str, Any]:
 _BIND_ADDRESS_FIELDS = ("healthzBindAddress", "metricsBindAddress", "dnsMetricsBindAddress")
 
 
+def _without_source(data: dict[str, Any]) -> dict[str, Any]:
+    """The file's fields less the ones naming the source: a source flag replaces the file's
+    (``--manifests DIR`` with a kube-proxy file whose kubeconfig is the node's)."""
+    data = {key: value for key, value in data.items() if key not in ("manifests", "inCluster")}
+    connection = {key: value for key, value in (data.get("clientConnection") or {}).items() if key != "kubeconfig"}
+    data.pop("clientConnection", None)
+    return {**data, "clientConnection": connection} if connection else data
+
+
+def _names_source(flags: dict[str, Any]) -> bool:
+    return ("manifests" in flags or "inCluster" in flags
+            or "kubeconfig" in (flags.get("clientConnection") or {}))
+
+
 def build(
     file: Path | None, flags: dict[str, Any], flag_names: Mapping[str, str] | None = None
 ) -> KubeportConfiguration:
@@ -419,6 +495,8 @@ def build(
             KubeportConfiguration.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(format_errors(exc, str(file))) from None
+        if _names_source(flags):
+            data = _without_source(data)
     try:
         return KubeportConfiguration.model_validate(_merge(data, flags))
     except ValidationError as exc:

@@ -1,7 +1,9 @@
 """Daemon wiring and lifecycle: source -> ClusterState -> proxy and DNS, plus the status server.
 
 Startup: status server (not ready), service addresses, DNS listeners (SERVFAIL until
-synced), source. Each consumer follows the snapshots on its own task, so a slow proxy
+synced), source. A primary (no other instance serves the node) that finds the last applied
+state an earlier process kept in the state directory, young enough, serves it at once, while
+/readyz stays 503 until the source has synced. Each consumer follows the snapshots on its own task, so a slow proxy
 sync never delays DNS.
 
 Shutdown (SIGTERM/SIGINT): readiness goes false; DNS and the proxy keep serving for the
@@ -16,6 +18,7 @@ exits without touching what the successor holds.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import gc
 import logging
 import signal
@@ -26,19 +29,27 @@ import uvloop
 from prometheus_client import disable_created_metrics
 
 from kubeport import components, handover
+from kubeport.cleanup import report_previous_instance
 from kubeport.config import KubeportConfiguration, changed_fields
 from kubeport.dns.server import DnsServer
 from kubeport.endpoints.interfaces import Consumer, Source
+from kubeport.endpoints.laststate import LastState
 from kubeport.endpoints.types import Snapshot
+from kubeport.lib import sockethold
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
+from kubeport.lib.sdnotify import Notifier
 from kubeport.process import process_registry, raise_open_file_limit
 from kubeport.proxy.health import HealthResponse
 from kubeport.proxy.service import ProxyService
 from kubeport.readiness import LiveFile, ReadyFile
 from kubeport.reload import Reloader
 from kubeport.status import StatusServer
+from kubeport.systemd import SystemdNotifications
 
 log = logging.getLogger("kubeport.daemon")
+
+#: after handing over: how long the drain's end waits for the new instance to hold the node
+HANDOVER_ARRIVAL_S = 5.0
 
 
 class DaemonError(Exception):
@@ -75,11 +86,16 @@ class Daemon:
         self._handing_over = False
         self._ready_file = ReadyFile(config.ready_file)
         self._live_file = LiveFile(config.live_file)
+        self._systemd = SystemdNotifications(Notifier.from_environment(), config.hostname_override)
         self._source: Source | None = None
         self._proxy: ProxyService | None = None
         self._dns: DnsServer | None = None
         self._instance = handover.Instance(config.hostname_override, self._on_takeover,
                                            config.handover_generation)
+        self._last_state = LastState(config.state_dir / "last-state")
+        #: the Unix time of the last applied state served before the first sync (None: none)
+        self._restored_at: float | None = None
+        self._held_sockets_settled = False
 
     # --- DaemonView (read by the status server) -------------------------------------
 
@@ -93,7 +109,9 @@ class Daemon:
         if self._instance.predecessor:
             pending.append("handover: the previous instance still serves this node")
         if not self.state.snapshot.synced:
-            pending.append("source: first list not complete")
+            restored = self.state.snapshot.restored_at
+            pending.append("source: first list not complete" + (
+                f" (serving the last applied state from {_iso(restored)})" if restored is not None else ""))
         for consumer in self._consumers():
             if consumer.name not in self._applied:
                 pending.append(f"{consumer.name}: first snapshot not applied")
@@ -101,9 +119,11 @@ class Daemon:
 
     def problems(self) -> list[str]:
         found = list(self._source.problems) if self._source is not None else []
+        if self._last_state.problem is not None:
+            found.append(self._last_state.problem)
         for consumer in self._consumers():
             found += [f"{consumer.name}: {problem}" for problem in consumer.problems]
-        return found
+        return found + self._instance.problems
 
     def status(self) -> dict[str, Any]:
         """What `kubeport get status` prints: the source's progress and what is being served."""
@@ -123,6 +143,9 @@ class Daemon:
             "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
             "heap": {"trimmedGeneration": self._heap_trimmed_generation},
             "handover": self._instance.status(),
+            "lastState": {"restoredFrom": _iso(self._restored_at) if self._restored_at is not None else None,
+                          "servingIt": snapshot.restored_at is not None,
+                          "keptAt": _iso(self._last_state.saved_at) if self._last_state.saved_at else None},
         }
 
     def proxy_health(self, path: str) -> HealthResponse:
@@ -157,12 +180,20 @@ class Daemon:
         source, proxy, dns = self._build()
         # Not in the task group: a handed-over process waiting for its SIGTERM is alive too.
         self._live_task = asyncio.create_task(self._live_file.keep(proxy.health.healthy), name="live-file")
-        primary = await self._instance.claim()
-        if not primary:
+        self._watchdog_task = asyncio.create_task(self._systemd.keep_watchdog(proxy.health.healthy), name="watchdog")
+        self._systemd.readiness(self.pending())
+        # Beside a squatter on the name (not kubeport) this instance is the node's all the same.
+        primary = await self._instance.claim() or self._instance.squatter is not None
+        if primary:
+            await loop.run_in_executor(None, report_previous_instance)
+        else:
             log.info("another kubeport instance runs on node %s in this network namespace: "
                      "starting beside it and taking over once ready", self.config.hostname_override)
             await self._instance.announce()
         handover.enable_request_migration()
+        if primary:
+            # Before DNS listens: queries held across a crash are answered from this state.
+            self._restore_last_state()
         status = StatusServer(
             self,
             healthz_bind=self.config.healthz_bind_address,
@@ -176,14 +207,18 @@ class Daemon:
             await status.start()
             await proxy.start(extra_addresses=self.config.dns_addresses)
             if primary:
+                if self._restored_at is not None:
+                    dns.apply(self.state.snapshot)
                 await dns.start()
         except OSError as exc:
             await self._shutdown(status)
             raise DaemonError(f"cannot start: {exc}") from exc
         log.info("kubeport started on node %s (source: %s)", self.config.hostname_override,
                  self.config.source_kind)
+        self.state.keep_in(self._last_state)
         try:
             async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._last_state.run(), name="last-state")
                 tasks.create_task(source.run(), name="source")
                 for consumer in self._consumers():
                     tasks.create_task(self._follow(consumer), name=consumer.name)
@@ -194,6 +229,8 @@ class Daemon:
                 tasks.create_task(self._stop_when_asked(), name="stop")
                 if not primary:
                     tasks.create_task(self._take_over(dns), name="takeover")
+                elif self._instance.squatter is not None:
+                    tasks.create_task(self._instance.keep_claiming(), name="claim")
         except* _Stop:
             pass
         finally:
@@ -205,8 +242,28 @@ class Daemon:
             if not await handover.idle_until(self._signalled, self.config.hostname_override):
                 raise DaemonError("the instance that took node %s over is gone and none serves it: exiting, "
                                   "so that this container restarts and serves it" % self.config.hostname_override)
+        if self._handing_over and not await self._instance.claimed_by_another(wait=HANDOVER_ARRIVAL_S):
+            # A takeover whose sender never took the node: exit 0 would leave it unserved for good.
+            raise DaemonError(f"handed node {self.config.hostname_override} over, but no instance took it: "
+                              "exiting non-zero, so that this one is started again")
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
+
+    def _restore_last_state(self) -> None:
+        """Serve what an earlier process last applied, unless it is too old to trust."""
+        saved = self._last_state.load()
+        if saved is None:
+            return
+        max_age = self.config.last_state_max_age
+        if max_age <= 0 or saved.age() > max_age:
+            log.info("the last applied state in %s is from %s, older than %ss (lastStateMaxAge): not served",
+                     self._last_state.directory, _iso(saved.saved_at), f"{max_age:g}")
+            return
+        self.state.restore(saved)
+        snapshot = self.state.commit()
+        self._restored_at = saved.saved_at
+        log.info("serving the last applied state from %s (%d services) until the source has synced",
+                 _iso(saved.saved_at), len(snapshot.services) if snapshot is not None else 0)
 
     def _on_signal(self) -> None:
         first = not self._signalled.is_set()
@@ -223,6 +280,11 @@ class Daemon:
         self._reloader.request()
         if self._proxy is not None:
             self._proxy.request_resync()
+
+    def _readiness_changed(self) -> None:
+        pending = self.pending()
+        self._ready_file.update(not pending)
+        self._systemd.readiness(pending)
 
     def _alone(self) -> bool:
         # Beside another instance the addresses and table are shared: a full sync here would
@@ -241,7 +303,8 @@ class Daemon:
             # The predecessor left before this instance synced: external names are still
             # forwarded, cluster names SERVFAIL until the sync (a primary's start).
             await dns.start()
-        self._ready_file.update(not self.pending())
+        self._readiness_changed()
+        await self._instance.keep_claiming()  # a squatter took the name the predecessor let go
 
     async def _stop_when_asked(self) -> None:
         await self._stopping.wait()
@@ -251,6 +314,7 @@ class Daemon:
     async def _shutdown(self, status: StatusServer) -> None:
         self._stopping.set()
         self._ready_file.update(False)
+        self._systemd.stopping("handing over to the new instance" if self._handing_over else "stopping")
         config = self.config
         if not self._handing_over and self._applied:
             await self._unless_forced(asyncio.sleep(config.dns.lame_duck), "lame duck")
@@ -289,7 +353,7 @@ class Daemon:
         while True:
             snapshot = await self.state.wait_newer(generation)
             consumer.snapshot_queued(snapshot)
-            if not snapshot.synced:
+            if not snapshot.servable:
                 generation = snapshot.generation
                 continue
             try:
@@ -310,11 +374,16 @@ class Daemon:
                 log.debug("%s: applied generation %d (%d services changed)",
                           name, generation, len(snapshot.changed))
             self._applied[name] = generation
-            self._ready_file.update(not self.pending())  # also retries a write that failed
+            self._readiness_changed()  # also retries a write that failed
+            if len(self._applied) == len(self._consumers()) and not self._held_sockets_settled:
+                # Every listener of this view is open (adopted or new): what the holder kept
+                # for the previous process and nobody serves now must not take connections.
+                self._held_sockets_settled = True
+                sockethold.hold().release_unadopted()
             if self._ready.is_set():
                 if snapshot.changed:
                     self._heap_changed.set()
-            elif len(self._applied) == len(self._consumers()):
+            elif snapshot.synced and len(self._applied) == len(self._consumers()):
                 # Everything built for the first view lives long: keep it out of the
                 # collector's generations so later collections stay cheap.
                 gc.freeze()
@@ -340,6 +409,7 @@ def run(config: KubeportConfiguration, config_file: Path | None = None, flags: d
     # so once at start, before any metric exists.
     disable_created_metrics()
     raise_open_file_limit()
+    sockethold.hold()  # before any relay worker starts: they are no party to the holder's channel
     try:
         uvloop.run(Daemon(config, config_file, flags).serve())
     except ExceptionGroup as group:
@@ -348,6 +418,11 @@ def run(config: KubeportConfiguration, config_file: Path | None = None, flags: d
             log.critical("fatal: %s", error, exc_info=error)
         return 1
     return 0
+
+
+def _iso(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(timespec="seconds").replace(
+        "+00:00", "Z")
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

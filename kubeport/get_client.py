@@ -10,11 +10,12 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from kubeport import printers
+from kubeport import envvars, printers
 
 DEFAULT_SERVER = "http://127.0.0.1:10249"
 
-_KINDS = {"svc": "services", "endpointslice": "endpointslices", "eps": "endpointslices"}
+_KINDS = {"svc": "services", "endpointslice": "endpointslices", "eps": "endpointslices", "pod": "pods",
+          "po": "pods"}
 
 
 def server_url(server: str) -> str:
@@ -52,25 +53,30 @@ def _fetch(url: str) -> Any:
         return json.load(response)
 
 
-def cmd_get(args: argparse.Namespace) -> int:
+def _ask(server: str, path: str) -> tuple[Any, int]:
+    """The daemon's answer at ``path``, and 0; else None and the exit code (the error printed)."""
     try:
-        base = server_url(args.server)
+        base = server_url(server)
     except ValueError as exc:
         print(f"kubeport: {exc}", file=sys.stderr)
-        return 2
-    kind, path = resource_path(args.resource, args.namespace, args.all_namespaces)
+        return None, 2
     try:
-        listing = _fetch(base + path)
+        return _fetch(base + path), 0
     except urllib.error.HTTPError as exc:
         print(f"kubeport: {base}{path}: HTTP {exc.code} {exc.reason}", file=sys.stderr)
-        return 1
     except urllib.error.URLError as exc:
         print(f"kubeport: cannot reach the daemon at {base}: {exc.reason} (is kubeport running, with its "
               f"metrics server on this address? --metrics-bind-address '' disables it)", file=sys.stderr)
-        return 1
     except (OSError, ValueError) as exc:
         print(f"kubeport: cannot read the daemon's answer from {base}: {exc}", file=sys.stderr)
-        return 1
+    return None, 1
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    kind, path = resource_path(args.resource, args.namespace, args.all_namespaces)
+    listing, code = _ask(args.server, path)
+    if code:
+        return code
     if kind == "status":
         print(json.dumps(listing, indent=2) if args.output == "json" else printers.render_status(listing))
         return 0
@@ -80,4 +86,17 @@ def cmd_get(args: argparse.Namespace) -> int:
         print("\nProblems (the last good version of these objects is kept):", file=sys.stderr)
         for problem in problems:
             print(f"  {problem}", file=sys.stderr)
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """`kubeport env -n NS`: the service variables a pod of NS gets from the kubelet."""
+    listing, code = _ask(args.server, "/api/v1/services")
+    if code:
+        return code
+    variables = envvars.environment(args.namespace, listing["items"])
+    if args.output == "json":
+        print(json.dumps([{"name": name, "value": value} for name, value in variables.items()], indent=2))
+    elif variables:
+        print(envvars.shell_lines(variables))
     return 0

@@ -24,6 +24,15 @@ one takes the node at once, synced or not, rather than leave it unserved. A gene
 (``--handover-generation``, a DaemonSet's ``pod-template-generation``) keeps an old pod's
 restarted container from taking the node back from the new pod during a rollout.
 
+Only kubeport may take part: each end checks the other's credentials (``SO_PEERCRED``) before
+a message counts, and trusts root and the daemon's own user only (:func:`trusted`). Any local
+user can bind an abstract name, though (abstract names have no permissions). A connection
+from another user is closed unread, and is a problem line. A name held by another user's
+process (a squatter) is a problem line too, and the new instance serves the node beside it
+(every listener binds with SO_REUSEPORT), retrying to take the name until the squatter is
+gone; until then the node cannot be handed over. docs/handover.md says why kubeport does not
+hide the name instead.
+
 A pod must not exit after handing over (the kubelet would restart it, and the restarted
 process would take the node back): with ``--after-handover wait`` the old process waits for
 the SIGTERM that deletes its pod. The DaemonSet's ``maxSurge`` starts the new pod beside
@@ -36,7 +45,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
+import struct
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 log = logging.getLogger(__name__)
@@ -51,6 +63,58 @@ MIGRATE_SYSCTL = "/proc/sys/net/ipv4/tcp_migrate_req"
 
 def instance_address(node_name: str) -> str:
     return f"\0kubeport/{node_name}"
+
+
+_CREDENTIALS = struct.Struct("3i")
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The process at the other end of a Unix socket (``SO_PEERCRED``: as it connected or listened)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} (uid {self.uid})" if self.uid >= 0 else "a process that accepts no connection"
+
+
+#: the holder of a name that does not accept (a full backlog): its credentials cannot be known
+UNRESPONSIVE = Peer(0, -1, -1)
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    return Peer(*_CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)))
+
+
+def trusted(peer: Peer) -> bool:
+    """Root, or the user this daemon runs as: who could run kubeport here."""
+    return peer.uid == 0 or peer.uid == os.geteuid()
+
+
+class UntrustedPeer(OSError):
+    """The other end of a handover connection is not root nor this daemon's user."""
+
+
+def holder_of(address: str) -> Peer | None:
+    """Who holds an abstract name; None when nobody does."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)  # a holder that never accepts must not block this
+    try:
+        probe.connect(address)
+        return peer_of(probe)
+    except BlockingIOError:
+        return UNRESPONSIVE
+    except OSError:
+        return None
+    finally:
+        probe.close()
+
+
+def display_name(address: str) -> str:
+    """An abstract name as ``ss -x`` and /proc/net/unix show it."""
+    return "@" + address.lstrip("\0")
 
 
 def enable_request_migration(path: str = MIGRATE_SYSCTL) -> bool:
@@ -85,9 +149,29 @@ class Instance:
         #: successors told to take the node when this instance left on its own
         self.left_to = 0
         self._link: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        #: the name is held by a process that is not kubeport (not root nor this daemon's user)
+        self.squatter: Peer | None = None
+        #: connections refused for their credentials: count, and the last peer
+        self._refused_peers = 0
+        self._last_refused: Peer | None = None
+        self._logged_uids: set[int] = set()
+
+    @property
+    def problems(self) -> list[str]:
+        name = display_name(self._address)
+        found = []
+        if self.squatter is not None:
+            found.append(f"handover: the node's socket {name} is held by {self.squatter}, which is not kubeport "
+                         f"(root or uid {os.geteuid()}): serving beside it; this node cannot be handed over "
+                         "until it is gone")
+        if self._last_refused is not None:
+            found.append(f"handover: refused {self._refused_peers} connection(s) to {name} from other users, the "
+                         f"last from {self._last_refused}: only root or uid {os.geteuid()} may hand this node over")
+        return found
 
     async def claim(self) -> bool:
-        """Take the name if it is free. False: another instance holds it (a handover start)."""
+        """Take the name if it is free. False: another instance holds it (a handover start),
+        or a squatter does (:attr:`squatter`: serve beside it)."""
         # The socket is made by hand: uvloop's unix helpers refuse abstract names.
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -96,17 +180,36 @@ class Instance:
             listener.close()
             if exc.errno != errno.EADDRINUSE:
                 raise
+            holder = holder_of(self._address)
+            if holder is not None and not trusted(holder):
+                if self.squatter is None:
+                    log.error("handover: %s is held by %s, which is not kubeport: serving this node beside it",
+                              display_name(self._address), holder)
+                self.squatter = holder
+                self.predecessor = False
+                return False
             self.predecessor = True
             return False
         listener.listen(4)
         listener.setblocking(False)
         self._server = await asyncio.start_unix_server(self._serve, sock=listener)
+        if self.squatter is not None:
+            log.info("handover: the squatter on %s is gone; this instance holds the name", display_name(self._address))
+            self.squatter = None
         return True
+
+    async def keep_claiming(self, interval: float = 2.0) -> None:
+        """Serving beside a squatter: take the name once it lets go (a new instance can then take over)."""
+        while self.squatter is not None and self._server is None:
+            await asyncio.sleep(interval)
+            if not await self.claim() and self.squatter is None:
+                return  # a kubeport holds it now: that one serves the node, as after a handover
 
     def status(self) -> dict[str, object]:
         """For `kubeport get status`: where this instance stands among those on the node."""
         return {"generation": self.generation, "holdsNode": self._server is not None,
-                "predecessor": self.predecessor, "refused": self.refused, "successors": self.successors}
+                "predecessor": self.predecessor, "refused": self.refused, "successors": self.successors,
+                "squatter": None if self.squatter is None else str(self.squatter)}
 
     # --- the new instance ------------------------------------------------------------------
 
@@ -183,6 +286,10 @@ class Instance:
         client.setblocking(False)
         try:
             await asyncio.get_running_loop().sock_connect(client, self._address)
+            holder = peer_of(client)
+            if not trusted(holder):
+                self.squatter = holder
+                raise UntrustedPeer(f"{display_name(self._address)} is held by {holder}, which is not kubeport")
         except BaseException:
             client.close()
             raise
@@ -195,6 +302,8 @@ class Instance:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not await self.claim():
+            if self.squatter is not None:
+                break  # it took the name the predecessor let go: serve beside it
             if loop.time() > deadline or await self._holder_answers():
                 return False
             await asyncio.sleep(0.05)
@@ -221,6 +330,8 @@ class Instance:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         announced = False
         try:
+            if not self._admits(writer):
+                return
             request = await asyncio.wait_for(reader.readline(), 5.0)
             if request.startswith(ARRIVED) and not self._leaving:
                 announced = True
@@ -247,6 +358,23 @@ class Instance:
                 self.successors -= 1
                 self._successor_links.discard(writer)
             writer.close()
+
+    def _admits(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether the peer may talk to this instance at all; a refusal is a problem line."""
+        sock = writer.get_extra_info("socket")
+        try:
+            peer = peer_of(sock)
+        except (OSError, AttributeError):
+            return False
+        if trusted(peer):
+            return True
+        self._refused_peers += 1
+        self._last_refused = peer
+        if peer.uid not in self._logged_uids:  # once per user: a flood of connections is no flood of lines
+            self._logged_uids.add(peer.uid)
+            log.warning("handover: refused a connection from %s on %s: only root or uid %d may hand this node "
+                        "over", peer, display_name(self._address), os.geteuid())
+        return False
 
     def _answer_arrival(self, request: bytes) -> bytes:
         fields = request.split()
@@ -311,16 +439,11 @@ async def idle_until(signalled: asyncio.Event, node_name: str, interval: float =
 
 
 def abstract_name_in_use(node_name: str) -> bool:
-    """Whether some instance holds the node's name in this network namespace."""
+    """Whether some instance of kubeport holds the node's name in this network namespace."""
     return _name_in_use(instance_address(node_name))
 
 
 def _name_in_use(address: str) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(address)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
+    """Held by an instance of kubeport (a squatter serves nothing)."""
+    holder = holder_of(address)
+    return holder is not None and trusted(holder)

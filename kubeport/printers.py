@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from kubeport.endpoints.types import ServiceInfo, ServiceName, SliceInfo, Snapshot
+from kubeport.endpoints.types import PodInfo, ServiceInfo, ServiceName, SliceInfo, Snapshot
 
 
 def service_to_api(info: ServiceInfo) -> dict[str, Any]:
@@ -91,6 +91,8 @@ def slice_to_api(service: ServiceName, info: SliceInfo, created: str | None) -> 
         "namespace": service.namespace,
         "labels": {"kubernetes.io/service-name": service.name},
     }
+    if info.managed_by:
+        metadata["labels"]["endpointslice.kubernetes.io/managed-by"] = info.managed_by
     if created:
         metadata["creationTimestamp"] = created
     obj: dict[str, Any] = {
@@ -105,8 +107,58 @@ def slice_to_api(service: ServiceName, info: SliceInfo, created: str | None) -> 
     return obj
 
 
+def pod_to_api(info: PodInfo) -> dict[str, Any]:
+    """The Pod as read: the fields kubeport uses and those `kubectl get pods` shows."""
+    metadata: dict[str, Any] = {"name": info.name, "namespace": info.namespace}
+    if info.uid:
+        metadata["uid"] = info.uid
+    if info.created:
+        metadata["creationTimestamp"] = info.created
+    if info.deletion_timestamp:
+        metadata["deletionTimestamp"] = info.deletion_timestamp
+    if info.labels:
+        metadata["labels"] = dict(info.labels)
+    spec: dict[str, Any] = {}
+    for key, value in (("nodeName", info.node_name), ("hostname", info.hostname), ("subdomain", info.subdomain)):
+        if value:
+            spec[key] = value
+    ports: dict[str, list[dict[str, Any]]] = {}
+    for port in info.ports:
+        ports.setdefault(port.container, []).append(
+            {"name": port.name, "containerPort": port.port, "protocol": port.protocol})
+    spec["containers"] = [{"name": name, **({"ports": ports[name]} if name in ports else {})}
+                          for name in info.containers]
+    sidecars = [{"name": name, "restartPolicy": "Always", "ports": found}
+                for name, found in ports.items() if name not in info.containers]
+    if sidecars:
+        spec["initContainers"] = sidecars
+    status: dict[str, Any] = {"phase": info.phase,
+                              "conditions": [{"type": "Ready", "status": "True" if info.ready else "False"}]}
+    if info.reason:
+        status["reason"] = info.reason
+    if info.ips:
+        status["podIP"] = info.ips[0]
+        status["podIPs"] = [{"ip": ip} for ip in info.ips]
+    statuses = []
+    for container in info.container_statuses:
+        state: dict[str, Any] = {}
+        if container.waiting_reason:
+            state["waiting"] = {"reason": container.waiting_reason}
+        if container.terminated_reason:
+            state["terminated"] = {"reason": container.terminated_reason}
+        statuses.append({"name": container.name, "ready": container.ready,
+                         "restartCount": container.restart_count, "state": state})
+    if statuses:
+        status["containerStatuses"] = statuses
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+
 def list_objects(snapshot: Snapshot, kind: str, namespace: str | None) -> dict[str, Any]:
     items: list[dict[str, Any]] = []
+    if kind == "pods":
+        items = [pod_to_api(snapshot.pods[key]) for key in sorted(snapshot.pods)
+                 if namespace is None or key[0] == namespace]
+        return {"apiVersion": "v1", "kind": "List", "items": items}
     for name in sorted(snapshot.services):
         if namespace is not None and name.namespace != namespace:
             continue
@@ -197,11 +249,45 @@ def slice_rows(items: Iterable[dict[str, Any]], wide: bool) -> list[list[str]]:
     return rows
 
 
+def pod_status(pod: dict[str, Any]) -> str:
+    """kubectl's STATUS column, its main rules (pkg/printers/internalversion/printers.go
+    printPod): the status reason, else the phase; a container's waiting or terminated
+    reason; Terminating while deleted (unless the node is lost)."""
+    status = pod.get("status", {})
+    reason = status.get("reason") or status.get("phase") or "Pending"
+    for container in status.get("containerStatuses", []):
+        state = container.get("state", {})
+        if state.get("waiting", {}).get("reason"):
+            reason = state["waiting"]["reason"]
+        elif state.get("terminated", {}).get("reason"):
+            reason = state["terminated"]["reason"]
+    if pod["metadata"].get("deletionTimestamp") and status.get("reason") != "NodeLost":
+        return "Terminating"
+    return reason
+
+
+def pod_rows(items: Iterable[dict[str, Any]], wide: bool) -> list[list[str]]:
+    rows = []
+    for pod in items:
+        spec, status = pod.get("spec", {}), pod.get("status", {})
+        statuses = status.get("containerStatuses", [])
+        total = len(spec.get("containers", [])) or len(statuses)
+        ready = sum(1 for c in statuses if c.get("ready"))
+        restarts = sum(c.get("restartCount", 0) for c in statuses)
+        rows.append([pod["metadata"]["namespace"], pod["metadata"]["name"], f"{ready}/{total}", pod_status(pod),
+                     str(restarts), age(pod["metadata"].get("creationTimestamp")),
+                     status.get("podIP", "<none>"), spec.get("nodeName", "<none>")])
+    return rows
+
+
 HEADERS = {
     "services": ["NAMESPACE", "NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"],
     "endpointslices": ["NAMESPACE", "NAME", "ADDRESSTYPE", "PORTS", "ENDPOINTS", "AGE"],
+    # kubectl's -o wide columns up to NODE: a data plane is about the IP.
+    "pods": ["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"],
 }
-WIDE_HEADERS = {"services": ["SELECTOR"], "endpointslices": ["SERVICE"]}
+WIDE_HEADERS = {"services": ["SELECTOR"], "endpointslices": ["SERVICE"], "pods": []}
+_ROWS = {"services": service_rows, "endpointslices": slice_rows, "pods": pod_rows}
 
 
 def render(kind: str, listing: dict[str, Any], output: str | None, all_namespaces: bool) -> str:
@@ -210,7 +296,7 @@ def render(kind: str, listing: dict[str, Any], output: str | None, all_namespace
     if output == "yaml":
         return yaml.safe_dump(listing, sort_keys=False)
     wide = output == "wide"
-    rows = (service_rows if kind == "services" else slice_rows)(listing["items"], wide)
+    rows = _ROWS[kind](listing["items"], wide)
     headers = HEADERS[kind] + (WIDE_HEADERS[kind] if wide else [])
     if not all_namespaces:
         headers = headers[1:]

@@ -8,6 +8,12 @@
 
 An empty bind address disables that server, as kube-proxy's flags do.
 
+/readyz tells a peer on loopback (the node itself) every current problem line; any other
+peer (the healthz port listens on every address by default) learns only whether the daemon
+is ready and what it waits for: problem lines quote values from manifests and objects, and
+the network has no business with them. They stay on the loopback status API, `kubeport
+get` and the log. /healthz and /livez answer kube-proxy's bodies, which hold timestamps only.
+
 /readyz is polled (kubelet probes, a start-up wait loop) while the daemon loads a large
 cluster, so its per-request work is O(1): the problem list it carries (which costs work
 proportional to the cluster) is computed at most once per ``problems_ttl`` seconds, and at
@@ -17,6 +23,7 @@ the listings always compute it afresh.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import time
@@ -150,7 +157,9 @@ class StatusServer:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         pending = self._view.pending()
-        body = {"ready": not pending, "pending": pending, "problems": self._readyz_problems.get(pending)}
+        body: dict[str, Any] = {"ready": not pending, "pending": pending}
+        if from_loopback(request.transport.get_extra_info("peername") if request.transport else None):
+            body["problems"] = self._readyz_problems.get(pending)
         return _json(body, 503 if pending else 200)
 
     async def _plain_ok(self, request: web.Request) -> web.Response:
@@ -181,6 +190,19 @@ class StatusServer:
 
     async def _problems(self, request: web.Request) -> web.Response:
         return _json({"problems": self._view.problems()})
+
+
+def from_loopback(peername: Any) -> bool:
+    """Whether a request's peer (``peername`` of its socket) is this host's loopback."""
+    if not isinstance(peername, tuple) or not peername:
+        return False
+    try:
+        address = ipaddress.ip_address(str(peername[0]).split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 class _CachedProblems:

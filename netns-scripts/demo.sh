@@ -47,6 +47,10 @@ for pod in a1 a2 b1 b2; do grep -q ready "$work/$pod.log" || sleep 0.2; done
 
 step "What kubeport holds (kubectl's columns)"
 show in_ns node-a "$kubeport" get services -A
+
+step "The Pods it read, and the EndpointSlices it made of them for the Services' selectors"
+show in_ns node-a "$kubeport" get pods -n demo
+show in_ns node-a "$kubeport" get endpointslices -n demo
 web_ip=$(in_ns node-a "$kubeport" get services -n demo -o json |
     python3 -c 'import json,sys; print(next(s["spec"]["clusterIP"] for s in json.load(sys.stdin)["items"] if s["metadata"]["name"]=="web"))')
 

@@ -32,9 +32,7 @@ command -v pkill >/dev/null || need_apt+=(procps)
 "$python" -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    "$repo/netns-scripts/apt-install.sh" "${need_apt[@]}"
 fi
 
 if [ ! -x "$repo/.venv/bin/kubeport" ] || [ "$repo/pyproject.toml" -nt "$repo/.venv/.installed" ] \

@@ -20,18 +20,15 @@ async def keep_host_in_sync(proxier: Any, requested: asyncio.Event, allowed: Cal
     """Resync the host every FULL_SYNC_PERIOD, RETRY_PERIOD after a failure, and at once when
     ``requested`` (SIGHUP): an address or rule removed behind kubeport's back comes back.
     ``allowed()`` false (not synced yet, another instance beside this one) skips a turn.
-    Every RETRY_PERIOD (kube-proxy's syncPeriod) the node's own addresses are read again:
-    NodePorts follow them, then ``addresses_moved()`` (the health-check ports)."""
+    A SIGHUP reads the node's own addresses again too (they are otherwise followed by
+    :func:`follow_node_addresses`): NodePorts follow them, then ``addresses_moved()``."""
     loop = asyncio.get_running_loop()
     last = loop.time()
     while True:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(requested.wait(), RETRY_PERIOD)
-        try:
-            if await proxier.refresh_node_addresses() and addresses_moved is not None:
-                await addresses_moved()
-        except Exception:
-            log.exception("reading the node's addresses again failed")
+        if requested.is_set():
+            await _read_node_addresses(proxier, addresses_moved)
         if not (requested.is_set() or proxier.host_problems or loop.time() - last >= FULL_SYNC_PERIOD):
             continue
         requested.clear()
@@ -42,3 +39,21 @@ async def keep_host_in_sync(proxier: Any, requested: asyncio.Event, allowed: Cal
             await proxier.resync_host()
         except Exception:  # the next period retries; a failure must not end the daemon
             log.exception("full sync of the node's addresses and nftables table failed")
+
+
+async def follow_node_addresses(proxier: Any, changed: Callable[[], Awaitable[None]],
+                                addresses_moved: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Read the node's own addresses again each time ``changed()`` returns (an address or link
+    event, proxy/host/address_events.py), as kube-proxy reads them at every sync: NodePorts
+    and then the health-check node ports (``addresses_moved()``) follow."""
+    while True:
+        await changed()
+        await _read_node_addresses(proxier, addresses_moved)
+
+
+async def _read_node_addresses(proxier: Any, addresses_moved: Callable[[], Awaitable[None]] | None) -> None:
+    try:
+        if await proxier.refresh_node_addresses() and addresses_moved is not None:
+            await addresses_moved()
+    except Exception:
+        log.exception("reading the node's addresses again failed")

@@ -111,7 +111,8 @@ class Proxier:
         if not sctp:
             log.warning("SCTP is not supported by this kernel: SCTP service ports are not served")
         self._listeners = Listeners(self._ctx, sctp=sctp, steer_affinity=config.workers > 1)
-        await self._host.start(self._extra_addresses, config.cluster_cidrs, config.service_cidrs)
+        await self._host.start(self._extra_addresses, config.cluster_cidrs, config.service_cidrs,
+                               extra_ports=(f for f in self._reserved if f.ip in self._extra_addresses))
 
     async def stop(
         self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True,
@@ -213,6 +214,8 @@ class Proxier:
     @property
     def problems(self) -> list[str]:
         found = [str(c) for c in self._table.conflicts()] + list(self._host.problems.values())
+        if self._host.unfiltered:
+            found.append(self._host.unfiltered)
         found += self._node.problems
         if self._listeners is not None:
             found += self._listeners.problems()
@@ -258,7 +261,7 @@ class Proxier:
             raise RuntimeError("Proxier.apply before start")
         if self._stopping:
             return  # draining: the listeners are closed for good
-        if not snapshot.synced:
+        if not snapshot.servable:
             log.debug("snapshot %d is not synced yet: nothing applied", snapshot.generation)
             return
         table_ctx = await self._table_context(snapshot)
@@ -295,6 +298,7 @@ class Proxier:
         local = await self._addresses.interface_addresses()
         selection = self._node.select(node, local)
         self._ctx.local_clients.set_node_addresses(local)
+        self._host.set_node_addresses(local)
         return TableContext(
             node_name=self.node_name,
             zone=node.zone if node is not None else None,

@@ -12,6 +12,7 @@ loop (:mod:`.fullsync`); and the kube-proxy metrics (:mod:`.metrics`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Callable, Iterable
 
@@ -19,12 +20,15 @@ from prometheus_client import CollectorRegistry
 
 from kubeport.endpoints.types import NodeInfo, Snapshot
 from kubeport.proxy.config import ProxyConfig
-from kubeport.proxy.fullsync import keep_host_in_sync
+from kubeport.proxy.fullsync import follow_node_addresses, keep_host_in_sync
 from kubeport.proxy.health import HealthResponse, ProxyHealth
 from kubeport.proxy.healthcheck import DesiredHealthChecks, HealthCheckServers, update_health_checks
+from kubeport.proxy.host.address_events import AddressEvents
 from kubeport.proxy.metrics import ProxyMetrics
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.workers import ProxyWorkers, create_proxier
+
+log = logging.getLogger(__name__)
 
 
 class ProxyService:
@@ -41,6 +45,7 @@ class ProxyService:
         families: tuple[str, ...],
         require_node: bool,
         clock: Callable[[], float] = time.time,
+        address_events: AddressEvents | None = None,
     ) -> None:
         """
         :param families: the IP families proxied, primary first (one /healthz entry each).
@@ -58,6 +63,7 @@ class ProxyService:
         self._applied: Snapshot | None = None
         #: SIGHUP: the node's addresses and nftables table are put right in full
         self._resync = asyncio.Event()
+        self._address_events = address_events
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -65,6 +71,13 @@ class ProxyService:
         """Listeners come with snapshots; this takes the VIP link and the nftables table,
         and ``extra_addresses`` (the DNS addresses) are made local at once."""
         await self.relays.start(extra_addresses=extra_addresses)
+        if self._address_events is not None:
+            try:
+                self._address_events.open()
+            except OSError as exc:
+                self._address_events = None
+                log.error("following the node's addresses (netlink): %s; they are read again on SIGHUP only",
+                          exc.strerror or exc)
 
     async def run(self, may_resync: Callable[[], bool]) -> None:
         """Until cancelled: health-check ports retried, full syncs (when ``may_resync()``), and
@@ -75,6 +88,9 @@ class ProxyService:
             tasks.create_task(
                 keep_host_in_sync(self.relays, self._resync, lambda: self._applied is not None and may_resync(),
                                   self._sync_health_checks), name="host-resync")
+            if self._address_events is not None:
+                tasks.create_task(follow_node_addresses(self.relays, self._address_events.changed,
+                                                        self._sync_health_checks), name="node-addresses")
 
     def request_resync(self) -> None:
         self._resync.set()
@@ -84,6 +100,8 @@ class ProxyService:
         """Health-check ports close, then the relays stop accepting and drain up to ``grace``
         seconds (``abort`` ends the drain); see :meth:`Proxier.stop` for the rest."""
         await self.health_checks.close()
+        if self._address_events is not None:
+            self._address_events.close()
         await self.relays.stop(grace=grace, abort=abort, release=release, hand_over=hand_over, keep_if=keep_if)
 
     # --- following the snapshots ----------------------------------------------------------

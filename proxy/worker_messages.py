@@ -58,6 +58,7 @@ class Start:
 @dataclass(frozen=True, slots=True)
 class Apply:
     seq: int
+    #: the snapshot is servable (the source's whole view, or the last applied state)
     synced: bool
     node: NodeInfo | None | _SameNode
     #: the services changed since the previous Apply; None: deleted

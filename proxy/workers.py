@@ -225,7 +225,7 @@ class ProxyWorkers:
     async def apply(self, snapshot: Snapshot) -> None:
         """Apply here, then in every worker (only what changed); returns when all have."""
         await self._local.apply(snapshot)
-        if not snapshot.synced or not self._local.ready:
+        if not snapshot.servable or not self._local.ready:
             return
         message = self._delta(snapshot)
         if message is not None:
@@ -250,7 +250,7 @@ class ProxyWorkers:
         self._sent, self._sent_addresses = snapshot, self._local.node_addresses
         self._seq += 1
         states = {name: snapshot.services.get(name) for name in changed}
-        return Apply(self._seq, snapshot.synced, node, states, addresses)
+        return Apply(self._seq, snapshot.servable, node, states, addresses)
 
     # --- views ------------------------------------------------------------------------------
 

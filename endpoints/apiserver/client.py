@@ -14,11 +14,13 @@ daemon uses none.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -292,6 +294,17 @@ class ApiConnection:
                 await rest.close()
         self._retired.clear()
         self._rest = None
+
+    async def server_version(self) -> str | None:
+        """The API server's ``gitVersion`` (``GET /version``, which every authenticated or
+        anonymous user may read: the ``system:public-info-viewer`` ClusterRole), or None when it
+        cannot be had."""
+        try:
+            body = await self.get_bytes("/version", {}, verb="get")
+            version = json.loads(body).get("gitVersion")
+        except (ApiStatusError, aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError, AttributeError):
+            return None
+        return version if isinstance(version, str) and version else None
 
     async def get_bytes(self, path: str, params: Mapping[str, str], *, verb: str) -> bytes:
         """The body of a successful GET (a list); ApiStatusError otherwise."""

@@ -14,9 +14,9 @@ client-go's Reflector (``tools/cache/reflector.go``), for asyncio:
   (``limit``/``continue``) plus a watch: an error status (422/400 without the WatchList
   feature; 500 "the required storage feature RequestWatchProgress is disabled" from an API
   server on an etcd without progress notifications), an ERROR event, a stream that ends
-  or stalls before the end bookmark, a malformed line. The fallback is remembered for the
-  life of the connection (the source's ``run``): a restarted kubeport tries again, an
-  upgraded API server is not detected before that. Not remembered, as they say nothing
+  or stalls before the end bookmark, a malformed line. The fallback is remembered until the
+  API server's version (``/version`` gitVersion, asked again at each relist) changes: an upgraded server, perhaps on a newer etcd, gets the streaming list tried
+  again; a restarted kubeport tries it again too. Not remembered, as they say nothing
   about the feature: a gone or too large resourceVersion (that round lists, at ""), and
   failures to connect (the server is not there); 401, 403 and 404 are reported as they are
   (a list would get the same answer).
@@ -134,6 +134,8 @@ class Informer:
         self._initial: Listing | None = None  # a watch-list's initial events so far
         self._failures = 0
         self._failing_since = 0.0  # monotonic time of the first of the current failures
+        #: the API server version the remembered fallback was decided on ("" unknown)
+        self._fallback_version: str | None = None
 
     async def run(self) -> None:
         """List and watch forever; every failure is retried and the last good state kept."""
@@ -173,6 +175,8 @@ class Informer:
     # --- listing ------------------------------------------------------------------------
 
     async def _list_and_watch(self) -> None:
+        if self._watch_list and self.stats.watch_list is False:
+            await self._forget_fallback_if_upgraded()
         if self._watch_list and self.stats.watch_list is not False:
             try:
                 await self._stream(initial=True)
@@ -184,6 +188,8 @@ class Informer:
                     raise  # the initial events had ended: an error of the watch that followed
                 if not self._watch_list_failed(exc):
                     raise
+                if self.stats.watch_list is False and self._fallback_version is None:
+                    self._fallback_version = await self._conn.server_version()
         await self._paged_list()
         await self._stream(initial=False)
 
@@ -431,9 +437,25 @@ class Informer:
             reason = describe_watch_list_failure(exc)
             stats.watch_list = False
             stats.watch_list_fallback = reason
-            log.warning("%s: the streaming list failed (%s); falling back to list + watch for this connection",
-                        self.resource.plural, reason)
+            self._fallback_version = None  # asked next, or at the next list if the server does not answer
+            log.warning("%s: the streaming list failed (%s); falling back to list + watch until the API server's "
+                        "version changes", self.resource.plural, reason)
         return True
+
+    async def _forget_fallback_if_upgraded(self) -> None:
+        """client-go remembers its fallback for the reflector's life; a node agent outlives
+        API server upgrades, so the streaming list is tried again when the version changed."""
+        version = await self._conn.server_version()
+        if version is None:
+            return
+        if self._fallback_version is None:
+            self._fallback_version = version
+        elif version != self._fallback_version:
+            log.info("%s: the API server is now %s (was %s); trying the streaming list again",
+                     self.resource.plural, version, self._fallback_version)
+            self.stats.watch_list = None
+            self.stats.watch_list_fallback = ""
+            self._fallback_version = None
 
     def _relist(self, *, unavailable: bool, cause: str) -> None:
         self._list_due = True

@@ -27,7 +27,8 @@ of the bytes that parsed, and only for files whose bytes changed since they were
 restart copies nothing. ``index.json`` maps each path to that digest (for a merged copy:
 the digest of the version it was made from, and its own). Best effort: the copies are a
 safety net, never a reason to refuse a file or to stop; a copy that cannot be made is
-logged once.
+logged once. Only regular files are copied (:func:`~.read.open_regular`): a file that parsed
+and was then replaced by a named pipe or a device is left alone, as its read is.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from typing import Any
 
 from kubeport.endpoints.manifests.documents import SyntaxProblem
 from kubeport.endpoints.manifests.parse import ObjectKey, ParsedFile, declared_values, iter_manifest
-from kubeport.endpoints.manifests.read import DIGEST_SIZE, content_digest, decode
+from kubeport.endpoints.manifests.read import DIGEST_SIZE, NotRegularFile, content_digest, decode, open_regular
 from kubeport.endpoints.manifests.yaml_nodes import YAMLError
 from kubeport.lib.quiet import quiet_moment
 
@@ -241,9 +242,11 @@ class LastGoodFiles:
     def _merge(self, manifests: Path, path: str, note: Note) -> None:
         """Make the merged copy of ``path`` (module docstring) if its bytes still have the noted digest."""
         try:
-            data = (manifests / path).read_bytes()
-        except FileNotFoundError:
-            return
+            fd, _ = open_regular(manifests / path)
+        except (FileNotFoundError, NotRegularFile):
+            return  # replaced since: its next version is noted by its own batch, if it parses
+        with open(fd, "rb") as file:
+            data = file.read()
         text, _ = decode(path, data)
         if text is None or content_digest(data) != note.digest:
             return  # rewritten since: its next version is noted by its own batch
@@ -272,9 +275,11 @@ class LastGoodFiles:
         target.parent.mkdir(parents=True, exist_ok=True)
         scratch = target.with_name(f".{target.name}.tmp")
         try:
-            shutil.copyfile(source, scratch)
-        except FileNotFoundError:
-            return False
+            fd, _ = open_regular(source)
+        except (FileNotFoundError, NotRegularFile):
+            return False  # replaced since it parsed: its next version is copied once it parses
+        with open(fd, "rb") as src, open(scratch, "wb") as dst:
+            _copy_by_kernel(src, dst)
         if _file_digest(scratch) != digest:
             scratch.unlink(missing_ok=True)
             return False
@@ -344,6 +349,18 @@ def _bytes_to_copy(pending: dict[str, Note | None], manifests: Path) -> int:
             except OSError:
                 pass  # gone: nothing to copy
     return total
+
+
+def _copy_by_kernel(source: Any, target: Any) -> None:
+    """``copy_file_range``: no bytes pass through Python; a file system without it is copied in chunks."""
+    try:
+        while os.copy_file_range(source.fileno(), target.fileno(), 1 << 30):
+            pass
+    except OSError:
+        source.seek(0)
+        target.seek(0)
+        target.truncate()
+        shutil.copyfileobj(source, target, _CHUNK)
 
 
 def _file_digest(path: Path) -> bytes:

@@ -25,7 +25,7 @@ from kubeport.endpoints.state import ClusterState
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("Namespace", "Node", "Service", "EndpointSlice")
+SOURCE_KINDS = ("Namespace", "Node", "Service", "EndpointSlice", "Pod")
 #: Admission order inside a chunk: a Service before the slices that must not use its ClusterIP.
 _KIND_ORDER = {kind: rank for rank, kind in enumerate(SOURCE_KINDS)}
 

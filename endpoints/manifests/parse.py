@@ -3,7 +3,7 @@
 What loads is what ``kubectl apply -f DIR -R`` loads: ``*.yaml``, ``*.yml`` and
 ``*.json`` files, multi-document YAML, concatenated JSON values, ``kind: List`` and
 typed lists (``ServiceList`` with kind-less items, as the API server prints them).
-Kinds other than Service, EndpointSlice, Node and Namespace are skipped, except a kind the
+Kinds other than Service, EndpointSlice, Pod, Node and Namespace are skipped, except a kind the
 core or discovery.k8s.io group does not have (``kind: Servce``): kubectl refuses those (``no
 matches for kind``), and so does kubeport. Every problem is one line naming the file, the
 object and the field path in API (camelCase) style:
@@ -41,7 +41,7 @@ ObjectKey = tuple[str, str, str]
 UnchangedCheck = Callable[[ObjectKey, bytes], bool]
 
 #: The API group each kind we read is served from, and the versions we understand.
-_KIND_GROUPS = {"Service": "", "Node": "", "Namespace": "", "EndpointSlice": "discovery.k8s.io"}
+_KIND_GROUPS = {"Service": "", "Node": "", "Namespace": "", "Pod": "", "EndpointSlice": "discovery.k8s.io"}
 _GROUP_VERSIONS = {"": ("v1",), "discovery.k8s.io": ("v1",)}
 #: Every kind of those groups (k8s.io/api core/v1 and discovery/v1 register.go): any other
 #: kind in them is a typo, which kubectl refuses (``no matches for kind "Servce" in version "v1"``).

@@ -3,12 +3,21 @@
 Called from a worker thread by the source: nothing here touches the cluster state.
 Hidden files and directories (a name starting with ``.``) are never read: they hold
 editors' swap files, ``.git`` and the ``..data`` twins of a mounted ConfigMap.
+
+Only regular files are read, and none past a size limit: anyone who can write the directory
+could otherwise stop the daemon. A named pipe blocks its reader until a writer comes, a
+device (``/dev/zero``, also behind a symbolic link) never ends, a socket cannot be read.
+Such a file is a problem line and keeps the objects it held; it is never opened for reading
+(:func:`open_regular` checks before and after the open, so a file swapped in between is
+caught too).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat as stat_mode
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +93,129 @@ def stat_manifest_files(directory: Path, paths: Iterable[str]) -> dict[str, Stat
     return found
 
 
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """How much of the manifest directory is read (the configuration's ``manifestLimits``)."""
+
+    #: a larger file is not read; real manifests are far smaller (10,000 Services: ~10 MiB)
+    file_bytes: int = 64 * MiB
+    #: the files read and held together: past it, a further file (or a file grown) is not read
+    total_bytes: int = 256 * MiB
+    #: a read (of one file) taking longer is abandoned: a slow or hung file system
+    read_timeout: float = 10.0
+
+
+class NotRegularFile(OSError):
+    """The path is not a regular file (after following symbolic links): what it is instead."""
+
+
+_KINDS = (
+    (stat_mode.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat_mode.S_ISSOCK, "a socket"),
+    (stat_mode.S_ISCHR, "a character device"),
+    (stat_mode.S_ISBLK, "a block device"),
+    (stat_mode.S_ISDIR, "a directory"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, as a problem line says it."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _not_regular(path: str | os.PathLike[str], mode: int) -> NotRegularFile:
+    kind = file_kind(mode)
+    try:
+        if os.path.islink(path):
+            kind = f"a symbolic link to {kind} ({os.path.realpath(path)})"
+    except OSError:
+        pass
+    return NotRegularFile(f"{kind}, not a regular file")
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at ``path`` (symbolic links followed), and its stat.
+
+    Anything else raises :class:`NotRegularFile` without being opened; a file swapped for
+    something else between the check and the open is opened without blocking
+    (``O_NONBLOCK``: a named pipe does not wait for a writer) and closed at once unread."""
+    before = os.stat(path)
+    if not stat_mode.S_ISREG(before.st_mode):
+        raise _not_regular(path, before.st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        after = os.fstat(fd)
+        if not stat_mode.S_ISREG(after.st_mode):
+            raise _not_regular(path, after.st_mode)
+        # Another regular file renamed into place meanwhile (an editor's save) is read as it is.
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, after
+
+
+class TooLarge(OSError):
+    """A file over a :class:`ReadLimits` limit; the message says which."""
+
+
+_READ_CHUNK = 1 << 20
+
+
+def read_limited(fd: int, size: int, limit: int, deadline: float) -> bytes:
+    """Read ``fd`` to its end: no more than ``limit`` bytes, no later than ``deadline``
+    (``time.monotonic``). ``size`` (from fstat) sizes the first read."""
+    chunks = []
+    total = 0
+    while True:
+        chunk = os.read(fd, min(max(size - total, 0) + 1, _READ_CHUNK, limit + 1 - total))
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > limit:
+            raise TooLarge(f"grew past {_mib(limit)} while it was read")
+        chunks.append(chunk)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not read to its end within the read timeout ({total} bytes read)")
+
+
+def _mib(size: int) -> str:
+    if size < MiB:
+        return f"{size} bytes"
+    return f"{size / MiB:.1f} MiB" if size % MiB else f"{size // MiB} MiB"
+
+
+class ReadBudget:
+    """The bytes of the files read, against :attr:`ReadLimits.total_bytes`. Files are read one
+    at a time (a batch is sequential), so no lock."""
+
+    def __init__(self, limits: ReadLimits | None = None) -> None:
+        self.limits = limits or ReadLimits()
+        self._held: dict[str, int] = {}
+        self.total = 0
+
+    def refusal(self, path: str, size: int) -> str | None:
+        """Why ``path`` of ``size`` bytes is not read, or None."""
+        limits = self.limits
+        if size > limits.file_bytes:
+            return (f"{_mib(size)}, over the limit of {_mib(limits.file_bytes)} per file "
+                    f"(manifestLimits.fileBytes)")
+        others = self.total - self._held.get(path, 0)
+        if others + size > limits.total_bytes:
+            return (f"{_mib(size)}, and the other files read hold {_mib(others)}: over the limit of "
+                    f"{_mib(limits.total_bytes)} in all (manifestLimits.totalBytes)")
+        return None
+
+    def hold(self, path: str, size: int) -> None:
+        self.total += size - self._held.get(path, 0)
+        self._held[path] = size
+
+    def release(self, path: str) -> None:
+        self.total -= self._held.pop(path, 0)
+
+
 DIGEST_SIZE = 16
 
 
@@ -114,10 +246,12 @@ class FileRead:
     same: bool = False
     #: the following chunks of a large file (parsed as they are taken)
     rest: Iterator[ParsedFile] = field(default_factory=lambda: iter(()))
+    #: larger than the caller's ``inline_bytes``: nothing read, to be read again off the event loop
+    deferred: bool = False
 
     @property
     def gone(self) -> bool:
-        return self.parsed is None and not self.same
+        return self.parsed is None and not self.same and not self.deferred
 
 
 #: Above this size a file is checked for syntax errors before its objects stream in
@@ -126,19 +260,42 @@ STREAM_ABOVE_BYTES = 256 * 1024
 
 
 def read_manifest(
-    directory: Path, path: str, *, known_content: bytes | None = None, unchanged: UnchangedCheck | None = None
+    directory: Path, path: str, *, known_content: bytes | None = None, unchanged: UnchangedCheck | None = None,
+    budget: ReadBudget | None = None, inline_bytes: int | None = None,
 ) -> FileRead:
     """Read ``directory/path`` and parse its first chunk; nothing when its bytes digest to
-    ``known_content``. An unreadable file is a failed parse (its objects are kept), a missing
-    one is gone."""
+    ``known_content``. An unreadable file (not a regular file, over a limit of ``budget``)
+    is a failed parse (its objects are kept), a missing one is gone. With ``inline_bytes``
+    (the caller runs on the event loop) a larger file is left unread, ``deferred``: it grew
+    since it was listed as small."""
     full = directory / path
+    budget = budget or ReadBudget()
+    limit = budget.limits.file_bytes if inline_bytes is None else min(inline_bytes, budget.limits.file_bytes)
     try:
-        stat = stat_key(full.stat())
-        data = full.read_bytes()
+        fd, opened = open_regular(full)
+        try:
+            stat = stat_key(opened)
+            if inline_bytes is not None and opened.st_size > inline_bytes:
+                return FileRead(path, None, deferred=True)
+            if (refusal := budget.refusal(path, opened.st_size)) is not None:
+                raise TooLarge(refusal)
+            deadline = time.monotonic() + budget.limits.read_timeout
+            try:
+                data = read_limited(fd, opened.st_size, limit, deadline)
+            except TooLarge:
+                if inline_bytes is None or limit == budget.limits.file_bytes:
+                    raise
+                return FileRead(path, None, deferred=True)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
+        budget.release(path)
         return FileRead(path, None)
+    except (NotRegularFile, TooLarge, TimeoutError) as exc:
+        return FileRead(path, ParsedFile(problems=(f"{path}: not read: {exc}",), failed=True))
     except OSError as exc:
         return FileRead(path, ParsedFile(problems=(f"{path}: cannot read: {exc.strerror or exc}",), failed=True))
+    budget.hold(path, len(data))
     content = content_digest(data)
     if content == known_content:
         return FileRead(path, None, content, stat, same=True)

@@ -49,7 +49,15 @@ from kubeport.endpoints.manifests.holders import Holders
 from kubeport.endpoints.manifests.lastgood import LastGoodFiles
 from kubeport.endpoints.manifests.objects import SOURCE_KINDS, FileApply, ManifestObjects, Progress
 from kubeport.endpoints.manifests.parse import ObjectKey, ParsedFile
-from kubeport.endpoints.manifests.read import FileRead, StatKey, list_manifest_files, read_manifest, stat_manifest_files
+from kubeport.endpoints.manifests.read import (
+    FileRead,
+    ReadBudget,
+    ReadLimits,
+    StatKey,
+    list_manifest_files,
+    read_manifest,
+    stat_manifest_files,
+)
 from kubeport.endpoints.manifests.watch import DirectoryWatch
 from kubeport.endpoints.registry.registry import Admitter
 from kubeport.endpoints.state import ClusterState
@@ -88,6 +96,7 @@ class ManifestSource:
         log_problems: bool = True,
         last_good: LastGoodFiles | None = None,
         duplicate_note: str = "",
+        limits: ReadLimits | None = None,
     ) -> None:
         """
         :param directory: the manifest directory, read recursively.
@@ -102,6 +111,7 @@ class ManifestSource:
         :param last_good: the last good version of each file, and who held contested objects:
             what the daemon served before a restart, served again after it.
         :param duplicate_note: added to each ``declared also in`` line.
+        :param limits: what is read at most (:class:`~kubeport.endpoints.manifests.read.ReadLimits`).
         """
         # Resolved: inotify reports paths under the real directory.
         self._directory = Path(directory).resolve()
@@ -111,6 +121,7 @@ class ManifestSource:
         self._log_problems = log_problems
         self._last_good = last_good
         self._files: dict[str, _FileRecord] = {}
+        self._budget = ReadBudget(limits)
         self._holders = Holders(last_good.holders() if last_good is not None else None)
         self._objects = ManifestObjects(registry, state, self._holders, duplicate_note=duplicate_note)
         self._reported: set[str] = set()
@@ -271,12 +282,16 @@ class ManifestSource:
         first_read = record is None
         known = None if force or record is None else record.content
 
-        def read_file() -> FileRead:
+        def read_file(inline_bytes: int | None = None) -> FileRead:
             unchanged = lambda key, digest: self._objects.is_applied(path, key, digest)  # noqa: E731
-            return read_manifest(self._directory, path, known_content=known, unchanged=unchanged)
+            return read_manifest(self._directory, path, known_content=known, unchanged=unchanged,
+                                 budget=self._budget, inline_bytes=inline_bytes)
 
         small = size is not None and size <= INLINE_BYTES
-        read: FileRead = yield Inline(read_file) if small else read_file
+        read: FileRead = yield Inline(lambda: read_file(INLINE_BYTES)) if small else read_file
+        if read.deferred:  # grown since it was listed: read and parsed off the event loop
+            small = False
+            read = yield read_file
         if read.gone:
             if record is not None:
                 progress.dropped |= self._holders.drop(path, record.keys)

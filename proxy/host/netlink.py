@@ -5,8 +5,9 @@ pyroute2 encodes a netlink request in ~400 us (measured: 2,000 address adds took
 compile), about seven times what the kernel needs to apply it, so 10,000 ClusterIPs cost
 seconds at cold start. The messages are three fixed attributes; encoding them here and sending
 them in batches, one ack per message, brings an add to ~60 us. The dump and the link
-lookup are a few fixed structs too; doing them here keeps pyroute2 (+8 MiB RSS, ~110 ms
-to import; its dump of 10,000 addresses builds an object per attribute) out of the daemon.
+lookup are a few fixed structs too, done here as well: pyroute2's dump of 10,000 addresses
+builds an object per attribute. pyroute2 parses the address and link events
+(address_events.py), a few messages when the node's addresses change.
 """
 
 from __future__ import annotations

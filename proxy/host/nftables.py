@@ -1,4 +1,5 @@
-"""nftables rules for what a listening socket cannot do: DROP, and loadBalancerSourceRanges.
+"""nftables rules for what a listening socket cannot do: DROP, loadBalancerSourceRanges, and
+the ports a VIP does not serve.
 
 A listening socket cannot drop a SYN (the kernel completes the handshake before
 accept), and no listener means "refused", so kube-proxy's DROP needs a packet
@@ -35,6 +36,19 @@ endpoints, no loadBalancerSourceRanges).
   rejected where it would be forwarded or sent, as kube-proxy's REJECT. These chains too
   are hooked only while a set has an element.
 
+* ``vips4``/``vips6`` and ``vipports4``/``vipports6``: the addresses kubeport makes local (the
+  ClusterIPs, the DNS server's, externalIPs and LB IPs where they are not captured) and the
+  (VIP . l4proto . dport) each serves. A VIP is a local route, so the kernel would deliver
+  any port of it to any socket bound to the wildcard address (sshd, the health port):
+  a packet to a VIP on a port it does not serve is rejected (TCP with a reset, the rest
+  with ICMP port unreachable), as kube-proxy's nftables mode rejects unknown ports of
+  cluster IPs (pkg/proxy/nftables/proxier.go, the cluster-ips set and its reject rule).
+  ICMP passes: path-MTU and unreachable errors for relayed connections come to the VIP,
+  and an echo reply exposes no socket. So does what the node sends itself (``iif lo``): a
+  node process talking to a VIP uses the VIP as its own source, so the replies come to
+  the VIP on the client's port; and the node reaches its own sockets on 127.0.0.1 anyway. This chain is hooked while any VIP exists: one
+  address lookup for every packet the node receives is the price of not exposing it.
+
 The first sync of a run replaces the whole table, elements included, in one
 transaction: a successor taking over from a running instance (seamless restart)
 never leaves a moment where the table is empty, and ``start`` touches nothing.
@@ -46,6 +60,7 @@ import asyncio
 import ipaddress
 import logging
 import shutil
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable, Mapping, Protocol
 
 from kubeport.proxy.host import capture
@@ -75,6 +90,14 @@ CAPTURE_CHAINS = (
     ("capture_fwd", "type filter hook forward priority filter - 5; policy accept;",
      (f"ip {_FRONTEND_KEY} @reject4 reject", f"ip6 {_FRONTEND_KEY} @reject6 reject")),
 )
+VIP_CHAIN = "vips"
+VIP_REJECT_CHAIN = "vip_reject"
+VIP_RULES = (
+    "iif lo accept",
+    f"ip daddr @vips4 meta l4proto != icmp ip {_FRONTEND_KEY} != @vipports4 goto {VIP_REJECT_CHAIN}",
+    f"ip6 daddr @vips6 meta l4proto != ipv6-icmp ip6 {_FRONTEND_KEY} != @vipports6 goto {VIP_REJECT_CHAIN}",
+)
+VIP_REJECT_RULES = ("meta l4proto tcp reject with tcp reset", "reject")
 FORWARD_CHAIN = "forward"
 FORWARD_HOOK = "type filter hook forward priority filter - 5; policy accept;"
 FORWARD_RULES = ("ip daddr @services4 drop", "ip6 daddr @services6 drop")
@@ -85,6 +108,20 @@ DropSet = Mapping[Frontend, bool]
 AllowSet = Mapping[Frontend, tuple[str, ...]]
 #: externalIP / LB frontend -> True when served (captured), False when refused (rejected).
 CaptureSet = Mapping[Frontend, bool]
+
+
+
+
+@dataclass(frozen=True)
+class Vips:
+    """The addresses kubeport makes local and the frontends served on them; the rest of each
+    address's ports are rejected."""
+
+    addresses: frozenset[str] = frozenset()
+    ports: frozenset[Frontend] = frozenset()
+
+
+NO_VIPS = Vips()
 
 
 class FirewallError(RuntimeError):
@@ -126,8 +163,22 @@ def _by_family(cidrs: Iterable[str]) -> dict[int, list[str]]:
     return found
 
 
+def _vip_members(vips: Vips) -> dict[str, list[str]]:
+    members: dict[str, list[str]] = {}
+    for address in sorted(vips.addresses):
+        members.setdefault(f"vips{6 if ':' in address else 4}", []).append(address)
+    for frontend in sorted(vips.ports):
+        members.setdefault(f"vipports{frontend.family}", []).append(_element(frontend))
+    return members
+
+
+def _vip_chains() -> list[tuple[str, str | None, tuple[str, ...]]]:
+    return [(VIP_REJECT_CHAIN, None, VIP_REJECT_RULES), (VIP_CHAIN, CHAIN_HOOK, VIP_RULES)]
+
+
 def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, allowed: AllowSet | None = None,
-                 service_cidrs: Iterable[str] = (), captured: CaptureSet | None = None, mark: int = 0) -> str:
+                 service_cidrs: Iterable[str] = (), captured: CaptureSet | None = None, mark: int = 0,
+                 vips: Vips = NO_VIPS) -> str:
     """The whole table with its elements, replacing any previous one, as one atomic batch."""
     drops, allowed, captured = drops or {}, allowed or {}, captured or {}
     local = _by_family(cluster_cidrs)
@@ -140,6 +191,7 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
         members.setdefault(f"fwallow{frontend.family}", []).extend(_allow_elements(frontend, sources))
     for frontend, served in sorted(captured.items()):
         members.setdefault(_capture_set(frontend, served), []).append(_element(frontend))
+    members.update(_vip_members(vips))
 
     def elements(name: str, values: list[str] | None = None) -> str:
         values = members.get(name) if values is None else values
@@ -148,10 +200,12 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
     lines = [f"table {TABLE} {{}}", f"delete table {TABLE}", f"table {TABLE} {{"]
     for family, addr_type in ((4, "ipv4_addr"), (6, "ipv6_addr")):
         key = f"{addr_type} . inet_proto . inet_service"
-        for name in (f"drop{family}", f"dropext{family}", f"fw{family}", f"capture{family}", f"reject{family}"):
+        for name in (f"drop{family}", f"dropext{family}", f"fw{family}", f"capture{family}", f"reject{family}",
+                     f"vipports{family}"):
             lines.append(f"  set {name} {{ type {key};{elements(name)} }}")
         lines.append(f"  set fwallow{family} {{ type {key} . {addr_type}; flags interval;"
                      f"{elements(f'fwallow{family}')} }}")
+        lines.append(f"  set vips{family} {{ type {addr_type};{elements(f'vips{family}')} }}")
         lines.append(f"  set local{family} {{ type {addr_type}; flags interval;{elements('', local[family])} }}")
         lines.append(f"  set services{family} {{ type {addr_type}; flags interval;"
                      f"{elements('', services[family])} }}")
@@ -166,13 +220,17 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
     if captured:
         for name, hook, rules in _capture_chains(mark):
             lines += [f"  chain {name} {{", f"    {hook}", *(f"    {rule}" for rule in rules), "  }"]
+    for name, hook, rules in _vip_chains():
+        if hook is None or vips.addresses:  # the reject chain costs nothing until jumped to
+            lines += [f"  chain {name} {{", *([f"    {hook}"] if hook else []), *(f"    {rule}" for rule in rules), "  }"]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
 def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet | None = None,
                    desired_allowed: AllowSet | None = None, current_captured: CaptureSet | None = None,
-                   desired_captured: CaptureSet | None = None, mark: int = 0) -> str:
+                   desired_captured: CaptureSet | None = None, mark: int = 0,
+                   current_vips: Vips = NO_VIPS, desired_vips: Vips = NO_VIPS) -> str:
     """The batch turning ``current`` into ``desired``; "" when they are the same."""
     current_allowed, desired_allowed = current_allowed or {}, desired_allowed or {}
     current_captured, desired_captured = current_captured or {}, desired_captured or {}
@@ -202,6 +260,11 @@ def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet
     for frontend, served in sorted(desired_captured.items()):
         if current_captured.get(frontend) != served:
             adds.append((_capture_set(frontend, served), _element(frontend)))
+    if current_vips != desired_vips:
+        gone = Vips(current_vips.addresses - desired_vips.addresses, current_vips.ports - desired_vips.ports)
+        new = Vips(desired_vips.addresses - current_vips.addresses, desired_vips.ports - current_vips.ports)
+        deletes += [(name, e) for name, values in _vip_members(gone).items() for e in values]
+        adds += [(name, e) for name, values in _vip_members(new).items() for e in values]
     lines = [f"delete element {TABLE} {name} {{ {element} }}" for name, element in deletes]
     lines += [f"add element {TABLE} {name} {{ {element} }}" for name, element in adds]
     hooked, wanted = bool(current or current_allowed), bool(desired or desired_allowed)
@@ -216,6 +279,10 @@ def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet
     elif current_captured and not desired_captured:
         for name, _, _ in CAPTURE_CHAINS:
             lines += [f"flush chain {TABLE} {name}", f"delete chain {TABLE} {name}"]
+    if desired_vips.addresses and not current_vips.addresses:
+        lines += [f"add chain {TABLE} {VIP_CHAIN} {{ {CHAIN_HOOK} }}", *(f"add rule {TABLE} {VIP_CHAIN} {rule}" for rule in VIP_RULES)]
+    elif current_vips.addresses and not desired_vips.addresses:
+        lines += [f"flush chain {TABLE} {VIP_CHAIN}", f"delete chain {TABLE} {VIP_CHAIN}"]
     return "".join(line + "\n" for line in lines)
 
 
@@ -224,8 +291,11 @@ class Firewall(Protocol):
     capturing: bool
 
     async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None: ...
+    #: nft is there: the rules are programmed (else every port of a VIP reaches the node's sockets).
+    enabled: bool
+
     async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
-                   captured: CaptureSet | None = None) -> None: ...
+                   captured: CaptureSet | None = None, vips: Vips = NO_VIPS) -> None: ...
     async def stop(self, *, release: bool = True) -> None: ...
     async def resync(self) -> None: ...
 
@@ -241,7 +311,8 @@ class NftFirewall:
         self._cluster_cidrs: tuple[str, ...] = ()
         self._service_cidrs: tuple[str, ...] = ()
         #: what the kernel holds; None until this run has written the table (the first sync).
-        self._current: tuple[dict[Frontend, bool], dict[Frontend, tuple[str, ...]], dict[Frontend, bool]] | None = None
+        self._current: tuple[dict[Frontend, bool], dict[Frontend, tuple[str, ...]], dict[Frontend, bool], Vips] | None
+        self._current = None
         self.enabled = False
         self.capturing = False
 
@@ -257,7 +328,8 @@ class NftFirewall:
     async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None:
         """Check for nft; the table itself is written by the first sync (a predecessor's stays until then)."""
         if shutil.which(self._nft) is None:
-            log.error("nft not found: Local traffic policies without local endpoints refuse instead of drop, "
+            log.error("nft not found: every port of a ClusterIP reaches the node's sockets bound to the wildcard "
+                      "address, Local traffic policies without local endpoints refuse instead of drop, "
                       "loadBalancerSourceRanges are not enforced, unallocated ClusterIPs are routed on")
             return
         self._cluster_cidrs = tuple(cluster_cidrs)
@@ -273,15 +345,16 @@ class NftFirewall:
         self.capturing = True
 
     async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
-                   captured: CaptureSet | None = None) -> None:
+                   captured: CaptureSet | None = None, vips: Vips = NO_VIPS) -> None:
         if not self.enabled:
             return
         allowed, captured = dict(allowed or {}), dict(captured or {})
         if self._current is None:
-            script = render_setup(self._cluster_cidrs, desired, allowed, self._service_cidrs, captured, capture.MARK)
+            script = render_setup(self._cluster_cidrs, desired, allowed, self._service_cidrs, captured, capture.MARK,
+                                  vips)
         else:
             script = render_changes(self._current[0], desired, self._current[1], allowed, self._current[2], captured,
-                                    capture.MARK)
+                                    capture.MARK, self._current[3], vips)
             if not script:
                 return
         try:
@@ -291,7 +364,7 @@ class NftFirewall:
             # retry writes it whole, as kube-proxy's full sync after a failed one.
             self._current = None
             raise
-        self._current = (dict(desired), allowed, captured)
+        self._current = (dict(desired), allowed, captured, vips)
 
     async def resync(self) -> None:
         """The next sync writes the whole table again (and the capture routing is checked):

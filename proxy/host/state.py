@@ -15,7 +15,7 @@ import logging
 from typing import Iterable
 
 from kubeport.proxy.host.addresses import AddressError, AddressManager
-from kubeport.proxy.host.nftables import Firewall, FirewallError
+from kubeport.proxy.host.nftables import Firewall, FirewallError, Vips
 from kubeport.proxy.table import Action, Frontend, FrontendKind, FrontendRule, RuleChange
 
 log = logging.getLogger(__name__)
@@ -52,17 +52,37 @@ class HostState:
         #: a pruning address sync has run (until then a predecessor's leftovers may be present).
         self._pruned = False
         self.problems: dict[str, str] = {}
+        #: the frontends served on VIP addresses (the firewall rejects their other ports), and
+        #: the extra addresses' (the DNS server's).
+        self._vip_ports: set[Frontend] = set()
+        self._extra_ports: frozenset[Frontend] = frozenset()
+        #: the node's own addresses: never filtered, though a Service names one as its VIP.
+        self._node_addresses: frozenset[str] = frozenset()
+        #: set while nothing keeps the VIPs' other ports from the node's wildcard sockets; not
+        #: in ``problems``, which a full sync retries.
+        self.unfiltered: str | None = None
 
     async def start(self, extra_addresses: frozenset[str], cluster_cidrs: Iterable[str],
-                    service_cidrs: Iterable[str] = ()) -> None:
+                    service_cidrs: Iterable[str] = (), extra_ports: Iterable[Frontend] = ()) -> None:
         """Add the extra addresses only: a predecessor's VIPs (seamless restart) stay until the
-        first snapshot says which are wanted; the firewall table is written by the first sync."""
+        first snapshot says which are wanted; the firewall table is written by the first sync.
+        ``extra_ports``: what is served on the extra addresses."""
         self._extra = extra_addresses
+        self._extra_ports = frozenset(extra_ports)
         self._to_add |= extra_addresses - self._held
         self.wanted_version += 1
         await self._add_addresses()
         if self._firewall is not None:
             await self._firewall.start(cluster_cidrs, service_cidrs)
+            if not self._firewall.enabled:
+                self.unfiltered = ("no nftables: every port of a ClusterIP reaches the node's sockets bound to "
+                                   "0.0.0.0 or :: (install nft)")
+
+    def set_node_addresses(self, addresses: Iterable[str]) -> None:
+        node = frozenset(addresses)
+        if node != self._node_addresses:
+            self._node_addresses = node
+            self._firewall_dirty = True
 
     @property
     def wanted(self) -> frozenset[str]:
@@ -81,10 +101,17 @@ class HostState:
             frontend, old, new = change.frontend, change.old, change.new
             # The new rule is counted before the old one goes: a VIP kept by a changed frontend
             # never drops to zero users, so it is neither queued for removal nor re-announced.
-            if new is not None and new.kind in vip_kinds:
+            on_vip = new is not None and new.kind in vip_kinds
+            if on_vip:
                 self._count_vip(frontend.ip, +1)
             if old is not None and old.kind in vip_kinds:
                 self._count_vip(frontend.ip, -1)
+            if on_vip != (frontend in self._vip_ports):
+                self._firewall_dirty = True
+                if on_vip:
+                    self._vip_ports.add(frontend)
+                else:
+                    self._vip_ports.discard(frontend)
             self._filter(frontend, old, -1)
             self._filter(frontend, new, +1)
             if capturing:
@@ -161,6 +188,7 @@ class HostState:
                 return
         else:
             del counts[address]
+        self._firewall_dirty = True  # the VIP set changed
         if address in self._extra:
             return  # wanted either way
         self.wanted_version += 1
@@ -248,7 +276,8 @@ class HostState:
         if self._firewall is None:
             return
         try:
-            await self._firewall.sync(dict(self.drops), dict(self.allowed), dict(self.captured))
+            vips = Vips(frozenset(self.wanted - self._node_addresses), frozenset(self._vip_ports | self._extra_ports))
+            await self._firewall.sync(dict(self.drops), dict(self.allowed), dict(self.captured), vips)
         except FirewallError as exc:
             log.error("nftables: %s", exc)
             self.problems["firewall"] = f"nftables rules: {exc}"

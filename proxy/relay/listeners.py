@@ -9,6 +9,7 @@ from typing import Callable
 from kubeport.proxy.balancer import Route
 from kubeport.proxy.relay import steering
 from kubeport.proxy.relay.context import RelayContext
+from kubeport.proxy.relay.reserve import DescriptorReserve
 from kubeport.proxy.relay.tcp import TcpListener
 from kubeport.proxy.relay.udp import UdpListener
 from kubeport.proxy.table import Frontend, FrontendKind, FrontendRule, RuleChange
@@ -19,8 +20,10 @@ RouteFor = Callable[[FrontendRule], Route]
 
 
 class Listeners:
-    def __init__(self, ctx: RelayContext, *, sctp: bool, steer_affinity: bool = False) -> None:
+    def __init__(self, ctx: RelayContext, *, sctp: bool, steer_affinity: bool = False,
+                 reserve: DescriptorReserve | None = None) -> None:
         self._ctx = ctx
+        self._reserve = reserve or DescriptorReserve()
         self._sctp = sctp
         #: several workers share the sockets: steer affinity frontends by client address (steering.py).
         self._steer_affinity = steer_affinity
@@ -78,6 +81,7 @@ class Listeners:
             listener = TcpListener(self._ctx, frontend, route, proto=socket.IPPROTO_SCTP, transparent=transparent)
         else:
             listener = TcpListener(self._ctx, frontend, route, transparent=transparent)
+        self._keep_reserve(listener)
         try:
             listener.open()
         except OSError as exc:
@@ -88,6 +92,16 @@ class Listeners:
         if rule.affinity_timeout:
             self._steer(listener, rule)
         log.debug("listening on %s for %s", frontend, rule.port_name)
+
+    def _keep_reserve(self, listener: TcpListener | UdpListener) -> None:
+        """The callbacks that open descriptors (an accept and its backend socket, a new UDP
+        flow's socket) run below the reserve's ceiling (reserve.py). Set on the instance
+        before ``open`` registers them, so every registration (a resumed accept too) takes it."""
+        within = self._reserve.within
+        if isinstance(listener, UdpListener):
+            listener._on_datagrams = within(listener._on_datagrams)  # type: ignore[method-assign]
+        else:
+            listener._on_acceptable = within(listener._on_acceptable)  # type: ignore[method-assign]
 
     def _steer(self, listener: TcpListener | UdpListener, rule: FrontendRule) -> None:
         if not self._steer_affinity or listener.sock is None:

@@ -24,7 +24,10 @@ import logging
 import select
 from typing import Callable
 
+from kubeport.lib.lograte import limit_repeats
+
 log = logging.getLogger(__name__)
+limit_repeats(log)  # a bug met by one connection is met by every one like it
 
 EPOLLIN = select.EPOLLIN
 EPOLLOUT = select.EPOLLOUT

@@ -18,6 +18,8 @@ import socket
 import struct
 from enum import Enum
 
+from kubeport.lib import sockethold
+from kubeport.lib.lograte import limit_repeats
 from kubeport.proxy.balancer import EndpointState, Route
 from kubeport.proxy.host import capture
 from kubeport.proxy.relay.context import RelayContext
@@ -26,6 +28,7 @@ from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN,
 from kubeport.proxy.table import Frontend
 
 log = logging.getLogger(__name__)
+limit_repeats(log)  # one failing client or endpoint fails every connection alike
 
 _LINGER_RESET = struct.pack("ii", 1, 0)
 _SOL_SOCKET = socket.SOL_SOCKET
@@ -192,9 +195,10 @@ class Conn:
         self._closed_edge(self.up, self.early_events)
         self.down.readable = bool(backend_events & _INPUT)
         self._closed_edge(self.down, backend_events)
-        # The client has usually sent its request already: move it now.
+        # The client has usually sent its request already: move it now. That may close the
+        # connection (the client reset it while the backend connect was under way).
         self.up.pump()
-        if self.down.readable and self.state is RELAYING:
+        if self.state is RELAYING and self.down.readable:
             self.down.pump()
 
     # --- edges ------------------------------------------------------------------------
@@ -250,12 +254,14 @@ class Conn:
     # --- relaying (called by the directions) -----------------------------------------
 
     def watch_client_output(self) -> None:
-        if not self.client_output:
+        if not self.client_output and self.state is RELAYING:
             self.client_output = True
             self.ctx.poller.watch_output(self.client_fd)
 
     def direction_done(self, direction: Direction) -> bool:
-        """One direction ended cleanly; True when that closed the connection."""
+        """One direction ended cleanly; True when that closed the connection (or it was closed)."""
+        if self.state is CLOSED:  # aborted by the same pump that saw the end
+            return True
         other = self.down if direction is self.up else self.up
         if other.done:
             self._close(reset_both=False)
@@ -312,9 +318,19 @@ class TcpListener:
         #: times accepting paused for lack of descriptors or memory.
         self.accept_pauses = 0
 
+    @property
+    def hold_label(self) -> str:
+        return f"tcp/{self.proto}/{self.frontend.ip}/{self.frontend.port}"
+
     def open(self) -> None:
         family = socket.AF_INET6 if self.frontend.family == 6 else socket.AF_INET
         self._family = int(family)
+        held = sockethold.hold().adopt(self.hold_label)
+        if held is not None:  # kept open across a crash: its queued connections are served now
+            self.sock = held
+            self._fd = held.fileno()
+            self.ctx.loop.add_reader(self._fd, self._on_acceptable)
+            return
         sock = socket.socket(family, _STREAM_NONBLOCK, self.proto)
         try:
             sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -327,6 +343,7 @@ class TcpListener:
         except OSError:
             sock.close()
             raise
+        sockethold.hold().keep(self.hold_label, sock)
         self.sock = sock
         self._fd = sock.fileno()
         self.ctx.loop.add_reader(self._fd, self._on_acceptable)
@@ -352,6 +369,7 @@ class TcpListener:
                 self._paused = None
             if self.sock is None:
                 return  # an accept error closed it
+        sockethold.hold().release(self.hold_label)
         self.sock.close()
         self.sock = None
 

@@ -23,7 +23,8 @@ import logging
 import os
 import socket
 
-from kubeport.lib import mmsg
+from kubeport.lib import mmsg, sockethold
+from kubeport.lib.lograte import limit_repeats
 from kubeport.lib.sockbuf import enlarge_receive_buffer
 from kubeport.proxy.balancer import Route
 from kubeport.proxy.flows import Admission, Flow, FlowTable
@@ -34,6 +35,7 @@ from kubeport.proxy.relay.poller import LEVEL_INPUT
 from kubeport.proxy.table import Frontend
 
 log = logging.getLogger(__name__)
+limit_repeats(log)  # one failing client or endpoint fails every connection alike
 
 _DGRAM_NONBLOCK = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK
 #: datagrams read per readiness of a frontend, and replies gathered per poller dispatch.
@@ -136,9 +138,19 @@ class UdpListener:
         for flow in self.flows.remove_unless(route.all_keys()):
             self._release(flow)
 
+    @property
+    def hold_label(self) -> str:
+        return f"udp/{self.frontend.ip}/{self.frontend.port}"
+
     def open(self) -> None:
         self._inbound, self._replies = _batches(self.ctx)
         family = socket.AF_INET6 if self.frontend.family == 6 else socket.AF_INET
+        held = sockethold.hold().adopt(self.hold_label)
+        if held is not None:  # kept open across a crash: its queued datagrams are answered now
+            self.sock = held
+            self.fd = held.fileno()
+            self.ctx.poller.register(self.fd, self._on_datagrams, LEVEL_INPUT)
+            return
         sock = socket.socket(family, _DGRAM_NONBLOCK)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -151,6 +163,7 @@ class UdpListener:
         except OSError:
             sock.close()
             raise
+        sockethold.hold().keep(self.hold_label, sock)
         self.sock = sock
         self.fd = sock.fileno()
         self.ctx.poller.register(self.fd, self._on_datagrams, LEVEL_INPUT)
@@ -180,6 +193,7 @@ class UdpListener:
         if self.sock is None:
             return
         self.ctx.poller.forget(self.fd)
+        sockethold.hold().release(self.hold_label)
         self.sock.close()
         self.sock = None
         if self._timer is not None:

@@ -344,3 +344,40 @@ def test_forbidden_endpointslices_names_the_missing_rule__rbac(topology, pods, t
             api.permit("endpointslices", verb)
         daemon.wait_ready()
         assert readyz_problems(daemon.readyz()) == []
+
+
+# --- a crash: the last applied state ---------------------------------------------------------
+
+EXTRA, EXTRA_IP = "extra.default.svc.cluster.local", "10.96.0.40"
+
+
+def test_a_killed_daemon_restarted_serves_its_last_state_while_the_api_server_is_down(topology, pods, tls, tmp_path):
+    with serving(topology, tls, tmp_path, "b") as running:
+        api, daemon, client = running.api, running.daemon, running.client
+        daemon.wait_ready(timeout=30)
+        api.apply(k8s.service("extra", cluster_ip=EXTRA_IP))
+        until_sync(lambda: dig_answer(client, EXTRA) == ("NOERROR", [EXTRA_IP]), "extra in DNS", 10)
+        generation = status(daemon.ns)["generation"]
+        until_sync(lambda: (s := status(daemon.ns)["lastState"])["keptAt"] and status(daemon.ns)["generation"]
+                   == generation and s, "the last applied state kept", 10)
+        daemon.proc.kill()
+        daemon.proc.wait(10)
+        api.go_down()
+        api.delete("Service", "default", "extra")   # the source changes while nobody watches
+        started = time.monotonic()
+        daemon.start()
+        until_sync(lambda: dig_answer(client, WEB) == ("NOERROR", [WEB_IP]), "web in DNS from the kept state", 10,
+                   interval=0.02, ignore=(CommandFailed,))  # refused until the DNS socket is open
+        answered = time.monotonic() - started
+        assert set(pods_over(client, WEB_IP, 80, 4)) <= running.local_pods | {"b1", "b2"}
+        forwarded = time.monotonic() - started
+        readyz = daemon.readyz()
+        assert readyz.status == 503 and "serving the last applied state from" in readyz.body
+        assert status(daemon.ns)["lastState"]["servingIt"] is True
+        api.come_up()
+        daemon.wait_ready(timeout=10)
+        # The source's first view replaces the kept one: extra was deleted meanwhile.
+        until_sync(lambda: dig_answer(client, EXTRA)[0] == "NXDOMAIN", "extra gone after the sync", 10)
+        assert status(daemon.ns)["lastState"]["servingIt"] is False
+        print(f"\nafter a restart with the API server down: DNS answered {answered:.2f}s, "
+              f"connections forwarded {forwarded:.2f}s after the start")

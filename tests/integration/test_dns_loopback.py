@@ -20,6 +20,7 @@ from kubeport.dns.server import DnsServer
 
 from support.api import cluster_state, endpoint_slice, service, to_model
 from support.dns_loopback import LoopbackDnsPort
+from support.wait import until
 from support.zonetext import header_only, question
 
 pytestmark = [
@@ -273,21 +274,101 @@ async def test_tcp_idle_connections_are_closed(upstream: FakeUpstream) -> None:
         await server.stop()
 
 
-async def test_tcp_connection_cap(upstream: FakeUpstream) -> None:
-    server, _ = await start_server([upstream.port], max_tcp_connections=2)
+async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(), 5) == b""
+    except ConnectionResetError:
+        return True  # aborted: a reset is as good as an EOF
+
+
+async def _answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+    writer.write(len(q := question(WEB)).to_bytes(2, "big") + q)
+    return header_only(await _read_frame(reader))[2]
+
+
+async def test_tcp_connection_cap__none_idle__the_new_one_is_closed(upstream: FakeUpstream) -> None:
+    server, _ = await start_server([upstream.port], max_tcp_connections=2, tcp_read_timeout=30)
     try:
         held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+        for _, held_writer in held:
+            held_writer.write(b"\x00")  # a message begun: not idle
+        await until(lambda: all(c.buffer for c in server._connections), "both messages begun")
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        try:
-            assert await asyncio.wait_for(reader.read(), 5) == b""
-        except ConnectionResetError:
-            pass  # aborted: a reset is as good as an EOF
+        assert await _closed_by_server(reader)
         assert server.stats.tcp_rejected == 1
-        first_reader, first_writer = held[0]
-        first_writer.write(len(q := question(WEB)).to_bytes(2, "big") + q)
-        assert header_only(await _read_frame(first_reader))[2] == "NOERROR"
-        for _, open_writer in held:
+        for _, held_writer in held:
+            held_writer.close()
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_tcp_connection_cap__the_connection_idle_longest_makes_room(upstream: FakeUpstream) -> None:
+    server, _ = await start_server([upstream.port], max_tcp_connections=2, tcp_read_timeout=30)
+    try:
+        oldest = await asyncio.open_connection("127.0.0.1", server.port)
+        newer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await _answered(*newer) == "NOERROR"  # its activity is the latest
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await _closed_by_server(oldest[0])
+        assert await _answered(reader, writer) == "NOERROR"
+        assert await _answered(*newer) == "NOERROR"
+        assert (server.stats.tcp_evicted, server.stats.tcp_rejected) == (1, 0)
+        for _, open_writer in (oldest, newer, (reader, writer)):
             open_writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_tcp_connections_per_client_address_are_capped(upstream: FakeUpstream) -> None:
+    server, _ = await start_server([upstream.port], max_tcp_connections_per_client=2, tcp_read_timeout=30)
+    try:
+        held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+        third = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await _closed_by_server(third[0])
+        other = await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
+        assert await _answered(*other) == "NOERROR"  # another address has its own share
+        assert server.stats.tcp_rejected == 1
+        for _, open_writer in (*held, third, other):
+            open_writer.close()
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("sent", [
+    pytest.param(b"", id="nothing_after_the_connect"),
+    pytest.param(b"\x00\x21\x12", id="a_message_begun"),
+])
+async def test_tcp_message_not_whole_within_the_read_deadline__closed(upstream: FakeUpstream, sent: bytes) -> None:
+    server, _ = await start_server([upstream.port], tcp_read_timeout=0.3)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(sent)
+        started = time.monotonic()
+        assert await _closed_by_server(reader)
+        assert time.monotonic() - started < 3
+        assert server.stats.tcp_read_timeouts == 1
+        writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_tcp_trickling_client_is_closed_though_each_byte_is_activity(upstream: FakeUpstream) -> None:
+    """One byte every 0.1 s keeps the idle timer fresh; the read deadline still ends it."""
+    server, _ = await start_server([upstream.port], tcp_read_timeout=0.5, tcp_idle_timeout=10)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await _answered(reader, writer) == "NOERROR"
+        frame = len(q := question(WEB)).to_bytes(2, "big") + q
+        started = time.monotonic()
+        closed = asyncio.ensure_future(_closed_by_server(reader))
+        for byte in frame:
+            if closed.done():
+                break
+            writer.write(bytes((byte,)))
+            await asyncio.wait([closed], timeout=0.1)  # the trickle's pace, not a wait for a state
+        assert await closed
+        assert time.monotonic() - started < 3
         writer.close()
     finally:
         await server.stop()

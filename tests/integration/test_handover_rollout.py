@@ -227,7 +227,7 @@ def test_an_old_pods_restarted_container_does_not_take_the_node_back(topology, m
     assert readyz.status == 503 and "still serves this node" in readyz.body, readyz
     status = json.loads(kubeport(topology.node("a"), "get", "status", "--server", "127.0.0.1:10349", "-o", "json"))
     assert status["handover"] == {"generation": 1, "holdsNode": False, "predecessor": True, "refused": True,
-                                  "successors": 0}
+                                  "successors": 0, "squatter": None}
     assert "taking over" not in new.log_text()
     assert new.stop() == 0  # the new pod goes after all (its rollout undone): the old one takes the node
     until_sync(lambda: "now serves node" in restarted.log_text(), "the restarted one took the node", 10)

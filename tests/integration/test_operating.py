@@ -122,10 +122,32 @@ def test_sighup_to_every_process_leaves_the_relay_workers_running(topology, pods
     assert daemon.stop() == 0
 
 
-def test_a_node_ip_that_appears_after_start_gets_its_node_ports(topology, pods, tmp_path):
+#: Run in the node's namespace: add the address, then connect to each port until it accepts;
+#: prints the seconds from the address being added to each port accepting.
+_ADD_AND_CONNECT = """
+import socket, subprocess, sys, time, json
+ip, ports = sys.argv[1], [int(p) for p in sys.argv[2:]]
+subprocess.run(["ip", "addr", "add", ip + "/24", "dev", "late0"], check=True)
+added, took = time.monotonic(), {}
+while len(took) < len(ports) and time.monotonic() - added < 10:
+    for port in ports:
+        if port in took:
+            continue
+        try:
+            socket.create_connection((ip, port), timeout=0.2).close()
+            took[port] = time.monotonic() - added
+        except OSError:
+            pass
+print(json.dumps(took))
+"""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_node_ip_that_appears_after_start_gets_its_node_ports_at_once(topology, pods, tmp_path, workers,
+                                                                        request):
     """The node's IP comes up late (DHCP at boot): kube-proxy reads the node's addresses at every
-    sync, so NodePorts and the health-check node port open on it; kubeport re-reads them every
-    30 s, and at once on SIGHUP."""
+    sync, so NodePorts and the health-check node port open on it; kubeport follows the address
+    events (RTM_NEWADDR), and opens them within 100 ms."""
     late_ip, node_ns = "10.77.0.5", topology.node("a")
     directory = tmp_path / "manifests"
     directory.mkdir()
@@ -137,7 +159,8 @@ def test_a_node_ip_that_appears_after_start_gets_its_node_ports(topology, pods, 
                                                           "nodePort": 30191}],
                                    type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=30190),
           endpoint_slice("lb-1", "lb", http, [topology.pod_info("a", 1)]))
-    daemon = KubeportDaemon(node_ns, directory, tmp_path / "state", *DAEMON_ARGS, "--nodeport-addresses", "primary")
+    daemon = KubeportDaemon(node_ns, directory, tmp_path / "state", *DAEMON_ARGS, "--nodeport-addresses", "primary",
+                            "--workers", workers)
     daemon.wait_ready()
 
     def listening() -> set[str]:
@@ -145,12 +168,17 @@ def test_a_node_ip_that_appears_after_start_gets_its_node_ports(topology, pods, 
 
     assert not {f"{late_ip}:30191", f"{late_ip}:30190"} & listening()
     run_in(node_ns, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late0p")
+    request.addfinalizer(lambda: run_in(node_ns, "ip", "link", "del", "late0", check=False))
     run_in(node_ns, "ip", "link", "set", "late0", "up")
-    run_in(node_ns, "ip", "addr", "add", f"{late_ip}/24", "dev", "late0")
-    daemon.proc.send_signal(signal.SIGHUP)
-    until_sync(lambda: {f"{late_ip}:30191", f"{late_ip}:30190"} <= listening(),
-               "the NodePort and the health-check node port on the late IP", 10)
+    took = json.loads(run_in(node_ns, sys.executable, "-c", _ADD_AND_CONNECT, late_ip, "30191", "30190").stdout)
+    assert set(took) == {"30191", "30190"}, f"the NodePort and health-check port on the late IP: {took}"
+    print("seconds from the address added to the port accepting:", took)
+    assert max(took.values()) < 0.1, took
     until_sync(lambda: late_ip not in daemon.readyz().body, "the nodePortAddresses problem cleared", 10)
+
+    run_in(node_ns, "ip", "addr", "del", f"{late_ip}/24", "dev", "late0")  # RTM_DELADDR
+    until_sync(lambda: not {f"{late_ip}:30191", f"{late_ip}:30190"} & listening(),
+               "the ports on the address that went away closed", 5)
     assert daemon.stop() == 0
 
 

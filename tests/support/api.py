@@ -54,6 +54,26 @@ def node(name: str = "node-a", *, zone: str | None = None, addresses: Iterable[t
     return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "status": status}
 
 
+def pod(name: str, namespace: str = "default", *, labels: dict[str, str] | None = None, ips: Iterable[str] = (),
+        ready: bool | None = True, phase: str = "Running", node: str | None = None,
+        ports: Iterable[tuple[str, int] | tuple[str, int, str]] = (), deleting: bool = False,
+        **spec: Any) -> dict[str, Any]:
+    """A Pod as the kubelet reports it: ``ips`` in status.podIPs, the Ready condition
+    (None: no conditions at all), one container whose ports are (name, number[, protocol])."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels or {"app": "web"})}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    container_ports = [{"name": p[0], "containerPort": p[1], **({"protocol": p[2]} if len(p) > 2 else {})}
+                       for p in ports]
+    body_spec: dict[str, Any] = {"containers": [{"name": "main", "ports": container_ports}], **spec}
+    if node is not None:
+        body_spec["nodeName"] = node
+    status: dict[str, Any] = {"phase": phase, "podIPs": [{"ip": ip} for ip in ips]}
+    if ready is not None:
+        status["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body_spec, "status": status}
+
+
 def namespace(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from kubeport.proxy.host.nftables import AllowSet, CaptureSet, DropSet
+from kubeport.proxy.host.nftables import NO_VIPS, AllowSet, CaptureSet, DropSet, Vips
 from kubeport.proxy.table import Frontend
 
 
@@ -63,22 +63,27 @@ class FakeFirewall:
         self.cluster_cidrs: tuple[str, ...] = ()
         self.service_cidrs: tuple[str, ...] = ()
         self.captured: dict[Frontend, bool] = {}
+        self.vips: Vips = NO_VIPS
         self.enabled = False
         self.capturing = False
         self.released: bool | None = None
         self.resyncs = 0
 
+    #: tests set it False: a host without nft.
+    has_nft = True
+
     async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None:
         self.cluster_cidrs = tuple(cluster_cidrs)
         self.service_cidrs = tuple(service_cidrs)
-        self.enabled = True
+        self.enabled = self.has_nft
         self.capturing = self.can_capture
 
     #: tests set it False: a host without policy routing (externalIPs become addresses).
     can_capture = True
 
     async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
-                   captured: CaptureSet | None = None) -> None:
+                   captured: CaptureSet | None = None, vips: Vips = NO_VIPS) -> None:
+        self.vips = vips
         self.allowed = dict(allowed or {})
         self.captured = dict(captured or {})
         if dict(desired) != self.drops:
@@ -95,3 +100,4 @@ class FakeFirewall:
             self.drops = {}
             self.allowed = {}
             self.captured = {}
+            self.vips = NO_VIPS

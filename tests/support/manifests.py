@@ -18,6 +18,7 @@ import pytest
 
 from kubeport.endpoints import model
 from kubeport.endpoints.registry.store import AllocationStore
+from kubeport.endpoints.controllers.endpointslice import slices_for
 from kubeport.endpoints.manifests.lastgood import LastGoodFiles
 from kubeport.endpoints.manifests.source import ManifestSource
 from kubeport.endpoints.registry.registry import Registry
@@ -89,7 +90,7 @@ class Harness:
                  last_good: LastGoodFiles | None = None) -> None:
         self.dir = directory
         self.registry = new_registry(store, seed)
-        self.state = ClusterState("node-a")
+        self.state = ClusterState("node-a", pod_slices=slices_for)  # manifest mode's controller, as the daemon runs it
         self.source = ManifestSource(directory, self.registry, self.state, debounce_ms=20, last_good=last_good)
 
     def write(self, name: str, text: str) -> None:

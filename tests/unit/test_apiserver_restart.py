@@ -159,3 +159,82 @@ async def test_started_before_the_api_server_synced_within_2s_of_it_coming_up(no
     stats = source.stats["Service"]
     assert stats.watch_list is True                   # a refused connection says nothing about the feature
     print(f"\nsynced {up:.3f}s after the API server came up ({sum(stats.failures.values())} failures before)")
+
+
+async def test_graceful_stop_keeps_the_open_watches_then_the_node_follows_the_new_server__genericapiserver(node):
+    """SIGTERM to the API server: its listener closes at once, its open watches go on (with
+    events) until the shutdown timeout cuts them; the node follows the server that replaces it."""
+    server = node.server()
+    await server.start()
+    seed(server)
+    source, state = node(server)
+    await synced(state, source, timeout=FOLLOW)
+    await until(lambda: all(server.open_watches(p) == 1 for p in PLURALS), "the watches", FOLLOW)
+    watches = source.stats["Service"].watches
+    await server.graceful_stop(grace=1.5)
+    during = ServiceName("default", "during-shutdown")
+    server.apply(k8s.service(during.name, cluster_ip="10.96.0.60"))
+    await snapshot_where(state, lambda s: during in s.services, "the change on the draining watch", FOLLOW)
+    assert source.stats["Service"].watches == watches               # no new request was needed
+    failed = sum(source.stats["Service"].failures.values())
+    await until(lambda: server.open_watches("services") == 0, "the shutdown timeout to cut the watches", 5.0)
+    await until(lambda: sum(source.stats["Service"].failures.values()) > failed, "a refused reconnect", 5.0)
+    assert during in state.snapshot.services                        # the last state keeps serving
+    await server.come_up()
+    t0 = now()
+    after = ServiceName("default", "after-restart")
+    server.apply(k8s.service(after.name, cluster_ip="10.96.0.61"))
+    await snapshot_where(state, lambda s: after in s.services, "a service on the new server", FOLLOW)
+    print(f"\nnew service seen {since(t0):.3f}s after the replacing server came up")
+
+
+async def test_the_fallback_is_kept_across_a_restart_and_dropped_after_an_upgrade__version(node):
+    """The fallback to list + watch is remembered while the API server's /version stays the
+    same; an upgraded server (here also on an etcd with progress notifications) gets the
+    streaming list tried again, and served."""
+    server = node.server(progress_notify=False, version="v1.32.0")
+    await server.start()
+    seed(server)
+    source, state = node(server)
+    await synced(state, source, timeout=FOLLOW)
+    assert all(stats.watch_list is False for stats in source.stats.values())
+    for compact in (False, True):                   # the same version: the fallback holds
+        await until(lambda: server.open_watches("services") == 1, "the plain watch", FOLLOW)
+        relists = source.stats["Service"].relists
+        await server.go_down()
+        await server.come_up(compact=compact)
+        await until(lambda: source.stats["Service"].relists > relists, "the relist after the restart", 5.0)
+        await until(lambda: server.open_watches("services") == 1, "the plain watch again", 5.0)
+    assert all(streaming_lists(server, plural) == 1 for plural in PLURALS)
+    await server.go_down()
+    await server.come_up(version="v1.33.1", progress_notify=True)
+    await until(lambda: all(stats.watch_list is True for stats in source.stats.values()),
+                "the streaming list on the upgraded server", 5.0)
+    assert source.status()["resources"]["Service"]["watchListFallback"] == ""
+    late = ServiceName("default", "after-upgrade")
+    server.apply(k8s.service(late.name, cluster_ip="10.96.0.62"))
+    await snapshot_where(state, lambda s: late in s.services, "a service after the upgrade", FOLLOW)
+
+
+async def test_a_7s_outage_then_a_compacting_restart_15s_later_is_followed_within_2s(node):
+    """The sequence seen against a real API server: down for 7 s (the backoff grows), up for
+    15 s, then stopped, its etcd compacted, and started again. The 410 relist after the
+    second start must not wait on a backoff left over from the first outage."""
+    server = node.server(watch_list=False)
+    await server.start()
+    seed(server)
+    source, state = node(server)
+    await synced(state, source, timeout=FOLLOW)
+    await server.go_down()
+    await asyncio.sleep(7.0)  # the outage's length is the scenario, not a wait for anything
+    await server.come_up()
+    await until(lambda: all(server.open_watches(p) == 1 for p in PLURALS), "the watches after the outage", 5.0)
+    await asyncio.sleep(15.0)  # the server's uptime between the two restarts
+    await server.go_down()
+    server.compact()
+    await server.come_up(compact=True)
+    t0 = now()
+    late = ServiceName("default", "after-compaction")
+    server.apply(k8s.service(late.name, cluster_ip="10.96.0.63"))
+    await snapshot_where(state, lambda s: late in s.services, "the service after the compacting restart", FOLLOW)
+    print(f"\nnew service seen {since(t0):.3f}s after the compacting restart")

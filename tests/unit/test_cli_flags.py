@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kubeport import cli
 from kubeport import config as cfg
-from kubeport.cli import FIELD_FLAGS, build_parser, flag_names, flag_values
+from kubeport.cli import FIELD_FLAGS, build_parser, flag_names, flag_values, main
 
 
 def run_errors(capsys, tmp_path: Path, *argv: str) -> list[str]:
@@ -91,7 +95,7 @@ def test_every_flag_maps_to_a_real_field_and_every_run_flag_is_mapped():
     options = {o for action in run._actions for o in action.option_strings if o.startswith("--")
                and not (isinstance(action, argparse.BooleanOptionalAction) and o.startswith("--no-"))}
     mapped = {flag for flags in FIELD_FLAGS.values() for flag in flags}
-    assert options - mapped == {"--help", "--config", "--write-config-to", "--verbose"}
+    assert options - mapped == {"--help", "--config", "--write-config-to", "--verbose", "--cleanup", "--proxy-mode"}
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -190,3 +194,36 @@ def test_check_lists_skipped_objects_without_failing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Deployment" in out and "skipped" in out
     assert out.rstrip().endswith(": ok")
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback__kubeport_get_status_head(tmp_path):
+    """`kubeport get status | head -1`: the pipe closes under a long output."""
+    script = ("import sys\nfrom kubeport import cli\n"
+              "def long_output(args):\n    for i in range(200000):\n        print('line', i)\n    return 0\n"
+              "cli.cmd_check = long_output\nsys.exit(cli.main(['check', '.']))\n")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", f'{shlex.quote(sys.executable)} -c "$0" | head -1', script],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout == "line 0\n"
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 141
+
+
+KUBEADM_CONFIG = Path(__file__).parent.parent / "fixtures" / "kubeadm" / "config.conf"
+
+
+def test_kube_proxys_command_line_without_a_subcommand(tmp_path):
+    """kubeadm's kube-proxy DaemonSet runs `kube-proxy --config=... --hostname-override=$(NODE_NAME)`."""
+    out = tmp_path / "effective.yaml"
+    assert main([f"--config={KUBEADM_CONFIG}", "--hostname-override=Node-X", "--v=2", "--cluster-cidr=10.1.0.0/16",
+                 "--proxy-mode=iptables", "--bind-address=::", "--config-sync-period=1m",
+                 f"--write-config-to={out}"]) == 0
+    effective = yaml.safe_load(out.read_text())
+    assert (effective["hostnameOverride"], effective["verbosity"]) == ("node-x", 2)
+    assert effective["clusterCIDR"] == "10.1.0.0/16"
+    assert (effective["healthzBindAddress"], effective["configSyncPeriod"]) == ("[::]:10256", "1m")
+    assert effective["clientConnection"]["kubeconfig"] == "/var/lib/kube-proxy/kubeconfig.conf"
+
+
+def test_kube_proxys_version_flag(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("kubeport ")

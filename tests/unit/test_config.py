@@ -101,7 +101,7 @@ def test_errors_name_the_file_and_field(tmp_path, body, field):
 @pytest.mark.parametrize(
     "header, message",
     [("apiVersion: v1\nkind: KubeportConfiguration\n", "apiVersion/kind must be"),
-     ("[1, 2]\n", "expected a KubeportConfiguration document"),
+     ("[1, 2]\n", "expected a KubeportConfiguration or KubeProxyConfiguration document"),
      ("a: [\n", "not valid YAML")],
 )
 def test_file_shape_errors(tmp_path, header, message):

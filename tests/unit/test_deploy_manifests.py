@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -153,9 +154,18 @@ def test_daemonset_declares_no_ports_under_host_network__kubeadm_kube_proxy():
 
 
 def test_daemonset_keeps_no_node_state__apiserver_allocates_in_a_cluster():
-    """stateDir (allocations, last good manifests) is used in manifest mode only."""
+    """No hostPath: allocations belong to the API server. The state dir is an emptyDir, which
+    outlives the container's restarts and not the pod: the last applied state a restarted
+    container serves before it has synced."""
     assert all("hostPath" not in volume for volume in pod_spec()["volumes"])
-    assert all(m["mountPath"] != "/var/lib/kubeport" for m in the_container()["volumeMounts"])
+    state = [m for m in the_container()["volumeMounts"] if m["mountPath"] == "/var/lib/kubeport"]
+    assert len(state) == 1
+    volume = next(v for v in pod_spec()["volumes"] if v["name"] == state[0]["name"])
+    assert "emptyDir" in volume
+
+
+def test_daemonset_holds_its_sockets_across_a_crash_of_the_daemon():
+    assert "--hold-sockets" in the_container()["command"]
 
 
 def test_configmap_holds_a_valid_kubeport_configuration():
@@ -165,3 +175,44 @@ def test_configmap_holds_a_valid_kubeport_configuration():
     assert config.healthz_bind_address == "0.0.0.0:10256"
     assert "stateDir" not in yaml.safe_load(data["config.yaml"])  # manifest mode only
     assert config.dns.cluster_domain == "cluster.local"
+
+
+def _quantity_mib(text: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(text[:-2]) * units[text[-2:]]
+
+
+def test_memory_request_covers_the_rss_measured_at_10000_services():
+    [container] = pod_spec()["containers"]
+    resources = container["resources"]
+    assert _quantity_mib(resources["requests"]["memory"]) >= 150  # 142 MiB (bench) + 8 MiB netlink events
+    assert _quantity_mib(resources["limits"]["memory"]) >= 2 * _quantity_mib(resources["requests"]["memory"])
+
+
+def kustomize(directory: Path) -> list[dict]:
+    rendered = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True)
+    assert rendered.returncode == 0, rendered.stderr
+    return [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
+
+
+def test_kustomize_renders_the_manifests_with_the_image_and_api_server_set(tmp_path):
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    patch = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "kubeport", "namespace": "kube-system"},
+             "spec": {"template": {"spec": {"containers": [
+                 {"name": "kubeport", "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "10.1.2.3"}]}]}}}}
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(DEPLOY, overlay)],
+        "images": [{"name": "registry.example.com/kubeport", "newName": "registry.test/kubeport", "newTag": "9.9"}],
+        "patches": [{"patch": yaml.safe_dump(patch)}],
+    }))
+    for rendered, image, host in ((kustomize(DEPLOY), "registry.example.com/kubeport:0.1.0", "192.168.10.10"),
+                                  (kustomize(overlay), "registry.test/kubeport:9.9", "10.1.2.3")):
+        assert {doc["kind"] for doc in rendered} >= {"DaemonSet", "ConfigMap", "ClusterRole", "ServiceAccount"}
+        for doc in rendered:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        [daemonset] = [doc for doc in rendered if doc["kind"] == "DaemonSet"]
+        [container] = daemonset["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (container["image"], env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
+            image, host, "6443")

@@ -42,3 +42,10 @@ def test_example_configuration_loads():
     loaded = config.build(DEPLOY / "kubeport.yaml", {})
     assert loaded.source_kind == "manifests"
     assert str(loaded.state_dir) == "/var/lib/kubeport"
+
+
+def test_notify_with_a_watchdog_and_always_restarted():
+    service = unit()["Service"]
+    assert (service["Type"], service["NotifyAccess"], service["Restart"]) == ("notify", "main", "always")
+    assert int(service["WatchdogSec"]) >= 10  # pings every WatchdogSec/2 from the event loop
+    assert "AF_UNIX" in service["RestrictAddressFamilies"]  # $NOTIFY_SOCKET

@@ -339,3 +339,11 @@ def test_dns_programming_duration_from_the_trigger_time_to_answered() -> None:
         labels(service_kind="headless_with_selector"): 1}
     assert metrics["coredns_kubernetes_dns_programming_duration_seconds_bucket"][
         labels(service_kind="headless_with_selector", le="4.096")] == 1
+
+
+def test_tcp_limits_and_oversized_queries_are_counted() -> None:
+    server = DnsServer(DnsConfig(upstreams=()))
+    server.stats.tcp_evicted, server.stats.tcp_read_timeouts, server.stats.oversized = 2, 3, 4
+    samples = {s.name: s.value for family in DnsCollector(server).collect() for s in family.samples}
+    assert (samples["kubeport_dns_tcp_evicted_total"], samples["kubeport_dns_tcp_read_timeouts_total"],
+            samples["kubeport_dns_oversized_total"]) == (2, 3, 4)

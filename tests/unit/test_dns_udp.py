@@ -182,11 +182,31 @@ def test_batched_drain_reads_several_batches_up_to_the_cap() -> None:
 
 
 @needs_mmsg
-def test_oversized_datagram_is_dropped_and_the_next_answered(loopback: Loopback) -> None:
+def test_oversized_query__formerr_as_miekg__and_the_next_answered(loopback: Loopback) -> None:
     loopback.send(0, question(WEB, query_id=1) + bytes(batch_io.SLOT_SIZE))
     loopback.send(0, question(WEB, query_id=2))
     assert loopback.listener.drain() == 2
-    assert read_reply(loopback.replies(0, 1)[0]).id == 2 and loopback.stats.dropped == 1
+    first, second = loopback.replies(0, 2)
+    assert header_only(first)[:1] == (1,) and header_only(first)[2] == "FORMERR"
+    assert read_reply(second).id == 2
+    assert (loopback.stats.oversized, loopback.stats.dropped) == (1, 0)
+
+
+@needs_mmsg
+def test_oversized_response__dropped(loopback: Loopback) -> None:
+    response = bytearray(question(WEB, query_id=1) + bytes(batch_io.SLOT_SIZE))
+    response[2] |= 0x80
+    loopback.send(0, bytes(response))
+    loopback.send(0, question(WEB, query_id=2))
+    assert loopback.listener.drain() == 2
+    assert read_reply(loopback.replies(0, 1)[0]).id == 2
+    assert (loopback.stats.oversized, loopback.stats.dropped) == (0, 1)
+
+
+def test_oversized_query__formerr_on_the_portable_loop_too() -> None:
+    listener, sock, _, stats = portable([(question(WEB, query_id=9) + bytes(batch_io.SLOT_SIZE), CLIENT)])
+    assert listener.drain() == 1
+    assert header_only(sock.sent[0][0])[2] == "FORMERR" and stats.oversized == 1
 
 
 @needs_mmsg
@@ -310,13 +330,15 @@ def test_batched_failing_answer_costs_only_its_own_query(loopback: Loopback, ste
 
 @needs_mmsg
 def test_batched_replies_after_a_gap_reach_their_own_clients(loopback: Loopback) -> None:
-    """A query without a reply in the batch (a forward, a truncated datagram) moves the
+    """A query without a reply in the batch (a forward, an oversized response) moves the
     replies after it to other headers; each still reaches its client with its ID, built or
     kept, and the next batch is answered from the headers as set up."""
     loopback.send(0, question(WEB, query_id=1))  # built, then kept
     loopback.send(1, question("www.example.com."))  # forwarded: no reply in the batch
     loopback.send(1, question(WEB, query_id=3))
-    loopback.send(0, question(WEB, query_id=4) + bytes(batch_io.SLOT_SIZE))  # dropped
+    oversized_response = bytearray(question(WEB, query_id=4) + bytes(batch_io.SLOT_SIZE))
+    oversized_response[2] |= 0x80
+    loopback.send(0, bytes(oversized_response))  # dropped
     loopback.send(0, question(f"big.{WEB.split('.', 1)[1]}", query_id=5, edns=65000))  # bigger than a slot
     loopback.send(1, question(WEB, query_id=6))
     assert loopback.listener.drain() == 6

@@ -72,6 +72,10 @@ A_IN = b"\x00\x01\x00\x01"
                  id="opt_rdata_past_the_end"),
     pytest.param(header(ar=2) + NAME + A_IN + (b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x00") * 2, FORMERR,
                  id="two_opt_records__rfc6891"),
+    pytest.param(header(ar=1) + NAME + A_IN + b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x06"
+                 + b"\x00\x0a\x00\x08\x01\x02", FORMERR, id="edns_option_longer_than_the_opt_data__miekg"),
+    pytest.param(header(ar=1) + NAME + A_IN + b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x02\x00\x0a",
+                 FORMERR, id="edns_option_header_cut__miekg"),
     pytest.param(header(flags=0x2800) + NAME + A_IN, NOTIMP, id="opcode_update_notimp__miekg"),
     pytest.param(header(flags=0x2000) + NAME + A_IN, NOTIMP, id="opcode_notify_notimp"),
     pytest.param(header(flags=0x1000) + NAME + A_IN, NOTIMP, id="opcode_status_notimp"),
@@ -209,3 +213,13 @@ def test_cached_answer_rate(answerer: Answerer) -> None:
     floor = time.perf_counter() - started
     print(f"\ncached A answer: {rounds / elapsed:,.0f} answers/s ({elapsed / rounds * 1e6:.2f} us each; "
           f"a bare dict lookup + ID patch: {floor / rounds * 1e6:.2f} us, ratio {elapsed / floor:.1f}x)")
+
+
+def test_malformed_edns_option_is_formerr_though_the_question_is_cached(answerer: Answerer) -> None:
+    good = question(WEB, edns=1232, options=[EDNSOption(10, b"\x01" * 8)])
+    assert read_reply(answerer.answer(good)).rcode == "NOERROR"
+    assert read_reply(answerer.answer(good)).rcode == "NOERROR"  # from the answer cache now
+    bad = bytearray(good)
+    bad[-10:-8] = b"\x00\x20"  # the cookie's length: 32, past the end of the OPT data
+    assert cache_key(bytes(bad)) is None
+    assert header_only(answerer.answer(bytes(bad)))[1] & 0xF == FORMERR

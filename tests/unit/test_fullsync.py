@@ -31,19 +31,36 @@ class FakeProxier:
         return self.refreshes == 1  # the node's addresses changed once
 
 
-async def test_the_node_addresses_are_read_every_turn_and_health_checks_follow_a_change():
+async def test_the_node_addresses_are_read_at_each_event_and_health_checks_follow_a_change():
     proxier = FakeProxier()
     moved: list[bool] = []
+    events: asyncio.Queue[None] = asyncio.Queue()
 
     async def addresses_moved() -> None:
         moved.append(True)
 
-    task = asyncio.create_task(fullsync.keep_host_in_sync(proxier, asyncio.Event(), lambda: True, addresses_moved))
+    task = asyncio.create_task(fullsync.follow_node_addresses(proxier, events.get, addresses_moved))
     for _ in range(3):
-        await asyncio.sleep(0.03)
+        events.put_nowait(None)
+
+    async def three_reads() -> None:
+        while getattr(proxier, "refreshes", 0) < 3:
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(three_reads(), 5)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    assert proxier.refreshes >= 2 and moved == [True]
+    assert proxier.refreshes == 3 and moved == [True]
+
+
+async def test_the_node_addresses_are_read_on_sighup_not_on_a_timer():
+    proxier = FakeProxier()
+    await run_for(proxier, asyncio.Event(), True)
+    assert getattr(proxier, "refreshes", 0) == 0, "no poll of the node's addresses"
+    requested = asyncio.Event()
+    requested.set()
+    await run_for(proxier, requested, True)
+    assert proxier.refreshes == 1
 
 
 async def run_for(proxier: FakeProxier, requested: asyncio.Event, allowed: bool, turns: int = 3) -> None:

@@ -161,7 +161,7 @@ def test_read_manifest(tmp_path):
 @pytest.mark.parametrize(
     "make, problem",
     [
-        pytest.param(lambda p: p.mkdir(), "x.yaml: cannot read: Is a directory", id="unreadable"),
+        pytest.param(lambda p: p.mkdir(), "x.yaml: not read: a directory, not a regular file", id="directory"),
         pytest.param(lambda p: p.write_bytes(b"kind: \xff"), "x.yaml: not UTF-8 text (byte 6: invalid start byte)",
                      id="not_utf8"),
         pytest.param(lambda p: p.write_text(many_services(5000) + "---\nkind: [\n"), "x.yaml: YAML syntax error at line",

@@ -27,12 +27,18 @@ def test_examples_load_cleanly():
     names = {str(name) for name in snap.services}
     assert names == {"demo/web", "demo/web-np", "demo/db", "demo/search", "demo/echo", "kube-system/kube-dns"}
     web = snap.services[ServiceName("demo", "web")]
-    assert len(web.service.cluster_ips) == 1 and len(web.slices) == 2
+    assert len(web.service.cluster_ips) == 1
+    # Made from pods.yaml: one family (one service range here), the four pods, the named port resolved.
+    (made,) = web.slices
+    assert [e.pod_name for e in made.endpoints] == ["a1", "a2", "b1", "b2"] and made.ports[0].port == 8080
+    db = snap.services[ServiceName("demo", "db")]
+    assert sorted((e.pod_name, e.hostname) for s in db.slices for e in s.endpoints if s.address_type == "IPv4") == [
+        ("a2", "db-0"), ("b2", "db-1")]
     assert snap.services[ServiceName("kube-system", "kube-dns")].service.cluster_ips == ("10.96.0.10",)
     assert snap.services[ServiceName("demo", "web-np")].service.ports[0].node_port == 30080
     assert set(snap.nodes) == {"node-a", "node-b"} and snap.node is not None and snap.node.zone == "zone-a"
-    assert harness.source.files_loaded == 8
-    assert harness.source.objects_loaded == 6 + 6 + 2 + 2  # services, slices, nodes, namespaces
+    assert harness.source.files_loaded == 9
+    assert harness.source.objects_loaded == 6 + 1 + 4 + 2 + 2  # services, slices, pods, nodes, namespaces
 
 
 def test_broken_directory_loads_what_is_valid():

@@ -8,6 +8,7 @@ import pytest
 
 from kubeport import printers
 from kubeport.endpoints import model
+from kubeport.endpoints import convert
 from kubeport.endpoints.convert import service_info
 
 
@@ -73,3 +74,42 @@ def test_service_round_trips_through_the_model():
               sessionAffinity="ClientIP")
     again = service_info(model.Service.model_validate(obj))
     assert printers.service_to_api(again) == obj
+
+
+def pod(status: dict, *, deleting: bool = False, containers: int = 1) -> dict:
+    metadata = {"name": "web-1", "namespace": "demo", "creationTimestamp": "2026-11-30T12:00:00Z"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-30T12:01:00Z"
+    return printers.pod_to_api(convert.pod_info(model.Pod.model_validate(
+        {"metadata": metadata, "spec": {"nodeName": "node-a",
+                                        "containers": [{"name": f"c{i}"} for i in range(containers)]},
+         "status": status})))
+
+
+@pytest.mark.parametrize(
+    "obj, columns",
+    [
+        pytest.param(pod({"phase": "Running", "podIP": "10.244.1.11",
+                          "containerStatuses": [{"name": "c0", "ready": True, "restartCount": 2,
+                                                 "state": {"running": {}}}]}),
+                     ["1/1", "Running", "2", "10.244.1.11", "node-a"], id="running"),
+        pytest.param(pod({"phase": "Pending"}, containers=2), ["0/2", "Pending", "0", "<none>", "node-a"],
+                     id="pending_without_ip"),
+        pytest.param(pod({"phase": "Running", "podIP": "10.244.1.11",
+                          "containerStatuses": [{"name": "c0", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}),
+                     ["0/1", "CrashLoopBackOff", "0", "10.244.1.11", "node-a"], id="waiting_reason"),
+        pytest.param(pod({"phase": "Succeeded", "podIP": "10.244.1.11",
+                          "containerStatuses": [{"name": "c0", "state": {"terminated": {"reason": "Completed"}}}]}),
+                     ["0/1", "Completed", "0", "10.244.1.11", "node-a"], id="completed"),
+        pytest.param(pod({"phase": "Running", "podIP": "10.244.1.11"}, deleting=True),
+                     ["0/1", "Terminating", "0", "10.244.1.11", "node-a"], id="terminating"),
+        pytest.param(pod({"phase": "Failed", "reason": "Evicted"}), ["0/1", "Evicted", "0", "<none>", "node-a"],
+                     id="status_reason"),
+    ],
+)
+def test_pod_columns(obj, columns):
+    (row,) = printers.pod_rows([obj], wide=False)
+    assert row[:2] == ["demo", "web-1"]
+    assert row[2:5] + row[6:] == columns
+    table = printers.render("pods", {"items": [obj]}, None, all_namespaces=True)
+    assert table.splitlines()[0].split() == ["NAMESPACE", "NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kubeport.proxy.host.nftables import CAPTURE_CHAINS, RULES, render_changes, render_setup
+from kubeport.proxy.host.nftables import (
+    CAPTURE_CHAINS, NO_VIPS, RULES, VIP_RULES, NftFirewall, Vips, render_changes, render_setup,
+)
 from kubeport.proxy.table import Frontend
 
 from support.fake_host import FakeFirewall
@@ -25,7 +27,7 @@ def test_setup_replaces_leftovers_atomically_and_marks_pod_cidrs_local():
     assert lines[:3] == ["table inet kubeport {}", "delete table inet kubeport", "table inet kubeport {"]
     assert "  set local4 { type ipv4_addr; flags interval; elements = { 10.244.0.0/16 }; }" in lines
     assert "  set local6 { type ipv6_addr; flags interval; elements = { fd00:10:244::/56 }; }" in lines
-    assert "chain" not in script  # nothing to drop: no hook, no cost per received packet
+    assert "hook" not in script  # nothing to drop: no hook, no cost per received packet
 
 
 @pytest.mark.parametrize(("service_cidrs", "forward"), [
@@ -174,3 +176,74 @@ def test_chain_stays_hooked_while_source_ranges_remain():
     ranges = {LB: ("10.0.0.0/8",)}
     assert render_changes({CIP: False}, {}, ranges, ranges) == (
         "delete element inet kubeport drop4 { 10.96.0.20 . tcp . 80 }\n")
+
+
+# --- a VIP answers only its service ports ----------------------------------------------------
+
+CIP_DNS = Frontend("10.96.0.10", 53, "UDP")
+CIP6 = Frontend("fd00:10:96::20", 443, "TCP")
+VIP_HOOK = ("add chain inet kubeport vips { type filter hook input priority filter - 5; policy accept; }\n"
+            + "".join(f"add rule inet kubeport vips {rule}\n" for rule in VIP_RULES))
+VIP_UNHOOK = "flush chain inet kubeport vips\ndelete chain inet kubeport vips\n"
+
+
+def test_setup_rejects_the_ports_a_vip_does_not_serve():
+    vips = Vips(frozenset({"10.96.0.20", "10.96.0.10", "fd00:10:96::20"}), frozenset({CIP, CIP_DNS, CIP6}))
+    lines = render_setup([], vips=vips).splitlines()
+    assert "  set vips4 { type ipv4_addr; elements = { 10.96.0.10, 10.96.0.20 }; }" in lines
+    assert "  set vips6 { type ipv6_addr; elements = { fd00:10:96::20 }; }" in lines
+    assert ("  set vipports4 { type ipv4_addr . inet_proto . inet_service;"
+            " elements = { 10.96.0.10 . udp . 53, 10.96.0.20 . tcp . 80 }; }") in lines
+    assert "  set vipports6 { type ipv6_addr . inet_proto . inet_service; elements = { fd00:10:96::20 . tcp . 443 }; }" in lines
+    chain = lines.index("  chain vips {")
+    assert lines[chain + 1:chain + 6] == ["    type filter hook input priority filter - 5; policy accept;",
+                                          *(f"    {rule}" for rule in VIP_RULES), "  }"]
+    reject = lines.index("  chain vip_reject {")
+    assert lines[reject + 1:reject + 4] == ["    meta l4proto tcp reject with tcp reset", "    reject", "  }"]
+
+
+def test_setup_without_vips__no_input_hook_but_the_reject_chain_is_there_to_jump_to():
+    script = render_setup([])
+    assert "hook input" not in script
+    assert "  chain vip_reject {" in script.splitlines()
+
+
+@pytest.mark.parametrize(("current", "desired", "expected"), [
+    pytest.param(NO_VIPS, Vips(frozenset({"10.96.0.20"}), frozenset({CIP})),
+                 "add element inet kubeport vips4 { 10.96.0.20 }\n"
+                 "add element inet kubeport vipports4 { 10.96.0.20 . tcp . 80 }\n" + VIP_HOOK,
+                 id="first_vip__elements_then_the_hook"),
+    pytest.param(Vips(frozenset({"10.96.0.20"}), frozenset({CIP})),
+                 Vips(frozenset({"10.96.0.20"}), frozenset({CIP, Frontend("10.96.0.20", 443, "TCP")})),
+                 "add element inet kubeport vipports4 { 10.96.0.20 . tcp . 443 }\n",
+                 id="a_port_more__one_element"),
+    pytest.param(Vips(frozenset({"10.96.0.20", "fd00:10:96::20"}), frozenset({CIP, CIP6})),
+                 Vips(frozenset({"10.96.0.20"}), frozenset({CIP})),
+                 "delete element inet kubeport vips6 { fd00:10:96::20 }\n"
+                 "delete element inet kubeport vipports6 { fd00:10:96::20 . tcp . 443 }\n",
+                 id="a_vip_gone__its_address_and_ports"),
+    pytest.param(Vips(frozenset({"10.96.0.20"}), frozenset({CIP})), NO_VIPS,
+                 "delete element inet kubeport vips4 { 10.96.0.20 }\n"
+                 "delete element inet kubeport vipports4 { 10.96.0.20 . tcp . 80 }\n" + VIP_UNHOOK,
+                 id="last_vip__unhooked"),
+    pytest.param(Vips(frozenset({"10.96.0.20"}), frozenset({CIP})), Vips(frozenset({"10.96.0.20"}), frozenset({CIP})),
+                 "", id="unchanged__nothing"),
+])
+def test_render_changes__vip_ports(current, desired, expected):
+    assert render_changes({}, {}, current_vips=current, desired_vips=desired) == expected
+
+
+async def test_nft_firewall_sends_only_the_changed_vip_elements():
+    scripts: list[str] = []
+
+    async def run(script: str) -> None:
+        scripts.append(script)
+
+    firewall = NftFirewall(nft="sh", run=run)  # any program on PATH: start only checks it is there
+    firewall.enabled = True
+    first = Vips(frozenset({"10.96.0.20"}), frozenset({CIP}))
+    await firewall.sync({}, vips=first)
+    await firewall.sync({}, vips=first)
+    await firewall.sync({}, vips=Vips(frozenset({"10.96.0.20"}), frozenset({CIP, CIP_DNS})))
+    assert len(scripts) == 2 and scripts[0].startswith("table inet kubeport {}\ndelete table inet kubeport\n")
+    assert scripts[1] == "add element inet kubeport vipports4 { 10.96.0.10 . udp . 53 }\n"

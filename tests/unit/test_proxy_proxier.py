@@ -16,9 +16,12 @@ from kubeport.endpoints.types import ServiceName, ServiceState
 from kubeport.proxy.relay.context import LocalClients
 from kubeport.proxy.healthcheck import HealthCheckServers
 from kubeport.proxy.host.kernel import sctp_supported
+from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.table import Frontend
+from kubeport.proxy.workers import create_proxier
 
 from support.proxy_loopback import apply_states, echoed, greeted_connection, greeting, on_uvloop, running_proxier, web
+from support.fake_host import FakeAddresses, FakeFirewall
 from support.slim import endpoint, endpoint_slice, port, service
 from support.wait import DEADLINE, until
 
@@ -230,3 +233,39 @@ def test_local_clients(client, local):
     classify.set_vips(frozenset({"10.96.0.20"}))
     assert classify(client) is local
     assert classify(client) is local  # cached answer agrees
+
+
+@on_uvloop
+@pytest.mark.parametrize("capture", [pytest.param(True, id="external_ips_captured__not_filtered_by_address"),
+                                     pytest.param(False, id="external_ips_local__filtered_too")])
+async def test_vips_answer_only_their_service_ports(capture):
+    """The firewall is told every VIP kubeport makes local and what each serves (the rest is
+    rejected); the node's own address stays out though a Service names it."""
+    async with running_proxier(capture=capture) as (proxier, _, firewall, backends):
+        a = await backends.tcp("a")
+        states = [web(a, port_number=80, node_port=30080, external_ips=("127.0.0.70", "127.0.0.1")),
+                  web(a, vip="127.0.0.11", name="dns-like", port_number=53, protocol="UDP")]
+        first = await apply_states(proxier, states)
+        external = {"127.0.0.70"} if not capture else set()
+        assert firewall.vips.addresses == {"127.0.0.10", "127.0.0.11", "127.0.0.53", *external}
+        served = {Frontend("127.0.0.10", 80, "TCP"), Frontend("127.0.0.11", 53, "UDP"),
+                  Frontend("127.0.0.53", 53, "TCP"), Frontend("127.0.0.53", 53, "UDP")}
+        if not capture:
+            served |= {Frontend("127.0.0.70", 80, "TCP"), Frontend("127.0.0.1", 80, "TCP")}
+        assert firewall.vips.ports == served
+
+        await apply_states(proxier, states[:1], previous=first)
+        assert "127.0.0.11" not in firewall.vips.addresses
+        assert Frontend("127.0.0.11", 53, "UDP") not in firewall.vips.ports
+
+
+@on_uvloop
+async def test_without_nft__a_problem_line_says_the_node_sockets_are_exposed():
+    firewall = FakeFirewall()
+    firewall.has_nft = False
+    proxier = create_proxier(ProxyConfig(seed=1), "node-a", addresses=FakeAddresses(["127.0.0.1"]), firewall=firewall)
+    await proxier.start(extra_addresses=["127.0.0.53"])
+    try:
+        assert any("reaches the node's sockets bound to 0.0.0.0" in p for p in proxier.problems)
+    finally:
+        await proxier.stop()

@@ -133,3 +133,55 @@ async def test_healthz_and_livez_answer_any_method__as_kube_proxy():
                         assert response.status == 200, (method, path)
     finally:
         await server.stop()
+
+
+@pytest.mark.parametrize(
+    "peername, loopback",
+    [
+        pytest.param(("127.0.0.1", 40000), True, id="ipv4_loopback"),
+        pytest.param(("127.3.4.5", 40000), True, id="ipv4_loopback_net"),
+        pytest.param(("::1", 40000, 0, 0), True, id="ipv6_loopback"),
+        pytest.param(("::ffff:127.0.0.1", 40000, 0, 0), True, id="ipv4_mapped_loopback"),
+        pytest.param(("192.168.50.1", 40000), False, id="lan"),
+        pytest.param(("10.244.1.5", 40000), False, id="pod"),
+        pytest.param(("::ffff:192.168.50.1", 40000, 0, 0), False, id="ipv4_mapped_lan"),
+        pytest.param(("fe80::1%eth0", 40000, 0, 2), False, id="ipv6_link_local"),
+        pytest.param(None, False, id="unknown"),
+        pytest.param("", False, id="unix_socket"),
+    ],
+)
+def test_problem_lines_go_to_loopback_peers_only(peername, loopback):
+    from kubeport.status import from_loopback
+
+    assert from_loopback(peername) is loopback
+
+
+async def test_readyz_to_a_non_loopback_peer_holds_no_problem_lines():
+    """The peer is a LAN address of this host: the request does not come over loopback."""
+    lan = next((a for a in _host_addresses() if not a.startswith("127.")), None)
+    if lan is None:
+        pytest.skip("no non-loopback IPv4 address on this host")
+    view = FakeView()
+    view.problem_list = ['a.yaml: Service "web" is invalid: spec.ports[0].name: Invalid value: "SECRET-VALUE"']
+    view.pending_list = ["source: first list not complete"]
+    port = free_port()
+    server = StatusServer(view, healthz_bind=f"0.0.0.0:{port}", metrics_bind="", registry=CollectorRegistry())
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{lan}:{port}/readyz") as response:
+                status, text = response.status, await response.text()
+            async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+                local = json.loads(await response.text())
+    finally:
+        await server.stop()
+    assert status == 503 and json.loads(text) == {"ready": False, "pending": ["source: first list not complete"]}
+    assert "SECRET-VALUE" not in text
+    assert local["problems"] == view.problem_list
+
+
+def _host_addresses() -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines() if " inet " in line]

@@ -1,24 +1,42 @@
 """An in-process kube-apiserver that speaks the real list/watch protocol, on 127.0.0.1 only.
 
-Faithful to what clients see from a real server:
-- lists: ``kind: <Kind>List``, ``metadata.resourceVersion``, paging with ``limit`` and an
-  opaque ``continue`` token (base64 JSON like the real one) over a consistent snapshot,
-  ``remainingItemCount``; items without kind/apiVersion; ``fieldSelector`` metadata.name.
-- watches: chunked JSON lines ``{"type":...,"object":...}``; ADDED/MODIFIED/DELETED replayed
-  from a history after ``resourceVersion``; BOOKMARKs (periodic, and the watch-list end
-  bookmark annotated ``k8s.io/initial-events-end``); ``ERROR`` with a 410 Expired Status
-  for a compacted version; ``timeoutSeconds``.
-- watch-list (``sendInitialEvents=true``), or its rejection (422 Invalid, the real message)
-  when the feature is off, or, on an etcd without progress notifications (before 3.4.31 /
-  3.5.13), the 500 InternalError ERROR event "the required storage feature
-  RequestWatchProgress is disabled".
-- a restart (``go_down`` / ``come_up``): connections refused meanwhile; after it a watch
-  from an older resourceVersion gets an ERROR event with a 410 "too old resource version"
-  Status, and with compaction a list at such a version fails with 410 too.
-- bearer-token and client-certificate authentication (401), RBAC denial (403 with the
-  real message), 429 with Retry-After, 500, a connection cut mid-line, a silent stream,
-  a request held before its response headers, "Too large resource version" (504), an
-  ERROR event on open watches, a client certificate no longer accepted.
+Each behaviour, and where the real one comes from (paths in kubernetes/kubernetes):
+
+- lists: ``kind: <Kind>List``, ``metadata.resourceVersion`` as a string, paging with
+  ``limit`` and an opaque ``continue`` token (base64 JSON, as
+  staging/src/k8s.io/apiserver/pkg/storage/continue.go encodes it) over a consistent
+  snapshot, ``remainingItemCount``; items without kind/apiVersion (the list's own
+  serialisation); ``fieldSelector`` metadata.name; an expired token gets 410 Expired with the
+  message of storage/errors.go. Objects as the server stores them (objects.py: uid,
+  creationTimestamp, managedFields, defaults the API server fills in).
+- watches: chunked JSON lines ``{"type":...,"object":...}`` (endpoints/handlers/watch.go);
+  ADDED/MODIFIED/DELETED replayed from a history after ``resourceVersion``; BOOKMARKs when
+  allowed, about every minute on a quiet watch (the watch cache's bookmark timer,
+  storage/cacher/cacher.go); the clean end of a watch at ``timeoutSeconds`` or at the
+  server's own limit (``--min-request-timeout``: 30-60 min, endpoints/handlers/get.go);
+  ``ERROR`` with a 410 Expired Status for a version older than the watch cache holds
+  (storage/cacher/watch_cache.go, sent through cacher.go's newErrWatcher).
+- watch-list (``sendInitialEvents=true``, KEP-3157) ended by the BOOKMARK annotated
+  ``k8s.io/initial-events-end``; its rejection when the WatchList feature is off (422
+  Invalid, the message of endpoints/handlers/get.go's validation); on an etcd without
+  progress notifications (before 3.4.31 / 3.5.13) the 500 InternalError ERROR event "the
+  required storage feature RequestWatchProgress is disabled" (cacher.go Watch).
+- a restart (``go_down`` / ``come_up``): connections refused meanwhile; the new watch cache
+  starts at the current revision, so a watch from an older version gets the 410 ERROR event;
+  with compaction a list at such a version fails with 410 too (etcd3/store.go GetList). A
+  graceful stop (``graceful_stop``): the listener closes at once, open watches go on for the
+  shutdown timeout (60 s), then are cut (server/genericapiserver.go). An upgrade changes what
+  ``/version`` answers (server/routes/version.go).
+- authentication and authorisation: bearer tokens and client certificates (401 Unauthorized
+  otherwise, as authentication/request/bearertoken and x509 answer; a token that is
+  replaced, as a bound service-account token is when it rotates, is refused from then on);
+  RBAC denial: 403 with the real message (endpoints/handlers/responsewriters/errors.go
+  forbiddenMessage); 429 Too Many Requests with Retry-After (API Priority and Fairness,
+  server/filters/priority-and-fairness.go); a 500; "Too large resource version" (504, with
+  Retry-After 1: storage/errors.go NewTooLargeResourceVersionError).
+- the faults a network or a proxy in front of it causes: a connection cut mid-line, a
+  silent stream, a request held before its response headers, a streaming list that ends
+  before its end bookmark, a client certificate no longer accepted.
 
 This module holds the store, lists, faults and authentication; the open watches and the
 stream each one writes are in watch.py.
@@ -79,19 +97,21 @@ class _Fault:
 
 class FakeApiServer:
     def __init__(self, *, token: str | None = "kubeport-test-token", tls: ssl.SSLContext | None = None,
-                 watch_list: bool = True, bookmark_interval: float | None = None,
+                 watch_list: bool = True, bookmark_interval: float | None = 60.0,
                  watch_timeout: float | None = None, user: str = DEFAULT_USER, progress_notify: bool = True,
-                 port: int = 0) -> None:
+                 port: int = 0, version: str = "v1.32.0") -> None:
         """
         :param watch_list: serve sendInitialEvents (else 422, as without the WatchList gate).
         :param progress_notify: etcd supports progress notifications (RequestWatchProgress);
             without, streaming lists get the API server's 500 ERROR event.
         :param port: listen on this port (0: a free one); ``come_up`` listens on it again.
         :param bookmark_interval: send a BOOKMARK on quiet watches this often (the real
-            server: about every minute).
+            server: about every minute); None: never.
         :param watch_timeout: end every watch cleanly after this long, whatever the
             client's timeoutSeconds (the server's --min-request-timeout).
+        :param version: the ``gitVersion`` ``/version`` answers; ``come_up`` may change it.
         """
+        self.version = version
         self.token = token
         self.watch_list = watch_list
         self.progress_notify = progress_notify
@@ -116,6 +136,8 @@ class FakeApiServer:
         self._forbidden: set[tuple[str, str]] = set()
         self._holds: dict[tuple[str, str], asyncio.Event] = {}
         self._runner: web.AppRunner | None = None
+        self._draining: web.AppRunner | None = None
+        self._drain_cut: asyncio.TimerHandle | None = None
         self.url = ""
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -124,6 +146,7 @@ class FakeApiServer:
         """Listen on 127.0.0.1 (a free port), or on ``sock``: a bound socket, e.g. one made
         inside another network namespace (a socket keeps the namespace it was created in)."""
         app = web.Application()
+        app.router.add_get("/version", self._version)
         app.router.add_get("/api/v1/{plural}", self._handle)
         app.router.add_get("/apis/{group}/{version}/{plural}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
@@ -143,17 +166,54 @@ class FakeApiServer:
         self._streams.stop_all()
         for event in self._holds.values():
             event.set()
+        await self._finish_drain()
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def graceful_stop(self, grace: float = 60.0) -> None:
+        """SIGTERM to the API server: the listener closes at once (new connections are
+        refused), open watches go on and still get events, and ``grace`` seconds later the
+        process exits and cuts them.
+
+        The real sequence (staging/src/k8s.io/apiserver/pkg/server/genericapiserver.go,
+        preparedGenericAPIServer.RunWithContext): after ``--shutdown-delay-duration``
+        (0 by default) the HTTP server's Shutdown closes the listeners and waits for active
+        requests, watches included, for ``ShutdownTimeout`` (60 s by default,
+        ``--shutdown-watch-termination-grace-period`` extends it for watches); then the
+        process ends. Its watch cache keeps following etcd meanwhile, so the open watches
+        keep delivering what other API servers write.
+        """
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        for site in runner.sites:
+            server = getattr(site, "_server", None)  # the asyncio.Server: close its listener only
+            if server is not None:
+                server.close()
+        self._draining = runner
+        loop = asyncio.get_running_loop()
+        self._drain_cut = loop.call_later(grace, lambda: asyncio.ensure_future(self._finish_drain()))
+
+    async def _finish_drain(self) -> None:
+        """The gracefully stopping process exits: what it still serves is cut."""
+        if self._drain_cut is not None:
+            self._drain_cut.cancel()
+            self._drain_cut = None
+        runner, self._draining = self._draining, None
+        if runner is not None:
+            self._streams.stop_all()
+            await runner.cleanup()
 
     async def go_down(self) -> None:
         """The API server process exits: open watches end, new connections are refused."""
         await self.stop()
         self._runner = None
 
-    async def come_up(self, *, compact: bool = False, sock: socket.socket | None = None) -> None:
+    async def come_up(self, *, compact: bool = False, sock: socket.socket | None = None,
+                      version: str | None = None, progress_notify: bool | None = None) -> None:
         """The API server starts again on the same port (or on ``sock``, bound to it), with
-        what etcd holds.
+        what etcd holds; a gracefully stopping one (``graceful_stop``) has exited first. An
+        upgrade gives a new ``version`` (and perhaps an etcd with ``progress_notify``).
 
         Its watch cache is new: it is filled by a list at the current revision and holds no
         older event, so a watch from an older resourceVersion gets an ERROR event with 410
@@ -165,6 +225,11 @@ class FakeApiServer:
         staging/src/k8s.io/apiserver/pkg/storage/etcd3/store.go, the message from
         etcd3/errors.go); here every list at such a version does.
         """
+        await self._finish_drain()
+        if version is not None:
+            self.version = version
+        if progress_notify is not None:
+            self.progress_notify = progress_notify
         # The revision moved on meanwhile (leases, events: writes of objects not watched here).
         self.rv += 1
         self._compacted = self.rv
@@ -269,6 +334,14 @@ class FakeApiServer:
         return sum(1 for r in self.requests if r.plural == plural and r.verb == verb)
 
     # --- HTTP -----------------------------------------------------------------------------
+
+    async def _version(self, request: web.Request) -> web.Response:
+        """``/version`` (staging/src/k8s.io/apiserver/pkg/server/routes/version.go): readable
+        by anyone, authenticated or not (the ``system:public-info-viewer`` ClusterRole)."""
+        major, minor = self.version.lstrip("v").split(".")[:2]
+        return web.json_response({"major": major, "minor": minor, "gitVersion": self.version,
+                                  "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+                                  "goVersion": "go1.23.4", "compiler": "gc", "platform": "linux/amd64"})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         plural = request.match_info["plural"]

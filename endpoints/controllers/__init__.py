@@ -1,0 +1,1 @@
+"""Manifest mode's embedded controllers: what a cluster's controllers would write, computed."""

@@ -1,0 +1,139 @@
+"""Listening sockets held by the supervisor (kubeport/supervisor.py) across a crash of the
+daemon: the daemon's side of the channel.
+
+Every service listener and DNS socket the daemon binds is also sent to the supervisor
+(SCM_RIGHTS over a SOCK_SEQPACKET pair): both then refer to the same kernel socket, so when
+the daemon dies the socket stays open, the kernel goes on completing handshakes into its
+accept queue and queueing datagrams, and the next daemon gets every held socket back at its
+start and adopts those it serves again, instead of binding new ones. What it does not serve
+again is closed once it has applied its first view (a held socket nobody accepts on would
+take connections of its SO_REUSEPORT group and never answer them).
+
+A socket the daemon closes for good is released first: the supervisor's copy would keep it
+open otherwise (a closed listener must reset its queue, or hand it to a successor).
+
+Without the supervisor (no ``KUBEPORT_SOCKET_HOLDER_FD`` in the environment) every call is a
+no-op. Messages are one JSON object each, with the descriptors of a ``hold`` or of a batch of
+held sockets attached.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import logging
+import os
+import socket
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENV = "KUBEPORT_SOCKET_HOLDER_FD"
+#: descriptors per message: the kernel's SCM_MAX_FD is 253
+BATCH = 250
+MESSAGE_BYTES = 1 << 20
+
+
+def send(chan: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    chan.sendmsg([data], ancillary)
+
+
+def receive(chan: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message and its descriptors; (None, []) at the end of the channel."""
+    fds = array.array("i")
+    data, ancillary, _flags, _addr = chan.recvmsg(MESSAGE_BYTES, socket.CMSG_SPACE(BATCH * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), list(fds)
+
+
+class SocketHold:
+    def __init__(self, chan: socket.socket | None) -> None:
+        self._chan = chan
+        #: held sockets handed back at start, not adopted yet: label -> socket
+        self._offered: dict[str, socket.socket] = {}
+        self._broken = False
+        self.adopted = 0
+        if chan is not None:
+            self._receive_offer()
+
+    @classmethod
+    def from_environment(cls) -> "SocketHold":
+        fd = os.environ.pop(ENV, None)
+        if fd is None:
+            return cls(None)
+        try:
+            chan = socket.socket(fileno=int(fd))
+        except (OSError, ValueError) as exc:
+            log.error("the socket holder's channel %s is unusable (%s): sockets are not held", fd, exc)
+            return cls(None)
+        chan.setblocking(True)
+        chan.set_inheritable(False)  # relay workers are no party to it
+        return cls(chan)
+
+    @property
+    def active(self) -> bool:
+        return self._chan is not None and not self._broken
+
+    def _receive_offer(self) -> None:
+        send(self._chan, {"op": "hello", "pid": os.getpid()})
+        while True:
+            message, fds = receive(self._chan)
+            if message is None or message["op"] == "end":
+                break
+            for label, fd in zip(message["labels"], fds):
+                self._offered[label] = socket.socket(fileno=fd)
+        if self._offered:
+            log.info("socket holder: %d sockets held across the restart", len(self._offered))
+
+    def adopt(self, label: str) -> socket.socket | None:
+        """The held socket for ``label`` (still held for the next restart), or None."""
+        sock = self._offered.pop(label, None)
+        if sock is not None:
+            self.adopted += 1
+        return sock
+
+    def keep(self, label: str, sock: socket.socket) -> None:
+        """Hold ``sock`` (just bound) across a crash."""
+        self._send({"op": "hold", "label": label}, [sock.fileno()])
+
+    def release(self, label: str) -> None:
+        """``label``'s socket is being closed for good: the holder's copy goes first."""
+        self._send({"op": "release", "label": label})
+
+    def release_unadopted(self) -> int:
+        """Close what was held for the previous daemon and is not served now."""
+        left, self._offered = self._offered, {}
+        for label, sock in left.items():
+            self._send({"op": "release", "label": label})
+            sock.close()
+        if left:
+            log.info("socket holder: %d held sockets no longer served, closed", len(left))
+        return len(left)
+
+    def _send(self, message: dict[str, Any], fds: list[int] = ()) -> None:
+        if not self.active:
+            return
+        try:
+            send(self._chan, message, fds)
+        except OSError as exc:
+            self._broken = True
+            log.error("the socket holder is gone (%s): sockets are no longer held across a crash", exc)
+
+
+_hold: SocketHold | None = None
+
+
+def hold() -> SocketHold:
+    """This process's channel to the socket holder (inactive when there is none)."""
+    global _hold
+    if _hold is None:
+        _hold = SocketHold.from_environment()
+    return _hold

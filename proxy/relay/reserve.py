@@ -1,0 +1,62 @@
+"""The last descriptors of the process are not the proxy's: the status API, DNS and the health
+port keep answering when relayed connections use up ``RLIMIT_NOFILE``.
+
+Everything shares one limit, and Linux hands out the lowest free descriptor, so whoever
+accepts first takes the last ones: 1,000 relayed connections at ``ulimit -n 1024`` left the
+status API unreachable. While the proxy accepts (and makes the backend socket of what it
+accepted, in the same callback) or takes datagrams (a new UDP flow opens a socket), the soft
+limit is lowered by the reserve, and raised back after: the proxy meets ``EMFILE`` with the
+reserve still free, and pauses accepting as it does for any shortage of descriptors; the
+other servers open theirs from the reserve. The loop is one thread, so nothing else opens a
+descriptor in between (a manifest read in a worker thread could, and would find the same
+ceiling: it is retried by its next batch). Two ``setrlimit`` calls per accepting callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+Callback = TypeVar("Callback", bound=Callable[..., Any])
+
+#: descriptors kept out of the proxy's reach: a sixteenth of the limit, at least 32, at most 1024
+RESERVE_SHARE = 16
+RESERVE_MIN = 32
+RESERVE_MAX = 1024
+
+
+def reserve_for(limit: int) -> int:
+    """How many of ``limit`` descriptors the proxy leaves to the rest of the daemon."""
+    return min(RESERVE_MAX, max(RESERVE_MIN, limit // RESERVE_SHARE))
+
+
+class DescriptorReserve:
+    def __init__(self, limits: Any = resource) -> None:
+        self._limits = limits
+        self._soft, self._hard = limits.getrlimit(limits.RLIMIT_NOFILE)
+        self.reserve = reserve_for(self._soft)
+        #: the soft limit while the proxy opens descriptors; None: too few to split
+        self.ceiling: int | None = self._soft - self.reserve if self._soft > 2 * self.reserve else None
+        if self.ceiling is None:
+            log.warning("open-file limit %d: too low to keep descriptors for the status API and DNS apart "
+                        "from the proxy's", self._soft)
+
+    def within(self, callback: Callback) -> Callback:
+        """``callback`` run with the proxy's lower ceiling."""
+        ceiling = self.ceiling
+        if ceiling is None:
+            return callback
+        setrlimit, kind, soft, hard = self._limits.setrlimit, self._limits.RLIMIT_NOFILE, self._soft, self._hard
+
+        def under_ceiling(*args: Any) -> Any:
+            setrlimit(kind, (ceiling, hard))
+            try:
+                return callback(*args)
+            finally:
+                setrlimit(kind, (soft, hard))
+
+        return under_ceiling  # type: ignore[return-value]

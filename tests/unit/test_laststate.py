@@ -1,0 +1,176 @@
+"""The last applied state: what a ClusterState holds, kept in a directory as it changes, read
+back by the next process, served until the source's first sync confirms or replaces it."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import pytest
+
+from kubeport.endpoints import laststate
+from kubeport.endpoints.laststate import LastState
+from kubeport.endpoints.state import ClusterState
+from kubeport.endpoints.types import ServiceName
+
+from support import api
+from support.api import endpoint as ep
+from support.wait import until
+
+WEB, DB = ServiceName("default", "web"), ServiceName("default", "db")
+
+
+def service(name, ip):
+    return api.to_model(api.service(name, "default", clusterIP=ip,
+                                    ports=[{"name": "http", "port": 80, "targetPort": 8080}]))
+
+
+def slice_(name, service_name, *addresses):
+    return api.to_model(api.endpoint_slice(service_name, "default", name=name,
+                                           endpoints=[ep(a) for a in addresses],
+                                           ports=[{"name": "http", "port": 8080}]))
+
+
+def node(name="node-a", zone="zone-a"):
+    return api.to_model({"apiVersion": "v1", "kind": "Node",
+                         "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}}})
+
+
+def namespace(name):
+    return api.to_model({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+@pytest.fixture
+async def kept(tmp_path):
+    """``kept(state)``: ``state`` keeps its changes in tmp_path/last-state; ``kept.written()``
+    waits until everything recorded so far is on disk."""
+    tasks = []
+    journals = []
+
+    def keep(state: ClusterState) -> LastState:
+        journal = LastState(tmp_path / "last-state")
+        state.keep_in(journal)
+        journals.append(journal)
+        tasks.append(asyncio.create_task(journal.run()))
+        return journal
+
+    async def written():
+        journal = journals[-1]
+        await until(lambda: journal.settled, "the last state written", 5.0)
+
+    keep.written = written
+    keep.directory = tmp_path / "last-state"
+    yield keep
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def cluster(state: ClusterState) -> None:
+    for obj in (namespace("default"), node(), service("web", "10.96.0.20"), slice_("web-1", "web", "10.244.1.1"),
+                service("db", "10.96.0.30"), slice_("db-1", "db", "10.244.1.2", "10.244.1.3")):
+        state.upsert(obj)
+    state.mark_synced("Service")
+    state.mark_synced("EndpointSlice")
+    state.commit()
+
+
+async def test_a_new_process_restores_what_the_last_one_held_and_serves_it_before_the_sync(kept):
+    before = ClusterState("node-a")
+    kept(before)
+    cluster(before)
+    await kept.written()
+    before.upsert(slice_("web-1", "web", "10.244.1.9"))      # a change after the base: the journal
+    before.commit()
+    await kept.written()
+
+    saved = LastState(kept.directory).load()
+    assert saved is not None and saved.age() < 5
+    after = ClusterState("node-a")
+    after.restore(saved)
+    snapshot = after.commit()
+    assert snapshot is not None and not snapshot.synced and snapshot.servable
+    assert snapshot.restored_at == saved.saved_at
+    assert snapshot.services == before.snapshot.services
+    assert snapshot.node == before.snapshot.node and "default" in snapshot.namespaces
+
+
+async def test_the_first_sync_deletes_what_the_source_no_longer_has(kept):
+    before = ClusterState("node-a")
+    kept(before)
+    cluster(before)
+    await kept.written()
+    after = ClusterState("node-a")
+    after.restore(LastState(kept.directory).load())
+    after.commit()
+    # The source's first list: web only (db was deleted while no process watched).
+    after.upsert(service("web", "10.96.0.20"))
+    after.mark_synced("Service")
+    snapshot = after.commit()
+    assert set(snapshot.services) == {WEB} and not snapshot.synced and snapshot.servable
+    after.upsert(slice_("web-1", "web", "10.244.1.1"))
+    after.mark_synced("EndpointSlice")
+    snapshot = after.commit()
+    assert snapshot.synced and snapshot.restored_at is None
+    assert snapshot.services[WEB] == before.snapshot.services[WEB]
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("none", "loaded"),
+    ("truncated last journal record", "loaded"),     # the process died writing it
+    ("garbage base", "none"),
+    ("another format", "none"),
+    ("no base", "none"),
+])
+async def test_a_damaged_or_foreign_state_is_never_served_half(kept, damage, expected):
+    state = ClusterState("node-a")
+    kept(state)
+    cluster(state)
+    await kept.written()
+    state.upsert(service("late", "10.96.0.50"))
+    state.commit()
+    await kept.written()
+    base, journal = kept.directory / laststate.BASE, kept.directory / laststate.JOURNAL
+    if damage == "truncated last journal record":
+        journal.write_bytes(journal.read_bytes()[:-3])
+    elif damage == "garbage base":
+        base.write_bytes(b"not a pickle")
+    elif damage == "another format":
+        header, at, items = pickle.loads(base.read_bytes())
+        base.write_bytes(pickle.dumps(((laststate.FORMAT + 1, header[1]), at, items)))
+    elif damage == "no base":
+        base.unlink()
+    saved = LastState(kept.directory).load()
+    assert (saved is not None) == (expected == "loaded")
+    if saved is not None:
+        late = ("Service", ("default", "late"))
+        assert (late in saved.entries) == (damage == "none")
+        assert ("Service", ("default", "web")) in saved.entries
+
+
+async def test_a_change_appends_about_its_own_size_and_the_journal_folds_into_the_base(kept, monkeypatch):
+    state = ClusterState("node-a")
+    journal = kept(state)
+    for i in range(1000):
+        state.upsert(service(f"s{i}", f"10.96.{i // 250}.{i % 250 + 1}"))
+        state.upsert(slice_(f"s{i}-1", f"s{i}", f"10.244.{i // 250}.{i % 250 + 1}"))
+    state.mark_synced("Service")
+    state.mark_synced("EndpointSlice")
+    state.commit()
+    await kept.written()
+    base_bytes = (kept.directory / laststate.BASE).stat().st_size
+    state.upsert(slice_("s7-1", "s7", "10.244.9.9"))
+    state.commit()
+    await kept.written()
+    grown = (kept.directory / laststate.JOURNAL).stat().st_size
+    assert 0 < grown < base_bytes / 200                    # one slice's worth, not the cluster's
+    monkeypatch.setattr(laststate, "MIN_FOLD_BYTES", 0)
+    journal._base_bytes = grown - 1                        # the journal is now larger than the base
+    state.upsert(slice_("s8-1", "s8", "10.244.9.8"))
+    state.commit()
+    await kept.written()
+    assert (kept.directory / laststate.JOURNAL).stat().st_size == 0
+    saved = LastState(kept.directory).load()
+    assert len([k for k in saved.entries if k[0] == "Service"]) == 1000
+    owner, info = saved.entries[("EndpointSlice", ("default", "s8-1"))]
+    assert owner == "s8" and [e.address for e in info.endpoints] == ["10.244.9.8"]
