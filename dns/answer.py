@@ -28,13 +28,14 @@ from kubeport.dns.encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer
 from kubeport.dns.forward.forwarder import StoredMessage
 from kubeport.dns.forward.replies import ForwardedAnswers, ForwardedReply, TurningReply
 from kubeport.dns.lookup import Lookup, Resolution, qtype_name, reverse_records, soa_record
-from kubeport.dns.names import Zone, classify, reverse_address
+from kubeport.dns.names import Zone, classify, reverse_address, served_zone
 from kubeport.dns.records import IndexChange, RecordIndex
 from kubeport.dns.rotate import Rotation, address_run, record_ends, relayed_run, rotation
 from kubeport.dns.stats import DnsStats
 from kubeport.dns.wire import (
     HEADER,
     NOERROR,
+    NXDOMAIN,
     RCODE_NAMES,
     REFUSED,
     SERVFAIL,
@@ -69,6 +70,8 @@ class Forward:
     #: the relayed reply may be kept encoded for this query shape: never for names the
     #: cluster could claim later (reverse names fall through only while unknown)
     shareable: bool = False
+    #: bytes of the query (coredns_dns_request_size_bytes)
+    request_size: int = 0
 
     @property
     def question(self) -> bytes:
@@ -95,6 +98,13 @@ class Answerer:
         #: the turn of address records in replies built for one query only (CoreDNS
         #: loadbalance): ExternalName chains completed from upstream, uncached relays
         self._turns = 0
+        #: size of the query being answered (set per query on the slow path)
+        self._request_size = 0
+        self._zones(config)
+
+    def _zones(self, config: DnsConfig) -> None:
+        self._reverse_zones = config.reverse_zone_labels
+        self._fallthrough = config.fallthrough_labels
 
     def answer(self, packet: bytes, tcp: bool = False) -> bytes | Forward | None:
         """The reply to one query (bytes in, bytes out), a Forward, or None (no header:
@@ -148,6 +158,7 @@ class Answerer:
     def reconfigure(self, config: DnsConfig, index: RecordIndex) -> None:
         self.config = config
         self.index = index
+        self._zones(config)
         self.cache.capacity = config.answer_cache_size
         self.cache.clear()
         self.forwarded.capacity = config.cache_size
@@ -157,46 +168,63 @@ class Answerer:
 
     def _answer(self, packet: bytes, tcp: bool) -> bytes | Forward | None:
         proto = "tcp" if tcp else "udp"
+        self._request_size = len(packet)
         try:
             query = parse_query(packet)
         except Ignored:
             self.stats.dropped += 1
             return None
         except QueryError as error:
-            self.stats.count(proto, "invalid", RCODE_NAMES.get(error.rcode, str(error.rcode)))
-            return error.reply(self.config.edns_udp_size)
+            reply = error.reply(self.config.edns_udp_size)
+            self.stats.count(proto, "invalid", RCODE_NAMES.get(error.rcode, str(error.rcode)), len(packet), len(reply))
+            return reply
         qtype = query.qtype
         if qtype in (T_AXFR, T_IXFR):  # no zone transfers (CoreDNS without `transfer`)
             return self.reply_raw(query, tcp, question_reply(query, REFUSED, self.config.edns_udp_size,
-                                                             authoritative=False), REFUSED)
+                                                             authoritative=False), REFUSED, len(packet))
         lower = query.lower_labels
-        where = classify(lower, self.index.zone_labels)
+        where = classify(lower, self.index.zone_labels, self._reverse_zones)
         if where is Zone.OTHER:
-            return Forward(query, tcp, query.labels, qtype, shareable=True)
+            return Forward(query, tcp, query.labels, qtype, shareable=True, request_size=len(packet))
         if where is Zone.REVERSE:
-            # NODATA is not NXDOMAIN: no fallthrough, answered here (CoreDNS handler.go ServeDNS):
-            # an SOA anywhere in the zone, and any type but PTR and NS at its apex.
-            apex = len(lower) == 2
-            if qtype == T_SOA or (apex and qtype not in (T_PTR, T_NS)):
-                zone = query.labels[-2:]
-                if apex and qtype == T_SOA:
-                    return self._reply(query, tcp, Resolution(answer=[soa_record(self.index, zone, self.config.ttl)],
-                                                              deps=None))
-                return self._reply(query, tcp, Resolution(negative=True, deps=None, soa_zone=zone))
-            # Unknown reverse names fall through to upstream (CoreDNS `fallthrough in-addr.arpa ip6.arpa`),
-            # and so, here, does an NS query at the apex (CoreDNS names a service inside the reverse zone).
-            address = reverse_address(lower) if qtype == T_PTR else None
-            records = reverse_records(self.index, query.labels, address, self.config.ttl) if address else []
-            if not records:
-                return Forward(query, tcp, query.labels, qtype)
-            return self._reply(query, tcp, Resolution(answer=records, deps=None))
+            return self._reverse(query, tcp, lower)
         lookup = Lookup(self.index, ttl=self.config.ttl, pods=self.config.pods,
-                        local_addresses=self.config.addresses, labels=query.labels, lower=lower)
+                        local_addresses=self.config.addresses, labels=query.labels, lower=lower,
+                        ignore_empty_service=self.config.ignore_empty_service)
         result = lookup.resolve(qtype)
+        if result.name_error and served_zone(lower, self._fallthrough) is not None:
+            return Forward(query, tcp, query.labels, qtype, request_size=len(packet))
         if result.forward is not None:
             target = tuple(label.encode() for label in result.forward.split(".") if label)
-            return Forward(query, tcp, target, qtype, chain=tuple(result.answer))
+            return Forward(query, tcp, target, qtype, chain=tuple(result.answer), request_size=len(packet))
         return self._reply(query, tcp, result)
+
+    def _reverse(self, query: Query, tcp: bool, lower: tuple[str, ...]) -> bytes | Forward:
+        """A name in a served reverse zone (CoreDNS handler.go ServeDNS, reverse.go Reverse):
+        the PTR of a known address; NODATA is answered here (only a name error falls
+        through): an SOA anywhere in the zone, and any type but NS at its apex; an NS query
+        at the apex is forwarded (CoreDNS would name a service inside the reverse zone). A
+        name error falls through when ``fallthrough`` covers it, else NXDOMAIN with the
+        reverse zone's SOA."""
+        qtype = query.qtype
+        served = served_zone(lower, self._reverse_zones)
+        assert served is not None  # classify found it
+        zone = query.labels[len(query.labels) - len(served):]
+        apex = len(lower) == len(served)
+        if qtype == T_SOA or (apex and qtype != T_NS):
+            if apex and qtype == T_SOA:
+                return self._reply(query, tcp, Resolution(answer=[soa_record(self.index, zone, self.config.ttl)],
+                                                          deps=None))
+            return self._reply(query, tcp, Resolution(negative=True, deps=None, soa_zone=zone))
+        address = reverse_address(lower) if qtype == T_PTR else None
+        records = reverse_records(self.index, query.labels, address, self.config.ttl) if address else []
+        if records:
+            return self._reply(query, tcp, Resolution(answer=records, deps=None))
+        if apex or served_zone(lower, self._fallthrough) is not None:
+            return Forward(query, tcp, query.labels, qtype, request_size=self._request_size)
+        # Before the first sync an unknown address may only be unknown so far (handler.go ServeDNS).
+        return self._reply(query, tcp, Resolution(rcode=NXDOMAIN if self.index.synced else SERVFAIL, negative=True,
+                                                  deps=None, soa_zone=zone, name_error=True))
 
     def _reply(self, query: Query, tcp: bool, result: Resolution) -> bytes:
         self.stats.answer_cache_misses += 1
@@ -204,7 +232,7 @@ class Answerer:
         rcode = RCODE_NAMES.get(result.rcode, str(result.rcode))
         qtype = qtype_name(query.qtype)
         stats = self.stats
-        cells = stats.served_cells(qtype, rcode)
+        cells = stats.served_cells(qtype, rcode, None, self._request_size, (len(udp) + 2, len(full) + 2))
         if turning is None:
             entry: CachedAnswer | TurningAnswer = CachedAnswer((udp, full), cells)
             reply = full if tcp else udp
@@ -213,7 +241,7 @@ class Answerer:
             reply = turning.reply(tcp) if query.cache_key is not None else self._once(turning, tcp)
         if query.cache_key is not None:
             self.cache.put(query.cache_key, entry, result.deps)
-        stats.count("tcp" if tcp else "udp", qtype, rcode)
+        stats.count("tcp" if tcp else "udp", qtype, rcode, self._request_size, len(reply) + 2)
         if self._timer is not None:
             stats.observe(qtype, self._timer() - self._started)
         return query.id.to_bytes(2, "big") + reply
@@ -224,9 +252,11 @@ class Answerer:
         self._turns += 1
         return turning.reply(tcp)
 
-    def reply_raw(self, query: Query, tcp: bool, reply: bytes, rcode: int) -> bytes:
-        """Count and return a reply built elsewhere (relayed upstream answers, REFUSED...)."""
-        self.stats.count("tcp" if tcp else "udp", qtype_name(query.qtype), RCODE_NAMES.get(rcode, str(rcode)))
+    def reply_raw(self, query: Query, tcp: bool, reply: bytes, rcode: int, request_size: int | None = None) -> bytes:
+        """Count and return a reply built elsewhere (relayed upstream answers, REFUSED...);
+        ``request_size`` by default that of the query being answered now (the slow path's)."""
+        self.stats.count("tcp" if tcp else "udp", qtype_name(query.qtype), RCODE_NAMES.get(rcode, str(rcode)),
+                         self._request_size if request_size is None else request_size, len(reply))
         return reply
 
     def _encode(self, query: Query, result: Resolution) -> tuple[bytes, bytes, Rotation | None]:
@@ -275,13 +305,13 @@ class Answerer:
             return self.complete_chain(forward, message)
         if message is None:
             return self.reply_raw(query, forward.tcp, question_reply(
-                query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL)
+                query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL, forward.request_size)
         reply, kept = self._relayed(query, message, MAX_TCP_MESSAGE if forward.tcp else query.udp_limit())
         # CoreDNS loadbalance sits before forward too: the whole run turns, then the cut
         turning = rotation(relayed_run(message), reply, reply, (kept, kept), message=message)
         if turning is not None:
             reply = self._once(turning, True)
-        return self.reply_raw(query, forward.tcp, reply, reply[3] & 0xF)
+        return self.reply_raw(query, forward.tcp, reply, reply[3] & 0xF, forward.request_size)
 
     def relay_stored(self, forward: Forward, stored: StoredMessage, now: float) -> bytes:
         """:meth:`relay` of a cached upstream answer, TTLs aged to ``now``; the reply is kept
@@ -303,12 +333,15 @@ class Answerer:
         entry = (ForwardedReply if turning is None else partial(TurningReply, turning=turning))(
             udp_body, body, [offset - 2 for offset in ttl_offsets[:tcp_records]],
             [ttl for _, ttl in stored.ttls[:tcp_records]], udp_records=udp_records, stored=stored.stored,
-            expires=stored.expires,
-            cells=stats.served_cells(qtype, rcode, "denial" if stored.negative else "success"))
+            # with prefetch, the queries past the prefetch point reach the upstream cache, which counts them
+            expires=stored.prefetch_at(self.config.prefetch_percentage) if self.config.prefetch else stored.expires,
+            cells=stats.served_cells(qtype, rcode, "denial" if stored.negative else "success", forward.request_size,
+                                     (len(udp_body) + 2, len(body) + 2)))
         if forward.shareable and query.cache_key is not None:
             self.forwarded.put(query.cache_key, entry)
-        stats.count("tcp" if forward.tcp else "udp", qtype, rcode)
-        return query.id.to_bytes(2, "big") + entry.reply(forward.tcp, now)
+        reply = query.id.to_bytes(2, "big") + entry.reply(forward.tcp, now)
+        stats.count("tcp" if forward.tcp else "udp", qtype, rcode, forward.request_size, len(reply))
+        return reply
 
     def _relayed(self, query: Query, message: bytes, limit: int,
                  ttl_offsets: list[int] | None = None) -> tuple[bytes, int]:
@@ -340,10 +373,13 @@ class Answerer:
         return with_opt(trimmed, query, self.config.edns_udp_size), kept
 
     def complete_chain(self, forward: Forward, message: bytes | None) -> bytes:
-        """CNAME chain + upstream answer, NOERROR whatever upstream said, TC copied; NODATA
-        when upstream could not be asked (CoreDNS A() for an out-of-zone CNAME target)."""
+        """CNAME chain + upstream answer, NOERROR whatever upstream said, TC copied (CoreDNS
+        plugin/backend_lookup.go A() for an out-of-zone CNAME target). When upstream could
+        not be asked the chain is the whole answer: CoreDNS's upstream.go Lookup asks through
+        its own server, which answers SERVFAIL when forward fails (core/dnsserver/server.go
+        ServeDNS, errorFunc), and A() appends that reply's empty answer to the CNAME."""
         query = forward.query
-        answer: list[Record] = []
+        answer: list[Record] = list(forward.chain or ())
         truncated = False
         if message is not None:
             try:
@@ -351,14 +387,14 @@ class Answerer:
             except Exception:  # dnslib raises many types on garbage; treat as no answer
                 upstream = None
             if upstream is not None:
-                answer = list(forward.chain or ()) + [_from_dnslib(rr) for rr in upstream.rr]
+                answer += [_from_dnslib(rr) for rr in upstream.rr]
                 truncated = bool(upstream.header.tc)
         result = Resolution(rcode=NOERROR, answer=answer, negative=not answer, deps=None)
         udp, full, turning = self._encode(query, result)
         reply = (full if forward.tcp else udp) if turning is None else self._once(turning, forward.tcp)
         if truncated:
             reply = (((reply[0] << 8) | reply[1]) | TC).to_bytes(2, "big") + reply[2:]
-        return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR)
+        return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR, forward.request_size)
 
 
 def _pack(flags: int, query: Query, sections: tuple[list[Record], ...]) -> tuple[bytes, list[int]]:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal
+
+from kubeport.dns.names import REVERSE_ZONES, ZoneError, zone_labels
 
 log = logging.getLogger(__name__)
 
@@ -14,6 +17,9 @@ PodsMode = Literal["disabled", "insecure", "verified"]
 PODS_MODES = ("disabled", "insecure", "verified")
 
 Upstream = tuple[str, int]
+
+#: a namespace name: an RFC 1123 label (k8s.io/apimachinery validation IsDNS1123Label)
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class DnsConfigError(ValueError):
@@ -32,6 +38,18 @@ class DnsConfig:
     pods: PodsMode = "disabled"
     #: CoreDNS ``endpoint_pod_names``: name endpoints without hostname after their pod.
     endpoint_pod_names: bool = False
+    #: CoreDNS ``namespaces``: serve only these namespaces (empty: every namespace).
+    namespaces: tuple[str, ...] = ()
+    #: CoreDNS ``noendpoints``: no endpoint records (headless services and endpoint names NXDOMAIN).
+    noendpoints: bool = False
+    #: CoreDNS ``ignore empty_service``: a ClusterIP service without ready endpoints is NXDOMAIN.
+    ignore_empty_service: bool = False
+    #: The reverse zones of CoreDNS ``kubernetes <zone> [ZONES...]``, as names or CIDRs: PTR
+    #: records are answered in these and nowhere else (names outside them are forwarded).
+    reverse_zones: tuple[str, ...] = ("in-addr.arpa", "ip6.arpa")
+    #: CoreDNS ``fallthrough [ZONES...]``: a name the cluster does not know in these zones is
+    #: forwarded instead of NXDOMAIN; ``.`` is every zone, empty none.
+    fallthrough: tuple[str, ...] = ("in-addr.arpa", "ip6.arpa")
     #: (ip, port) of the upstream resolvers for names outside the cluster zone, asked in a
     #: random order per query (CoreDNS forward ``policy random``), those down skipped.
     #: None: the host's /etc/resolv.conf, see :func:`default_upstreams`.
@@ -62,6 +80,18 @@ class DnsConfig:
     #: TTL caps of cached upstream answers: positive, and negative (NXDOMAIN/NODATA).
     cache_max_ttl: int = 3600
     cache_max_negative_ttl: int = 1800
+    #: CoreDNS cache ``serve_stale DURATION``: seconds an upstream answer may be served past
+    #: its TTL (with TTL 0) while upstreams fail; 0: never.
+    serve_stale: float = 0.0
+    #: CoreDNS ``serve_stale`` REFRESH_MODE: ``immediate`` answers stale at once and refreshes
+    #: in the background; ``verify`` asks upstream first and answers stale only if that fails.
+    serve_stale_refresh: Literal["immediate", "verify"] = "immediate"
+    #: CoreDNS cache ``prefetch AMOUNT [DURATION] [PERCENTAGE%]``: an upstream answer asked
+    #: ``prefetch`` times within ``prefetch_duration`` seconds once its TTL left is down to
+    #: ``prefetch_percentage`` % is refreshed before it expires; 0: never.
+    prefetch: int = 0
+    prefetch_duration: float = 60.0
+    prefetch_percentage: int = 10
     #: Entries of the cache of encoded cluster answers (cleared when full).
     answer_cache_size: int = 100_000
     #: UDP payload size this server advertises in its OPT record (DNS flag day 2020).
@@ -76,6 +106,16 @@ class DnsConfig:
             raise DnsConfigError(f"DnsConfig.ttl: {self.ttl} is outside 0..3600")
         if self.pods not in PODS_MODES:
             raise DnsConfigError(f"DnsConfig.pods: {self.pods!r} is not one of {', '.join(PODS_MODES)}")
+        object.__setattr__(self, "namespaces", tuple(self.namespaces))
+        for namespace in self.namespaces:
+            if len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace):
+                raise DnsConfigError(f"DnsConfig.namespaces: {namespace!r} is not a namespace name")
+        object.__setattr__(self, "reverse_zones", tuple(self.reverse_zones))
+        object.__setattr__(self, "fallthrough", tuple(self.fallthrough))
+        if any(zone[-2:] not in REVERSE_ZONES for zone in _zones(self.reverse_zones, "DnsConfig.reverse_zones")):
+            raise DnsConfigError(f"DnsConfig.reverse_zones: {', '.join(self.reverse_zones)}: a reverse zone is "
+                                 "in-addr.arpa or ip6.arpa, or a CIDR")
+        _zones(self.fallthrough, "DnsConfig.fallthrough")
         if self.upstreams is not None:
             object.__setattr__(self, "upstreams", tuple(_upstream(u) for u in self.upstreams))
         addresses = tuple(self.addresses)
@@ -96,11 +136,40 @@ class DnsConfig:
         for name in ("cache_size", "cache_max_ttl", "cache_max_negative_ttl"):
             if getattr(self, name) < 0:
                 raise DnsConfigError(f"DnsConfig.{name}: must be >= 0")
+        if self.prefetch < 0:
+            raise DnsConfigError(f"DnsConfig.prefetch: {self.prefetch} must be >= 0")
+        if self.prefetch_duration <= 0:
+            raise DnsConfigError(f"DnsConfig.prefetch_duration: {self.prefetch_duration} must be > 0")
+        if not 10 <= self.prefetch_percentage <= 90:
+            raise DnsConfigError(f"DnsConfig.prefetch_percentage: {self.prefetch_percentage} is outside 10..90")
+        if self.serve_stale < 0:
+            raise DnsConfigError(f"DnsConfig.serve_stale: {self.serve_stale} must be >= 0")
+        if self.serve_stale_refresh not in ("immediate", "verify"):
+            raise DnsConfigError(f"DnsConfig.serve_stale_refresh: {self.serve_stale_refresh!r} is not immediate "
+                                 "or verify")
         if not 512 <= self.edns_udp_size <= 65535:
             raise DnsConfigError(f"DnsConfig.edns_udp_size: {self.edns_udp_size} is outside 512..65535")
 
+    @property
+    def reverse_zone_labels(self) -> tuple[tuple[str, ...], ...]:
+        return _zones(self.reverse_zones, "DnsConfig.reverse_zones")
+
+    @property
+    def fallthrough_labels(self) -> tuple[tuple[str, ...], ...]:
+        return _zones(self.fallthrough, "DnsConfig.fallthrough")
+
     def with_changes(self, **changes: object) -> "DnsConfig":
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _zones(texts: Iterable[str], field_name: str) -> tuple[tuple[str, ...], ...]:
+    zones: list[tuple[str, ...]] = []
+    for text in texts:
+        try:
+            zones.extend(zone for zone in zone_labels(text) if zone not in zones)
+        except ZoneError as error:
+            raise DnsConfigError(f"{field_name}: {error}") from None
+    return tuple(zones)
 
 
 def _ip(text: str, field_name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:

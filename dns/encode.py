@@ -6,7 +6,8 @@ microseconds, not the tens that dnslib's object model costs. A :class:`Record` i
 tuple of labels, a type, a TTL and its RDATA as parts: bytes as they are, or a domain
 name (a tuple of labels). :class:`Packer` writes a message with name compression
 (RFC 1035 4.1.4) where it is allowed: owner names and the names inside NS, CNAME, PTR
-and SOA data (RFC 3597 4); never inside SRV data (RFC 2782).
+and SOA data (RFC 3597 4); never inside SRV data (RFC 2782), though later names may point
+into an SRV target, as miekg/dns packs them.
 """
 
 from __future__ import annotations
@@ -86,12 +87,19 @@ class Packer:
             offset += 1 + len(labels[index])
 
     def name(self, labels: Name, compress: bool = True) -> None:
+        """Write a name, pointing at an earlier copy of its longest known suffix if
+        ``compress``. Either way its suffixes become known for the names written after it:
+        owners in the additional section point into the SRV targets before them, as
+        miekg/dns packDomainName ("still pick up names that can be used for future
+        compressions") does for CoreDNS."""
         buffer = self.buffer
         if not compress:
+            start = len(buffer)
             for label in labels:
                 buffer.append(len(label))
                 buffer += label
             buffer.append(0)
+            self._remember(labels, start)
             return
         names = self.names
         start = len(buffer)

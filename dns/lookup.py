@@ -61,6 +61,8 @@ class Resolution:
     forward: str | None = None
     #: the zone whose SOA a negative answer carries, when not the cluster zone (a reverse zone)
     soa_zone: tuple[bytes, ...] | None = None
+    #: the name does not exist (CoreDNS IsNameError): what ``fallthrough`` hands upstream
+    name_error: bool = False
 
 
 def _labels(text: str) -> tuple[bytes, ...]:
@@ -78,9 +80,12 @@ class Lookup:
     """One question about the cluster zone."""
 
     def __init__(self, index: RecordIndex, *, ttl: int, pods: str, local_addresses: tuple[str, ...],
-                 labels: tuple[bytes, ...], lower: tuple[str, ...] | None = None):
-        """``lower``: the labels lowercased as text, when the caller has them already."""
+                 labels: tuple[bytes, ...], lower: tuple[str, ...] | None = None,
+                 ignore_empty_service: bool = False):
+        """``lower``: the labels lowercased as text, when the caller has them already.
+        ``ignore_empty_service``: CoreDNS ``ignore empty_service``."""
         self.index = index
+        self.ignore_empty_service = ignore_empty_service
         self.ttl = ttl
         self.pods = pods
         self.local_addresses = local_addresses
@@ -117,6 +122,7 @@ class Lookup:
             # far: SERVFAIL (with SOA), while what is known answers (CoreDNS handler.go:
             # IsNameError && !HasSynced).
             result.rcode = NXDOMAIN if self.index.synced else SERVFAIL
+            result.name_error = True
             result.answer, result.additional, result.forward = [], [], None
         if not result.answer and result.forward is None:
             result.negative = True
@@ -162,6 +168,8 @@ class Lookup:
             if request.endpoint or request.port or request.protocol or service.external_target is None:
                 raise NoSuchName
             return [Candidate(service.external_target, cname=True)]
+        if self.ignore_empty_service and service.kind == "ClusterIP" and not service.slices:
+            raise NoSuchName  # kubernetes.go findServices: no ready address in any slice
         if service.kind == "Headless" or request.endpoint:
             found = self._endpoint_candidates(service, request)
         else:

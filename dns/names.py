@@ -23,14 +23,56 @@ class Zone(Enum):
     OTHER = "other"
 
 
-def classify(labels: tuple[str, ...], zone: tuple[str, ...]) -> Zone:
+def classify(labels: tuple[str, ...], zone: tuple[str, ...],
+             reverse_zones: tuple[tuple[str, ...], ...] = REVERSE_ZONES) -> Zone:
     """Which zone a (lowercased) name belongs to; the longest match wins, like CoreDNS."""
     if labels[len(labels) - len(zone) :] == zone:
         return Zone.CLUSTER
-    for reverse in REVERSE_ZONES:
-        if labels[-2:] == reverse:
-            return Zone.REVERSE
+    if served_zone(labels, reverse_zones) is not None:
+        return Zone.REVERSE
     return Zone.OTHER
+
+
+def served_zone(labels: tuple[str, ...], zones: tuple[tuple[str, ...], ...]) -> tuple[str, ...] | None:
+    """The longest of ``zones`` that holds the (lowercased) name (CoreDNS plugin.Zones.Matches);
+    the root zone ``()`` holds every name."""
+    found: tuple[str, ...] | None = None
+    for zone in zones:
+        if (not zone or labels[len(labels) - len(zone) :] == zone) and (found is None or len(zone) > len(found)):
+            found = zone
+    return found
+
+
+class ZoneError(ValueError):
+    """A zone given in the configuration is neither a domain name nor a CIDR."""
+
+
+def zone_labels(text: str) -> tuple[tuple[str, ...], ...]:
+    """A zone as CoreDNS's ``plugin.Host(zone).NormalizeExact`` reads it: a domain name (lowercased
+    labels, ``.`` the root) or a CIDR, which stands for the reverse zones that cover it, cut at the
+    next octet (IPv4) or nibble (IPv6) boundary: ``10.96.0.0/12`` is ``96.10.in-addr.arpa`` to
+    ``111.10.in-addr.arpa``."""
+    text = text.strip()
+    if "/" in text:
+        try:
+            network = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ZoneError(f"{text!r} is not a CIDR") from None
+        step = 8 if network.version == 4 else 4
+        prefix = -(-network.prefixlen // step) * step
+        zones = []
+        for subnet in network.subnets(new_prefix=prefix):
+            pointer = subnet.network_address.reverse_pointer.split(".")
+            kept = prefix // step
+            zones.append(tuple(pointer[len(pointer) - 2 - kept :]))
+        return tuple(zones)
+    name = text.rstrip(".").lower()
+    if not name:
+        return ((),)
+    labels = tuple(name.split("."))
+    if any(not label or len(label) > 63 for label in labels):
+        raise ZoneError(f"{text!r} is not a domain name")
+    return (labels,)
 
 
 class InvalidName(Exception):

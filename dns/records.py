@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from itertools import repeat
 from operator import attrgetter, is_
-from typing import Iterable, Mapping, Union
+from typing import Iterable, Iterator, Mapping, Union
 
 from kubeport.dns.names import endpoint_name
 from kubeport.endpoints.names import ip_facts
@@ -177,6 +177,39 @@ def same_dns(old: ServiceRecords, new: ServiceRecords, pod_names: bool) -> bool:
     return all(_same_slice(a, b, pod_names) for a, b in zip(old.slices, new.slices))
 
 
+def programming_starts(old: Snapshot, new: Snapshot, names: Iterable[ServiceName],
+                       not_before: float) -> Iterator[tuple[str, float]]:
+    """(service_kind, when the change began) per DNS change, for CoreDNS's
+    coredns_kubernetes_dns_programming_duration_seconds (plugin/kubernetes/metrics.go).
+
+    A headless service's: one per EndpointSlice added or changed, from the controller's
+    last-change-trigger-time if later than ``not_before`` (CoreDNS records only these,
+    as ``headless_with_selector``), else from when the change reached kubeport (manifests
+    carry no trigger time). A ClusterIP service's (its Service changed): from when the change
+    reached kubeport, as ``cluster_ip``, a kind CoreDNS names but never records.
+    """
+    for name in names:
+        state = new.services.get(name)
+        if state is None or state.service.type == "ExternalName":
+            continue
+        info = state.service
+        if not info.headless:
+            if new.changed_at is not None:
+                yield "cluster_ip", new.changed_at
+            continue
+        kind = "headless_with_selector" if info.selector else "headless_without_selector"
+        before = old.services.get(name)
+        held = {s.name: s for s in before.slices} if before is not None else {}
+        for slice_ in state.slices:
+            if held.get(slice_.name) == slice_:
+                continue
+            if slice_.trigger_time is not None:
+                if slice_.trigger_time > not_before:
+                    yield kind, slice_.trigger_time
+            elif new.changed_at is not None:
+                yield kind, new.changed_at
+
+
 def owners_of(owners: Owners | None) -> tuple[ServiceName, ...]:
     if owners is None:
         return ()
@@ -229,10 +262,17 @@ class IndexChange:
 class RecordIndex:
     """Services by (namespace, name), reverse maps, namespaces, sync state, SOA serial."""
 
-    def __init__(self, zone: str = "cluster.local", *, endpoint_pod_names: bool = False, now: float = 0.0):
+    def __init__(self, zone: str = "cluster.local", *, endpoint_pod_names: bool = False,
+                 exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0):
+        """``exposed``: the namespaces served (CoreDNS ``namespaces``), None for all; the
+        services of the others are not indexed at all, so no name, PTR or pod lookup finds them.
+        ``endpoints`` False (CoreDNS ``noendpoints``): no endpoint is indexed, as CoreDNS does
+        without its EndpointSlice watch: headless services and endpoint names are NXDOMAIN."""
         self.zone = zone.rstrip(".").lower()
         self.zone_labels = tuple(self.zone.split("."))
         self.endpoint_pod_names = endpoint_pod_names
+        self.exposed = exposed
+        self.endpoints = endpoints
         self.services: dict[ServiceName, ServiceRecords] = {}
         self.namespaces: frozenset[str] = frozenset()
         self.synced = False
@@ -251,8 +291,8 @@ class RecordIndex:
 
     @classmethod
     def build(cls, snapshot: Snapshot, *, zone: str = "cluster.local", endpoint_pod_names: bool = False,
-              now: float = 0.0) -> "RecordIndex":
-        index = cls(zone, endpoint_pod_names=endpoint_pod_names, now=now)
+              exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0) -> "RecordIndex":
+        index = cls(zone, endpoint_pod_names=endpoint_pod_names, exposed=exposed, endpoints=endpoints, now=now)
         index.apply(snapshot, None, now=now)
         return index
 
@@ -262,11 +302,17 @@ class RecordIndex:
         touched = set()
         services = snapshot.services
         held = self.services
+        exposed = self.exposed
         for name in names:
             state = services.get(name)
+            if exposed is not None and name.namespace not in exposed:
+                state = None
             new = service_records(state) if state is not None else None
+            if new is not None and not self.endpoints:
+                new = replace(new, slices=(), unready_addresses=())
             if self._replace(name, held.get(name), new):
                 touched.add(name)
+        namespaces = snapshot.namespaces if exposed is None else snapshot.namespaces & exposed
         pods_changed = False
         if snapshot.pods is not self._pods_of:
             self._pods_of = snapshot.pods
@@ -275,11 +321,11 @@ class RecordIndex:
             pods_changed, self.pod_addresses = addresses != self.pod_addresses, addresses
         change = IndexChange(
             services=frozenset(touched),
-            namespaces=snapshot.namespaces != self.namespaces,
+            namespaces=namespaces != self.namespaces,
             synced=snapshot.synced != self.synced,
             pods=pods_changed,
         )
-        self.namespaces = snapshot.namespaces
+        self.namespaces = namespaces
         self.synced = snapshot.synced
         if change:
             self.serial = int(now)

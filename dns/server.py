@@ -23,13 +23,13 @@ from typing import Callable
 
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig, default_upstreams
-from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache
+from kubeport.dns.forward.forwarder import Forwarder, StoredMessage, UpstreamCache
 from kubeport.dns.forward.policy import FORWARD_DEADLINE
 from kubeport.dns.lookup import qtype_name
-from kubeport.dns.records import RecordIndex
-from kubeport.dns.stats import DnsStats
+from kubeport.dns.records import RecordIndex, programming_starts
+from kubeport.dns.stats import DnsStats, ProgrammingHistogram
 from kubeport.dns.udp import UdpServing, bind_tcp, bind_udp, udp_listener
-from kubeport.dns.wire import CD, REFUSED, question_reply
+from kubeport.dns.wire import CD, NOERROR, NXDOMAIN, REFUSED, question_reply
 from kubeport.endpoints.types import Snapshot
 from kubeport.lib import sockethold
 
@@ -52,7 +52,9 @@ class DnsServer:
         self.stats = DnsStats()
         self._clock = clock
         self._monotonic = monotonic
-        self._index = RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names, now=clock())
+        self._index = _index_for(config, clock())
+        #: trigger times from before this are not this server's to measure
+        self._started = clock()
         self._snapshot: Snapshot | None = None
         self.answerer = Answerer(config, self._index, self.stats, timer=monotonic, clock=monotonic)
         self.forwarder = self._make_forwarder(config)
@@ -62,6 +64,8 @@ class DnsServer:
         self._connections = TcpConnections(config.max_tcp_connections, config.max_tcp_connections_per_client,
                                            self.stats)
         self._tasks: set[asyncio.Task[None]] = set()
+        #: cache keys of stale entries being refreshed in the background
+        self._refreshing: set[bytes] = set()
         self.port = config.port
 
     def _make_forwarder(self, config: DnsConfig) -> Forwarder:
@@ -74,7 +78,8 @@ class DnsServer:
         if not remaining:
             log.warning("dns: no upstream resolver: every name outside %s (and unknown reverse names) "
                         "will be answered SERVFAIL; set dns.upstreams (--upstream)", config.zone)
-        cache = UpstreamCache(config.cache_size, config.cache_max_ttl, config.cache_max_negative_ttl)
+        cache = UpstreamCache(config.cache_size, config.cache_max_ttl, config.cache_max_negative_ttl,
+                              serve_stale=config.serve_stale)
         return Forwarder(remaining, timeout=config.upstream_timeout, cache=cache, stats=self.stats,
                          max_concurrent=config.max_concurrent_forwards, udp_size=config.edns_udp_size,
                          expire=config.upstream_expire, clock=self._monotonic)
@@ -177,10 +182,19 @@ class DnsServer:
     def apply(self, snapshot: Snapshot) -> None:
         """Take a snapshot; only services changed since the previous one are rebuilt, and
         their cached answers dropped before this returns (fresh at once)."""
-        changed = snapshot.changed_since(self._snapshot)
+        previous = self._snapshot
+        changed = snapshot.changed_since(previous)
         change = self._index.apply(snapshot, changed, now=self._clock())
         self._snapshot = snapshot
         self.answerer.invalidate(change)
+        if previous is not None and change.services:
+            now = self._clock()  # answered from here on: the changed answers are dropped
+            programming = self.stats.programming
+            for kind, started in programming_starts(previous, snapshot, change.services, self._started):
+                histogram = programming.get(kind)
+                if histogram is None:
+                    histogram = programming[kind] = ProgrammingHistogram()
+                histogram.observe(max(0.0, now - started))
 
     def snapshot_queued(self, snapshot: Snapshot) -> None:
         """Nothing to do before the apply: answers change when the index does."""
@@ -227,9 +241,8 @@ class DnsServer:
                 await self.start()
 
     def _reconfigure_data(self, config: DnsConfig) -> None:
-        if (config.zone, config.endpoint_pod_names) != (self.config.zone, self.config.endpoint_pod_names):
-            self._index = RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names,
-                                      now=self._clock())
+        if _index_shape(config) != _index_shape(self.config):
+            self._index = _index_for(config, self._clock())
             if self._snapshot is not None:
                 self._index.apply(self._snapshot, None, now=self._clock())
         self.config = config
@@ -243,28 +256,71 @@ class DnsServer:
         cd = bool(query.flags & CD)
         key = Forwarder.cache_key(forward.question, do=do, cd=cd)
         now = self._monotonic()
-        stored = self.forwarder.cached(key, now)
+        stored = self.forwarder.cached(key, now, stale=self.config.serve_stale > 0)
+        stale = None
         if stored is not None:
-            send(self.answerer.relay_stored(forward, stored, now))
-            return
+            if now < stored.expires:
+                config = self.config
+                if config.prefetch and now >= stored.prefetch_at(config.prefetch_percentage) and \
+                        stored.counts_towards_prefetch(now, config.prefetch_duration, config.prefetch):
+                    self._refresh(forward, key, do=do, cd=cd, prefetch=True)
+                send(self.answerer.relay_stored(forward, stored, now))
+                return
+            stale = stored
+            if self.config.serve_stale_refresh == "immediate":
+                # CoreDNS cache handler.go: the stale item at TTL 0 now, a prefetch behind it
+                self.stats.served_stale += 1
+                send(self.answerer.relay(forward, stale.stale()))
+                self._refresh(forward, key, do=do, cd=cd)
+                return
         if self.forwarder.busy:
             self.stats.forward_refused += 1
             send(self.answerer.reply_raw(query, forward.tcp, question_reply(
-                query, REFUSED, self.config.edns_udp_size, authoritative=False), REFUSED))
+                query, REFUSED, self.config.edns_udp_size, authoritative=False), REFUSED, forward.request_size))
             return
         task = asyncio.get_running_loop().create_task(
-            self._resolve(forward, send, key, do=do, cd=cd, started=now))
+            self._resolve(forward, send, key, do=do, cd=cd, started=now, stale=stale))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _refresh(self, forward: Forward, key: bytes, *, do: bool, cd: bool, prefetch: bool = False) -> None:
+        """Ask upstream for a stale or soon expiring entry in the background, once at a time
+        per question; the answer only refreshes the cache."""
+        if key in self._refreshing or self.forwarder.busy:
+            return
+        self._refreshing.add(key)
+        if prefetch:
+            self.stats.prefetches += 1
+
+        async def refresh() -> None:
+            try:
+                await self.forwarder.resolve(forward.question, do=do, cd=cd, tcp=forward.tcp)
+            except Exception:
+                self.stats.panics += 1
+                log.exception("dns: refreshing %s failed", forward.labels)
+            finally:
+                self._refreshing.discard(key)
+
+        task = asyncio.get_running_loop().create_task(refresh())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _resolve(self, forward: Forward, send: Send, key: bytes, *, do: bool, cd: bool,
-                       started: float) -> None:
+                       started: float, stale: StoredMessage | None = None) -> None:
+        """Forward and relay; ``stale`` (serve_stale verify) is answered at TTL 0 instead when
+        upstream gives no NOERROR or NXDOMAIN (CoreDNS cache verifyStaleResponseWriter)."""
         try:
             message = await self.forwarder.resolve(forward.question, do=do, cd=cd, tcp=forward.tcp)
         except Exception:  # a bug must cost one SERVFAIL, not the client's silence
+            self.stats.panics += 1
             log.exception("dns: forwarding %s failed", forward.labels)
             message = None
         now = self._monotonic()
+        if stale is not None and (message is None or message[3] & 0xF not in (NOERROR, NXDOMAIN)):
+            self.stats.served_stale += 1
+            send(self.answerer.relay(forward, stale.stale()))
+            self.stats.observe(qtype_name(forward.query.qtype), now - started)
+            return
         stored = self.forwarder.cache.lookup(key, now) if message is not None else None
         if stored is not None:  # cached: relay it so that its reply is kept encoded too
             send(self.answerer.relay_stored(forward, stored, now))
@@ -275,7 +331,8 @@ class DnsServer:
 
 def _forwarding(config: DnsConfig) -> tuple[object, ...]:
     return (config.upstreams, config.upstream_timeout, config.cache_size, config.cache_max_ttl,
-            config.cache_max_negative_ttl, config.max_concurrent_forwards, config.edns_udp_size, config.upstream_expire)
+            config.cache_max_negative_ttl, config.max_concurrent_forwards, config.edns_udp_size, config.upstream_expire,
+            config.serve_stale)
 
 
 class TcpConnections:
@@ -452,3 +509,14 @@ class _TcpConnection(asyncio.Protocol):
             self.read_deadline.cancel()
         self.server._connections.discard(self)
         self.transport = None
+
+
+def _index_shape(config: DnsConfig) -> tuple[object, ...]:
+    """The options an index is built for: changing one rebuilds it."""
+    return (config.zone, config.endpoint_pod_names, config.namespaces, config.noendpoints)
+
+
+def _index_for(config: DnsConfig, now: float) -> RecordIndex:
+    return RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names,
+                       exposed=frozenset(config.namespaces) if config.namespaces else None,
+                       endpoints=not config.noendpoints, now=now)

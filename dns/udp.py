@@ -104,6 +104,7 @@ class UdpListener:
 
     def _failed(self) -> None:
         self.stats.dropped += 1
+        self.stats.panics += 1  # CoreDNS's recover() counts a panic and answers nothing
         log.exception("dns: answering a query failed; it is dropped")
 
     def _sender(self, address: Address) -> Send:

@@ -70,6 +70,27 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--dns-port", type=int, metavar="PORT")
     run.add_argument("--dns-ttl", type=int, metavar="SECONDS")
     run.add_argument("--pods", choices=["disabled", "insecure", "verified"], help="DNS pod records mode")
+    run.add_argument("--endpoint-pod-names", action=argparse.BooleanOptionalAction, default=None,
+                     help="name an endpoint without hostname after its Pod (CoreDNS endpoint_pod_names)")
+    run.add_argument("--dns-namespaces", metavar="NS,...",
+                     help="serve only these namespaces (CoreDNS namespaces; default all)")
+    run.add_argument("--ignore-empty-service", action=argparse.BooleanOptionalAction, default=None,
+                     help="NXDOMAIN for a ClusterIP Service without ready endpoints (CoreDNS ignore empty_service)")
+    run.add_argument("--noendpoints", action=argparse.BooleanOptionalAction, default=None,
+                     help="no endpoint records: headless Services and endpoint names NXDOMAIN (CoreDNS noendpoints)")
+    run.add_argument("--dns-reverse-zones", metavar="ZONE|CIDR,...",
+                     help="reverse zones answered (default in-addr.arpa,ip6.arpa; empty: none)")
+    run.add_argument("--dns-fallthrough", metavar="ZONE,...",
+                     help="zones whose unknown names are forwarded, not NXDOMAIN (CoreDNS fallthrough; "
+                          "default in-addr.arpa,ip6.arpa; '.': every zone; empty: none)")
+    run.add_argument("--dns-serve-stale", metavar="DURATION",
+                     help="answer from upstream answers expired up to this long while upstreams fail "
+                          "(CoreDNS cache serve_stale; default 0: never)")
+    run.add_argument("--dns-serve-stale-refresh-mode", choices=["immediate", "verify"],
+                     help="serve_stale's REFRESH_MODE (default immediate)")
+    run.add_argument("--dns-prefetch", type=int, metavar="AMOUNT",
+                     help="refresh upstream answers asked AMOUNT times in the last 10%% of their TTL "
+                          "(CoreDNS cache prefetch; default 0: never)")
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
@@ -83,6 +104,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--metrics-bind-address", metavar="IP[:PORT]",
                      help="/metrics and the status API `kubeport get` reads (default 127.0.0.1:10249). "
                           "Set empty to disable: `kubeport get` then has nothing to talk to.")
+    run.add_argument("--dns-metrics-bind-address", metavar="IP[:PORT]",
+                     help="the DNS server's /metrics, CoreDNS's series only (default 0.0.0.0:9253, NodeLocal "
+                          "DNSCache's). Set empty to disable.")
     run.add_argument("--vip-interface", metavar="LINK",
                      help="link the service addresses' local routes go through (default lo)")
     run.add_argument("--conntrack-udp-timeout", metavar="DURATION",
@@ -122,6 +146,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "holdSockets": ("--hold-sockets",),
     "healthzBindAddress": ("--healthz-bind-address",),
     "metricsBindAddress": ("--metrics-bind-address",),
+    "dnsMetricsBindAddress": ("--dns-metrics-bind-address",),
     "vipInterface": ("--vip-interface",),
     "conntrack.udpTimeout": ("--conntrack-udp-timeout", "--udp-idle-timeout"),
     "conntrack.udpStreamTimeout": ("--conntrack-udp-timeout-stream",),
@@ -143,6 +168,15 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.ttl": ("--dns-ttl",),
     "dns.pods": ("--pods",),
     "dns.upstreams": ("--upstream",),
+    "dns.endpointPodNames": ("--endpoint-pod-names",),
+    "dns.namespaces": ("--dns-namespaces",),
+    "dns.ignoreEmptyService": ("--ignore-empty-service",),
+    "dns.noendpoints": ("--noendpoints",),
+    "dns.reverseZones": ("--dns-reverse-zones",),
+    "dns.fallthrough": ("--dns-fallthrough",),
+    "dns.serveStale": ("--dns-serve-stale",),
+    "dns.prefetch": ("--dns-prefetch",),
+    "dns.serveStaleRefreshMode": ("--dns-serve-stale-refresh-mode",),
     "dns.lameDuck": ("--dns-lame-duck",),
 }
 
@@ -150,6 +184,9 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
 _CONVERT = {
     "--in-cluster": lambda given: True if given else None,
     "--nodeport-addresses": lambda text: _csv(text),
+    "--dns-namespaces": lambda text: _csv(text),
+    "--dns-reverse-zones": lambda text: _csv(text),
+    "--dns-fallthrough": lambda text: _csv(text),
     # The configuration validates the number (the error names the flag); empty is unset.
     "--handover-generation": lambda text: text.strip() or None if text is not None else None,
 }

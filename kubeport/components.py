@@ -81,23 +81,35 @@ def dns_config(config: KubeportConfiguration) -> DnsConfig:
         ttl=dns.ttl,
         pods=dns.pods,
         endpoint_pod_names=dns.endpoint_pod_names,
+        namespaces=tuple(dns.namespaces),
+        ignore_empty_service=dns.ignore_empty_service,
+        noendpoints=dns.noendpoints,
+        reverse_zones=tuple(dns.reverse_zones),
+        fallthrough=tuple(dns.fallthrough),
         upstreams=[parse_upstream(u) for u in dns.upstreams] if dns.upstreams else None,
         addresses=config.dns_addresses,
         port=dns.port,
         cache_size=dns.cache_size,
         cache_max_ttl=int(dns.cache_max_ttl),
         cache_max_negative_ttl=int(dns.cache_max_denial_ttl),
+        serve_stale=dns.serve_stale,
+        prefetch=dns.prefetch,
+        prefetch_duration=dns.prefetch_duration,
+        prefetch_percentage=dns.prefetch_percentage,
+        serve_stale_refresh=dns.serve_stale_refresh_mode,
         upstream_expire=dns.forward_expire,
         max_concurrent_forwards=dns.max_concurrent_forwards,
     )
 
 
-def build_dns(config: KubeportConfiguration, registry: CollectorRegistry) -> DnsServer:
+def build_dns(config: KubeportConfiguration, *registries: CollectorRegistry) -> DnsServer:
+    """The DNS server, its metrics in every registry given (the daemon's and the DNS address's)."""
     from kubeport.dns.metrics import DnsCollector
     from kubeport.dns.server import DnsServer
 
     server = DnsServer(dns_config(config))
-    registry.register(DnsCollector(server))
+    for registry in registries:
+        registry.register(DnsCollector(server))
     return server
 
 

@@ -89,10 +89,37 @@ class DnsSettings(_Section):
     )
     ttl: int = Field(5, ge=0, le=3600, description="TTL of cluster records (CoreDNS `ttl`).")
     pods: Literal["disabled", "insecure", "verified"] = Field("disabled", description="CoreDNS `pods` mode.")
-    endpoint_pod_names: bool = Field(False, description="CoreDNS `endpoint_pod_names`.")
+    endpoint_pod_names: bool = Field(
+        False, description="CoreDNS `endpoint_pod_names`: an endpoint without hostname is named after its Pod.")
+    namespaces: list[str] = Field(
+        default_factory=list, description="CoreDNS `namespaces`: serve only these namespaces (empty: all).")
+    noendpoints: bool = Field(
+        False, description="CoreDNS `noendpoints`: no endpoint records; headless Services and endpoint names are "
+        "NXDOMAIN.")
+    ignore_empty_service: bool = Field(
+        False, description="CoreDNS `ignore empty_service`: NXDOMAIN for a ClusterIP Service without ready endpoints.")
+    reverse_zones: list[str] = Field(
+        default_factory=lambda: ["in-addr.arpa", "ip6.arpa"],
+        description="The reverse zones of CoreDNS `kubernetes <zone> [ZONES...]` (names or CIDRs): PTR records "
+        "are answered there only.")
+    fallthrough: list[str] = Field(
+        default_factory=lambda: ["in-addr.arpa", "ip6.arpa"],
+        description="CoreDNS `fallthrough [ZONES...]`: unknown names in these zones are forwarded instead of "
+        "NXDOMAIN; `.` is every zone, empty none.")
     cache_size: int = Field(9984, ge=0, description="Entries of the upstream answer cache (CoreDNS cache size).")
     cache_max_ttl: Duration = Field(3600.0, ge=0, alias="cacheMaxTTL", description="Cap on TTLs of cached upstream answers.")
     cache_max_denial_ttl: Duration = Field(1800.0, ge=0, alias="cacheMaxDenialTTL", description="Cap on TTLs of cached negative answers.")
+    serve_stale: Duration = Field(
+        0.0, ge=0, description="CoreDNS cache `serve_stale DURATION`: answer from an upstream answer expired up to "
+        "this long (TTL 0) while upstreams fail; 0: never (CoreDNS's DURATION default is 1h).")
+    serve_stale_refresh_mode: Literal["immediate", "verify"] = Field(
+        "immediate", description="CoreDNS `serve_stale` REFRESH_MODE: immediate (stale at once, refreshed behind) "
+        "or verify (upstream first, stale if it fails).")
+    prefetch: int = Field(
+        0, ge=0, description="CoreDNS cache `prefetch AMOUNT`: refresh an upstream answer asked this many times "
+        "within prefetchDuration once its TTL left is down to prefetchPercentage; 0: never.")
+    prefetch_duration: Duration = Field(60.0, gt=0, description="CoreDNS `prefetch` DURATION (1m).")
+    prefetch_percentage: int = Field(10, ge=10, le=90, description="CoreDNS `prefetch` PERCENTAGE (10).")
     lame_duck: Duration = Field(5.0, ge=0, description="Keep answering this long after SIGTERM (CoreDNS health lameduck).")
     forward_expire: Duration = Field(10.0, gt=0, description="How long an idle TCP connection to an upstream may be reused (CoreDNS forward `expire`).")
     max_concurrent_forwards: int = Field(1000, ge=1, description="Forwarded queries in flight; more are answered REFUSED (CoreDNS forward `max_concurrent`).")
@@ -106,6 +133,28 @@ class DnsSettings(_Section):
     @classmethod
     def _ips(cls, values: list[str]) -> list[str]:
         return [str(ipaddress.ip_address(v)) for v in values]
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespaces(cls, values: list[str]) -> list[str]:
+        from kubeport.dns.config import DnsConfig, DnsConfigError
+
+        try:
+            DnsConfig(upstreams=(), namespaces=tuple(values))
+        except DnsConfigError as exc:
+            raise ValueError(str(exc).partition(": ")[2]) from None
+        return values
+
+    @field_validator("reverse_zones", "fallthrough")
+    @classmethod
+    def _zones(cls, values: list[str], info: ValidationInfo) -> list[str]:
+        from kubeport.dns.config import DnsConfig, DnsConfigError
+
+        try:
+            DnsConfig(upstreams=(), **{info.field_name: tuple(values)})  # type: ignore[arg-type]
+        except DnsConfigError as exc:
+            raise ValueError(str(exc).partition(": ")[2]) from None
+        return values
 
     @field_validator("upstreams")
     @classmethod
@@ -165,6 +214,10 @@ class KubeportConfiguration(_Section):
     metrics_bind_address: str = Field(
         "127.0.0.1:10249",
         description="/metrics and the `kubeport get` status API; empty (flag only): no such server.")
+    dns_metrics_bind_address: str = Field(
+        "0.0.0.0:9253",
+        description="The DNS server's /metrics alone, where CoreDNS users scrape it (NodeLocal DNSCache's "
+        "`prometheus :9253`: a node-local DNS on the host network); empty (flag only): no such server.")
     config_sync_period: Duration = Field(
         900.0, gt=0, description="kube-proxy's informer resync period: accepted and validated, without effect. "
         "client-go's resync re-delivers the cache to the handlers, which changes nothing; kubeport's "
@@ -222,7 +275,7 @@ class KubeportConfiguration(_Section):
             raise ValueError(f"{value!r} is not an IP address") from None
         return value
 
-    @field_validator("healthz_bind_address", "metrics_bind_address")
+    @field_validator("healthz_bind_address", "metrics_bind_address", "dns_metrics_bind_address")
     @classmethod
     def _host_port(cls, value: str, info: ValidationInfo) -> str:
         if value == "":
@@ -288,7 +341,7 @@ class KubeportConfiguration(_Section):
         return yaml.safe_dump(data, sort_keys=False)
 
 
-_DEFAULT_PORTS = {"healthz_bind_address": 10256, "metrics_bind_address": 10249}
+_DEFAULT_PORTS = {"healthz_bind_address": 10256, "metrics_bind_address": 10249, "dns_metrics_bind_address": 9253}
 
 
 def _node_name(value: str) -> str:
@@ -410,7 +463,7 @@ def _file_defaults(data: dict[str, Any]) -> dict[str, Any]:
             if not (key in _BIND_ADDRESS_FIELDS and value in ("", None))}
 
 
-_BIND_ADDRESS_FIELDS = ("healthzBindAddress", "metricsBindAddress")
+_BIND_ADDRESS_FIELDS = ("healthzBindAddress", "metricsBindAddress", "dnsMetricsBindAddress")
 
 
 def _without_source(data: dict[str, Any]) -> dict[str, Any]:

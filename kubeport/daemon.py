@@ -69,6 +69,8 @@ class Daemon:
     ) -> None:
         self.config = config
         self.registry = process_registry()
+        #: what the DNS metrics address serves: CoreDNS's series and the process's, as CoreDNS's :9153
+        self.dns_registry = process_registry()
         self.state = components.build_state(self.config)
         self._reloader = Reloader(config_file, flags or {})
         #: consumer name -> the generation it applied last
@@ -158,7 +160,7 @@ class Daemon:
         except components.ComponentError as exc:
             raise DaemonError(str(exc)) from exc
         self._proxy = components.build_proxy(self.config, self.registry)
-        self._dns = components.build_dns(self.config, self.registry)
+        self._dns = components.build_dns(self.config, self.registry, self.dns_registry)
         return self._source, self._proxy, self._dns
 
     def _consumers(self) -> tuple[Consumer, ...]:
@@ -197,6 +199,8 @@ class Daemon:
             healthz_bind=self.config.healthz_bind_address,
             metrics_bind=self.config.metrics_bind_address,
             registry=self.registry,
+            dns_metrics_bind=self.config.dns_metrics_bind_address,
+            dns_registry=self.dns_registry,
             on_request=proxy.metrics.health_request,
         )
         try:

@@ -3,6 +3,8 @@
 - healthz server (``--healthz-bind-address``, kube-proxy's 10256): /healthz, /livez, /readyz
 - metrics server (``--metrics-bind-address``, kube-proxy's 10249): /metrics, /healthz,
   /proxyMode, and the status API that `kubeport get` reads (/api/v1/...).
+- DNS metrics server (``--dns-metrics-bind-address``, NodeLocal DNSCache's 9253): /metrics
+  with the DNS server's CoreDNS series and the process's only, as CoreDNS's ``prometheus``.
 
 An empty bind address disables that server, as kube-proxy's flags do.
 
@@ -82,6 +84,8 @@ class StatusServer:
         healthz_bind: str,
         metrics_bind: str,
         registry: CollectorRegistry,
+        dns_metrics_bind: str = "",
+        dns_registry: CollectorRegistry | None = None,
         on_request: Callable[[str, int], None] | None = None,
         problems_ttl: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
@@ -96,6 +100,8 @@ class StatusServer:
         self._healthz_bind = healthz_bind
         self._metrics_bind = metrics_bind
         self._registry = registry
+        self._dns_metrics_bind = dns_metrics_bind
+        self._dns_registry = dns_registry
         self._on_request = on_request or (lambda path, code: None)
         self._runners: list[web.AppRunner] = []
 
@@ -114,7 +120,12 @@ class StatusServer:
         metrics.router.add_get("/api/v1/status", self._status)
         metrics.router.add_get("/api/v1/{kind}", self._list)
         metrics.router.add_get("/api/v1/namespaces/{namespace}/{kind}", self._list)
-        for name, app, bind in (("healthz", healthz, self._healthz_bind), ("metrics", metrics, self._metrics_bind)):
+        dns_metrics = web.Application()
+        dns_metrics.router.add_get("/metrics", self._dns_metrics)
+        servers = [("healthz", healthz, self._healthz_bind), ("metrics", metrics, self._metrics_bind)]
+        if self._dns_registry is not None:
+            servers.append(("dns metrics", dns_metrics, self._dns_metrics_bind))
+        for name, app, bind in servers:
             if not bind:
                 log.info("%s server disabled (empty bind address)", name)
                 continue
@@ -159,6 +170,10 @@ class StatusServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _dns_metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._dns_registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _list(self, request: web.Request) -> web.Response:

@@ -6,8 +6,9 @@ TTL patches.
 
 from __future__ import annotations
 
+import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dnslib import DNSRecord
 
@@ -32,6 +33,27 @@ class StoredMessage:
     stored: float
     expires: float
     negative: bool
+    #: when the queries that count towards a prefetch came (CoreDNS cache item.Update)
+    hits: list[float] = field(default_factory=list)
+
+    def prefetch_at(self, percentage: int) -> float:
+        """When the TTL left is down to ``percentage`` of the TTL stored (CoreDNS cache
+        shouldPrefetch: ttl <= ceil(percentage/100 * origTTL))."""
+        ttl = int(self.expires - self.stored)
+        return self.expires - math.ceil(percentage / 100 * ttl)
+
+    def counts_towards_prefetch(self, now: float, window: float, amount: int) -> bool:
+        """Count a query after the prefetch point; True once ``amount`` came within ``window``."""
+        self.hits = [hit for hit in self.hits if hit > now - window]
+        self.hits.append(now)
+        return len(self.hits) >= amount
+
+    def stale(self) -> bytes:
+        """The message with every TTL 0, as CoreDNS's cache serves an expired item (serve_stale)."""
+        message = bytearray(self.message)
+        for offset, _ in self.ttls:
+            struct.pack_into("!I", message, offset, 0)
+        return bytes(message)
 
     def aged(self, now: float) -> bytes:
         """The message with every TTL lowered by the whole seconds since it was stored."""
@@ -72,10 +94,13 @@ def without_opt(message: bytes) -> tuple[bytes, list[RecordSpan]]:
 class UpstreamCache:
     """Upstream answers by question (as sent, with the DO/CD bits), until their TTL ends."""
 
-    def __init__(self, capacity: int, max_ttl: int, max_negative_ttl: int):
+    def __init__(self, capacity: int, max_ttl: int, max_negative_ttl: int, serve_stale: float = 0.0):
+        """``serve_stale``: seconds an entry is kept past its TTL, to be served while no
+        upstream answers (CoreDNS cache ``serve_stale``); 0 drops it when it expires."""
         self.capacity = capacity
         self.max_ttl = max_ttl
         self.max_negative_ttl = max_negative_ttl
+        self.serve_stale = serve_stale
         self._entries: dict[bytes, StoredMessage] = {}
 
     def __len__(self) -> int:
@@ -90,14 +115,18 @@ class UpstreamCache:
         stored = self.lookup(key, now)
         return None if stored is None else (stored.aged(now), stored.negative)
 
-    def lookup(self, key: bytes, now: float) -> StoredMessage | None:
-        """The stored answer, unless absent or expired (then it is dropped)."""
+    def lookup(self, key: bytes, now: float, *, stale: bool = False) -> StoredMessage | None:
+        """The stored answer, unless absent or expired; ``stale``: an expired one too while
+        within ``serve_stale`` of its expiry (CoreDNS cache getIgnoreTTL). An entry past that
+        is dropped."""
         stored = self._entries.get(key)
         if stored is None:
             return None
         if now >= stored.expires:
-            del self._entries[key]
-            return None
+            if now >= stored.expires + self.serve_stale:
+                del self._entries[key]
+                return None
+            return stored if stale else None
         return stored
 
     def put(self, key: bytes, message: bytes, spans: list[RecordSpan], now: float) -> None:

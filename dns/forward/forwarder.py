@@ -77,9 +77,10 @@ class Forwarder:
     def cache_key(question: bytes, *, do: bool, cd: bool) -> bytes:
         return question + bytes((do | (cd << 1),))
 
-    def cached(self, key: bytes, now: float) -> StoredMessage | None:
-        """The cached answer to relay, counted as a cache hit or miss."""
-        stored = self.cache.lookup(key, now)
+    def cached(self, key: bytes, now: float, *, stale: bool = False) -> StoredMessage | None:
+        """The cached answer to relay, counted as a cache hit or miss; ``stale``: an expired
+        one within serve_stale too (a hit, as CoreDNS counts it; ``now >= expires`` tells)."""
+        stored = self.cache.lookup(key, now, stale=stale)
         if stored is None:
             self.stats.cache_misses += 1
             return None
@@ -124,6 +125,7 @@ class Forwarder:
         when it failed (refused by ICMP, connection reset or closed early)."""
         name = f"{upstream[0]}:{upstream[1]}"
         self.stats.forward_requests[name] += 1
+        started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
                 if tcp:
@@ -143,7 +145,9 @@ class Forwarder:
             log.debug("dns: upstream %s failed: %s", name, error)
             self._check(upstream)
             raise
-        self.stats.forward_responses[(name, RCODE_NAMES.get(message[3] & 0xF, str(message[3] & 0xF)))] += 1
+        rcode = RCODE_NAMES.get(message[3] & 0xF, str(message[3] & 0xF))
+        self.stats.forward_responses[(name, rcode)] += 1
+        self.stats.observe_forward(name, rcode, time.monotonic() - started)
         return message
 
     def _count_connection(self, upstream: Upstream, proto: str, reused: bool) -> None:

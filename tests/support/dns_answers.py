@@ -78,7 +78,9 @@ def make_answerer(objects=CLUSTER, *, synced: bool = True, **config) -> Answerer
     config.setdefault("addresses", ("10.96.0.10",))
     cfg = DnsConfig(**config)
     index = RecordIndex.build(snapshot_of(objects, synced=synced), zone=cfg.zone,
-                              endpoint_pod_names=cfg.endpoint_pod_names, now=SERIAL)
+                              endpoint_pod_names=cfg.endpoint_pod_names,
+                              exposed=frozenset(cfg.namespaces) if cfg.namespaces else None,
+                              endpoints=not cfg.noendpoints, now=SERIAL)
     return Answerer(cfg, index)
 
 

@@ -92,7 +92,8 @@ def _field_paths(model: type[cfg.BaseModel] = cfg.KubeportConfiguration, prefix:
 def test_every_flag_maps_to_a_real_field_and_every_run_flag_is_mapped():
     assert set(FIELD_FLAGS) <= _field_paths()
     run = next(a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
-    options = {o for action in run._actions for o in action.option_strings if o.startswith("--")}
+    options = {o for action in run._actions for o in action.option_strings if o.startswith("--")
+               and not (isinstance(action, argparse.BooleanOptionalAction) and o.startswith("--no-"))}
     mapped = {flag for flags in FIELD_FLAGS.values() for flag in flags}
     assert options - mapped == {"--help", "--config", "--write-config-to", "--verbose", "--cleanup", "--proxy-mode"}
 

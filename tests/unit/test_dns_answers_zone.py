@@ -74,7 +74,6 @@ def test_ptr_records(answerer: Answerer, c: Case) -> None:
     pytest.param("9.9.9.10.in-addr.arpa.", id="unknown_ip"),
     # plugin/pkg/dnsutil ExtractAddressFromReverse: no address
     pytest.param("0.96.10.in-addr.arpa.", id="partial_reverse_name"),
-    pytest.param("in-addr.arpa.", id="reverse_zone_apex"),
 ])
 def test_unknown_reverse_names_fall_through_upstream(answerer: Answerer, name: str) -> None:
     """`fallthrough in-addr.arpa ip6.arpa`: handler.go ServeDNS hands a name error to the next plugin."""
@@ -88,11 +87,13 @@ def test_unknown_reverse_names_fall_through_upstream(answerer: Answerer, name: s
     pytest.param("20.0.96.10.in-addr.arpa.", "SOA", None, "in-addr.arpa.", id="soa_below_reverse_apex_is_nodata"),
     pytest.param("9.9.9.10.in-addr.arpa.", "SOA", None, "in-addr.arpa.", id="soa_on_unknown_reverse_name_is_nodata"),
     pytest.param("in-addr.arpa.", "A", None, "in-addr.arpa.", id="reverse_apex_a_is_nodata"),
+    # reverse.go Reverse: no address, Records: parse.go parseRequest gives the apex (NODATA)
+    pytest.param("in-addr.arpa.", "PTR", None, "in-addr.arpa.", id="reverse_apex_ptr_is_nodata"),
     pytest.param("ip6.arpa.", "TXT", None, "ip6.arpa.", id="reverse_apex_txt_is_nodata"),
 ])
 def test_reverse_zone_nodata_and_soa_are_answered_not_forwarded(answerer: Answerer, name: str, qtype: str, answer: str | None,
                                                      authority: str | None) -> None:
-    """SOA queries, and any type but PTR and NS at the apex, never fall through: NODATA is
+    """SOA queries, and any type but NS at the apex, never fall through: NODATA is
     not the NXDOMAIN class (handler.go ServeDNS: only a name error falls through)."""
     reply = read_reply(answerer.answer(question(name, qtype, edns=1232)))
     zone_soa = SOA.replace("cluster.local.", answer or authority)

@@ -5,20 +5,23 @@ a fake upstream on another loopback port."""
 from __future__ import annotations
 
 import asyncio
+import platform
 import struct
 from collections import Counter
 
 import pytest
 from dnslib import QTYPE, RCODE, RR, SOA, A, DNSRecord
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeport import __version__
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.metrics import BUCKET_BOUNDS, DnsCollector, family_label, type_label
 from kubeport.dns.server import DnsServer
-from kubeport.dns.stats import DURATION_BUCKETS, DurationHistogram
+from kubeport.dns.stats import DURATION_BUCKETS, SIZE_BUCKETS, DurationHistogram
 
 from support.api import cluster_state, endpoint_slice, service
+from support.coredns_dashboard import NOT_EXPORTED, dashboard_series
 from support.zonetext import question
 
 HTTP = [{"name": "http", "port": 80}]
@@ -152,11 +155,13 @@ async def test_counters_match_the_traffic_sent(dns: DnsServer) -> None:
     assert metrics["coredns_forward_conn_cache_misses_total"] == {labels(to=to, proto="udp"): 1}
     assert metrics["coredns_forward_conn_cache_hits_total"] == {labels(to=to, proto="udp"): 1}
     server = block["server"]
-    assert metrics["coredns_cache_hits_total"] == {labels(server=server, type="success"): 1,
-                                                   labels(server=server, type="denial"): 1}
-    assert metrics["coredns_cache_misses_total"] == {labels(server=server): 2}
-    assert metrics["coredns_cache_entries"] == {labels(server=server, type="success"): 1,
-                                                labels(server=server, type="denial"): 1}
+    cache = {"server": server, "zones": ".", "view": ""}
+    assert metrics["coredns_cache_hits_total"] == {labels(**cache, type="success"): 1,
+                                                   labels(**cache, type="denial"): 1}
+    assert metrics["coredns_cache_misses_total"] == {labels(**cache): 2}
+    assert metrics["coredns_cache_requests_total"] == {labels(**cache): 4}
+    assert metrics["coredns_cache_entries"] == {labels(**cache, type="success"): 1,
+                                                labels(**cache, type="denial"): 1}
     assert metrics["coredns_forward_max_concurrent_rejects_total"] == {labels(): 0}
     # 6 cluster questions built once each; web A twice more over UDP and once over TCP from the cache.
     assert metrics["kubeport_dns_answer_cache_misses_total"] == {labels(server=server): 6}
@@ -196,7 +201,7 @@ async def test_cached_answers_are_not_timed(dns: DnsServer) -> None:
 
 async def test_before_any_query_every_family_is_exported(dns: DnsServer) -> None:
     metrics = scrape(dns)
-    assert metrics["coredns_cache_misses_total"] == {labels(server=f"dns://:{dns.port}"): 0}
+    assert metrics["coredns_cache_misses_total"] == {labels(server=f"dns://:{dns.port}", zones=".", view=""): 0}
     assert "coredns_dns_requests_total" not in metrics  # no series until a request is counted
 
 
@@ -248,6 +253,92 @@ def test_bucket_bounds_are_coredns_time_buckets() -> None:
     """plugin.TimeBuckets = prometheus.ExponentialBuckets(0.00025, 2, 16)."""
     assert BUCKET_BOUNDS[:3] == ("0.00025", "0.0005", "0.001")
     assert BUCKET_BOUNDS[-2:] == ("8.192", "+Inf") and len(BUCKET_BOUNDS) == 17
+
+
+async def test_size_histograms_count_every_reply_with_its_bytes(dns: DnsServer) -> None:
+    """coredns_dns_request_size_bytes / _response_size_bytes (plugin/metrics/vars: req.Len(),
+    the reply's size), cached answers included: the sums are the bytes that went each way."""
+    udp = [question(WEB), question(WEB), question(f"_http._tcp.{WEB}", "SRV"), question("www.example.test"),
+           question("www.example.test"), question("nope.default.svc.cluster.local", edns=1232)]
+    replies = await ask_udp(dns, udp)
+    tcp_query = question(WEB, query_id=9)
+    tcp_reply = await ask_tcp(dns, tcp_query)
+    metrics = scrape(dns)
+    block = {"server": f"dns://:{dns.port}", "zone": ".", "view": ""}
+    assert metrics["coredns_dns_request_size_bytes_count"] == {labels(**block, proto="udp"): 6,
+                                                               labels(**block, proto="tcp"): 1}
+    assert metrics["coredns_dns_request_size_bytes_sum"] == {labels(**block, proto="udp"): sum(map(len, udp)),
+                                                             labels(**block, proto="tcp"): len(tcp_query)}
+    assert metrics["coredns_dns_response_size_bytes_sum"] == {labels(**block, proto="udp"): sum(map(len, replies)),
+                                                              labels(**block, proto="tcp"): len(tcp_reply)}
+    buckets = {float(dict(key)["le"]): value for key, value in metrics["coredns_dns_response_size_bytes_bucket"].items()
+               if dict(key)["proto"] == "udp"}
+    assert sorted(buckets) == [*SIZE_BUCKETS, float("inf")]
+    assert all(buckets[bound] == sum(len(r) <= bound for r in replies) for bound in buckets)
+
+
+async def test_build_info_plugins_and_panics_are_exported(dns: DnsServer) -> None:
+    metrics = scrape(dns)
+    (info,) = metrics["coredns_build_info"]
+    assert dict(info)["version"] == __version__ and dict(info)["goversion"] == platform.python_version()
+    enabled = {dict(key)["name"] for key in metrics["coredns_plugin_enabled"]}
+    assert {"kubernetes", "forward", "cache", "loadbalance", "prometheus"} <= enabled
+    assert metrics["coredns_panics_total"] == {labels(): 0}
+
+
+async def test_every_series_a_coredns_dashboard_reads_is_exported(dns: DnsServer) -> None:
+    """Scraped after traffic and a change, the way the dashboard's Prometheus sees the DNS
+    metrics address."""
+    await send_traffic(dns)
+    from support.api import to_model
+
+    state = cluster_state([*CLUSTER, service("db", clusterIP="None", ports=HTTP)])
+    state.commit()
+    state.upsert(to_model(endpoint_slice("db", ports=HTTP, endpoints=["10.244.0.9"])))
+    dns.apply(state.commit())  # the next generation: db's new slice is a change to program
+    registry = CollectorRegistry()
+    registry.register(DnsCollector(dns))
+    for collector in (ProcessCollector,):
+        collector(registry=registry)
+    scraped: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            scraped.setdefault(sample.name, set()).update(sample.labels)
+    wanted = dashboard_series()
+    assert len(wanted) >= 15, "the fixture holds the dashboard's queries"
+    missing = {name for name in wanted if name not in scraped} - NOT_EXPORTED
+    assert not missing
+    for name, grouped in wanted.items():
+        if name in scraped:
+            assert grouped <= scraped[name] | {"instance", "job"}, name
+
+
+def test_dns_programming_duration_from_the_trigger_time_to_answered() -> None:
+    """coredns_kubernetes_dns_programming_duration_seconds (plugin/kubernetes/metrics.go): a headless
+    service's changed EndpointSlice, from its last-change-trigger-time to the apply that drops
+    the old answers; a ClusterIP service's change from its arrival."""
+    from support.api import to_model
+
+    triggered = 1_700_000_100.0  # 2023-11-14T22:15:00Z
+    wall = [triggered - 60]  # the server started before the change
+    server = DnsServer(DnsConfig(addresses=("127.0.0.1",), port=0, upstreams=()), clock=lambda: wall[0])
+    ports = [{"name": "http", "port": 80}]
+    state = cluster_state([service("db", clusterIP="None", ports=ports, selector={"app": "db"}),
+                           endpoint_slice("db", ports=ports, endpoints=["10.244.0.7"])])
+    server.apply(state.commit())
+    slice_ = endpoint_slice("db", ports=ports, endpoints=["10.244.0.7", "10.244.0.8"])
+    slice_["metadata"]["annotations"] = {"endpoints.kubernetes.io/last-change-trigger-time": "2023-11-14T22:15:00Z"}
+    state.upsert(to_model(slice_))
+    wall[0] = triggered + 2.5
+    server.apply(state.commit())
+    (histogram,) = server.stats.programming.values()
+    assert list(server.stats.programming) == ["headless_with_selector"]
+    assert histogram.total == pytest.approx(2.5)
+    metrics = scrape(server)
+    assert metrics["coredns_kubernetes_dns_programming_duration_seconds_count"] == {
+        labels(service_kind="headless_with_selector"): 1}
+    assert metrics["coredns_kubernetes_dns_programming_duration_seconds_bucket"][
+        labels(service_kind="headless_with_selector", le="4.096")] == 1
 
 
 def test_tcp_limits_and_oversized_queries_are_counted() -> None:

@@ -21,6 +21,8 @@ RECORDS: dict[str, list[RR]] = {
     "www.example.test.": [RR("www.example.test.", QTYPE.A, rdata=A("203.0.113.7"), ttl=TTL),
                           RR("www.example.test.", QTYPE.AAAA, rdata=AAAA("2001:db8::7"), ttl=TTL)],
     "api.example.test.": [RR("api.example.test.", QTYPE.A, rdata=A("203.0.113.8"), ttl=TTL)],
+    # TTL 1: expired from a cache within its 5 s minimum (serve_stale tests)
+    "brief.example.test.": [RR("brief.example.test.", QTYPE.A, rdata=A("203.0.113.9"), ttl=1)],
     # 40 A records: 675 bytes, over the 512 of a client without EDNS.
     "many.example.test.": [RR("many.example.test.", QTYPE.A, rdata=A(f"198.51.100.{i}"), ttl=TTL)
                            for i in range(1, 41)],
