@@ -22,9 +22,10 @@ from typing import Callable
 from dnslib import RR, DNSRecord
 from dnslib.label import DNSBuffer
 
+from kubeport.dns import autopath
 from kubeport.dns.answer_cache import AnswerCache, CachedAnswer, TurningAnswer
 from kubeport.dns.config import DnsConfig
-from kubeport.dns.encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer, Record
+from kubeport.dns.encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer, Record, same_name
 from kubeport.dns.forward.forwarder import StoredMessage
 from kubeport.dns.forward.replies import ForwardedAnswers, ForwardedReply, TurningReply
 from kubeport.dns.lookup import Lookup, Resolution, qtype_name, reverse_records, soa_record
@@ -72,6 +73,9 @@ class Forward:
     shareable: bool = False
     #: bytes of the query (coredns_dns_request_size_bytes)
     request_size: int = 0
+    #: autopath: the search path being walked; ``labels`` is its current name, and an
+    #: NXDOMAIN moves on to the next (:meth:`Answerer.autopath_step`)
+    walk: autopath.Walk | None = None
 
     @property
     def question(self) -> bytes:
@@ -105,20 +109,24 @@ class Answerer:
     def _zones(self, config: DnsConfig) -> None:
         self._reverse_zones = config.reverse_zone_labels
         self._fallthrough = config.fallthrough_labels
+        #: the listeners pass the client's address to :meth:`build` only when this is set
+        self.autopath = config.autopath
+        self._host_search = config.autopath_search or ()
 
-    def answer(self, packet: bytes, tcp: bool = False) -> bytes | Forward | None:
+    def answer(self, packet: bytes, tcp: bool = False, client: str | None = None) -> bytes | Forward | None:
         """The reply to one query (bytes in, bytes out), a Forward, or None (no header:
-        drop; TCP: close the connection)."""
+        drop; TCP: close the connection). ``client``: the address the query came from."""
         body = self.cached(packet, tcp)
         if body is not None:
             return packet[:2] + body
-        return self.build(packet, tcp)
+        return self.build(packet, tcp, client)
 
-    def build(self, packet: bytes, tcp: bool = False) -> bytes | Forward | None:
-        """:meth:`answer` for a query :meth:`cached` found nothing for."""
+    def build(self, packet: bytes, tcp: bool = False, client: str | None = None) -> bytes | Forward | None:
+        """:meth:`answer` for a query :meth:`cached` found nothing for. Only these can
+        depend on ``client`` (autopath): an answer that does is never kept encoded."""
         if self._timer is not None:
             self._started = self._timer()  # read back by _reply: only built answers are timed
-        return self._answer(packet, tcp)
+        return self._answer(packet, tcp, client)
 
     def cached(self, packet: bytes, tcp: bool = False) -> bytes | None:
         """The reply to a question answered before, without its 2-byte ID (the query's goes
@@ -166,7 +174,7 @@ class Answerer:
 
     # --- the slow path ---------------------------------------------------------------
 
-    def _answer(self, packet: bytes, tcp: bool) -> bytes | Forward | None:
+    def _answer(self, packet: bytes, tcp: bool, client: str | None = None) -> bytes | Forward | None:
         proto = "tcp" if tcp else "udp"
         self._request_size = len(packet)
         try:
@@ -188,16 +196,102 @@ class Answerer:
             return Forward(query, tcp, query.labels, qtype, shareable=True, request_size=len(packet))
         if where is Zone.REVERSE:
             return self._reverse(query, tcp, lower)
-        lookup = Lookup(self.index, ttl=self.config.ttl, pods=self.config.pods,
-                        local_addresses=self.config.addresses, labels=query.labels, lower=lower,
-                        ignore_empty_service=self.config.ignore_empty_service)
-        result = lookup.resolve(qtype)
+        if self.autopath and client is not None and self.index.synced:
+            namespace = self.index.pod_namespaces.get(client)
+            walk = autopath.start(query.labels, lower, namespace, self.index.zone_labels, self._host_search) \
+                if namespace is not None else None
+            if walk is not None:
+                return self._walk(query, tcp, walk)
+        result = self._lookup(query.labels, lower, qtype)
         if result.name_error and served_zone(lower, self._fallthrough) is not None:
             return Forward(query, tcp, query.labels, qtype, request_size=len(packet))
         if result.forward is not None:
             target = tuple(label.encode() for label in result.forward.split(".") if label)
             return Forward(query, tcp, target, qtype, chain=tuple(result.answer), request_size=len(packet))
-        return self._reply(query, tcp, result)
+        # A name error below <ns>.svc.<zone> is what autopath completes for that namespace's
+        # pods: kept encoded, it would be served to them too.
+        keep = not (self.autopath and result.name_error and autopath.below_search_domain(lower, self.index.zone_labels))
+        return self._reply(query, tcp, result, keep=keep)
+
+    def _lookup(self, labels: tuple[bytes, ...], lower: tuple[str, ...], qtype: int) -> Resolution:
+        config = self.config
+        return Lookup(self.index, ttl=config.ttl, pods=config.pods, local_addresses=config.addresses,
+                      labels=labels, lower=lower, ignore_empty_service=config.ignore_empty_service).resolve(qtype)
+
+    # --- autopath (CoreDNS plugin/autopath/autopath.go ServeDNS) ------------------------
+
+    def _walk(self, query: Query, tcp: bool, walk: autopath.Walk | None) -> bytes | Forward:
+        """Try the search names from ``walk`` on: the first one of the cluster zone that is not
+        a name error is the answer (a CNAME from the name asked before it); the first one
+        outside is asked upstream; when none is left, the answer to the name asked."""
+        while walk is not None:
+            name = query.labels if walk.position == 0 else walk.name  # the first is the name asked
+            lower = tuple(label.lower().decode("latin-1") for label in name)
+            where = classify(lower, self.index.zone_labels, self._reverse_zones)
+            if where is Zone.OTHER:
+                return Forward(query, tcp, name, query.qtype, request_size=self._request_size, walk=walk)
+            if where is Zone.CLUSTER:
+                result = self._lookup(name, lower, query.qtype)
+                if not result.name_error:
+                    self.stats.autopath_successes += 1
+                    if walk.position == 0:  # the name asked: the answer anyone gets
+                        return self._reply(query, tcp, result) if result.forward is None else \
+                            self._chain(query, tcp, result, ())
+                    cname = _cname_to_answer(query.labels, result.answer)
+                    if result.forward is not None:
+                        return self._chain(query, tcp, result, cname)
+                    result.answer = list(cname) + result.answer
+                    return self._reply(query, tcp, result, keep=False)
+            walk = walk.next()
+        result = self._lookup(query.labels, query.lower_labels, query.qtype)
+        return self._reply(query, tcp, result, keep=False)
+
+    def _chain(self, query: Query, tcp: bool, result: Resolution, cname: tuple[Record, ...]) -> Forward:
+        assert result.forward is not None
+        target = tuple(label.encode() for label in result.forward.split(".") if label)
+        return Forward(query, tcp, target, query.qtype, chain=cname + tuple(result.answer),
+                       request_size=self._request_size)
+
+    def autopath_step(self, forward: Forward, message: bytes | None) -> bytes | Forward:
+        """An upstream's answer to a search name of ``forward.walk``: an NXDOMAIN moves on to
+        the next name; another answer is the reply, behind a CNAME from the name asked (CoreDNS
+        cnamer); no answer at all is SERVFAIL (CoreDNS returns forward's error at once)."""
+        query, walk = forward.query, forward.walk
+        assert walk is not None
+        self._request_size = forward.request_size
+        # The server times the whole walk, upstream round trips included: _reply must not time it again.
+        timer, self._timer = self._timer, None
+        try:
+            return self._step(forward, walk, message)
+        finally:
+            self._timer = timer
+
+    def _step(self, forward: Forward, walk: autopath.Walk, message: bytes | None) -> bytes | Forward:
+        query = forward.query
+        if message is None:
+            return self.reply_raw(query, forward.tcp, question_reply(
+                query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL)
+        try:
+            upstream = DNSRecord.parse(message)
+        except Exception:  # dnslib raises many types on garbage: as no answer
+            upstream = None
+        if upstream is None:
+            return self.reply_raw(query, forward.tcp, question_reply(
+                query, SERVFAIL, self.config.edns_udp_size, authoritative=False), SERVFAIL)
+        rcode = upstream.header.rcode
+        if rcode == NXDOMAIN:
+            return self._walk(query, forward.tcp, walk.next())
+        self.stats.autopath_successes += 1
+        answer = [_from_dnslib(rr) for rr in upstream.rr]
+        result = Resolution(rcode=rcode, answer=list(_cname_to_answer(query.labels, answer)) + answer,
+                            authority=[_from_dnslib(rr) for rr in upstream.auth],
+                            additional=[_from_dnslib(rr) for rr in upstream.ar if rr.rtype != 41],
+                            deps=None, authoritative=bool(upstream.header.aa))
+        udp, full, turning = self._encode(query, result)
+        reply = (full if forward.tcp else udp) if turning is None else self._once(turning, forward.tcp)
+        if upstream.header.tc:
+            reply = (((reply[0] << 8) | reply[1]) | TC).to_bytes(2, "big") + reply[2:]
+        return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, rcode)
 
     def _reverse(self, query: Query, tcp: bool, lower: tuple[str, ...]) -> bytes | Forward:
         """A name in a served reverse zone (CoreDNS handler.go ServeDNS, reverse.go Reverse):
@@ -226,8 +320,10 @@ class Answerer:
         return self._reply(query, tcp, Resolution(rcode=NXDOMAIN if self.index.synced else SERVFAIL, negative=True,
                                                   deps=None, soa_zone=zone, name_error=True))
 
-    def _reply(self, query: Query, tcp: bool, result: Resolution) -> bytes:
+    def _reply(self, query: Query, tcp: bool, result: Resolution, *, keep: bool = True) -> bytes:
+        """The encoded reply, kept for the next identical query unless ``keep`` is False."""
         self.stats.answer_cache_misses += 1
+        key = query.cache_key if keep else None
         udp, full, turning = self._encode(query, result)
         rcode = RCODE_NAMES.get(result.rcode, str(result.rcode))
         qtype = qtype_name(query.qtype)
@@ -238,9 +334,9 @@ class Answerer:
             reply = full if tcp else udp
         else:
             entry = TurningAnswer(turning, cells)
-            reply = turning.reply(tcp) if query.cache_key is not None else self._once(turning, tcp)
-        if query.cache_key is not None:
-            self.cache.put(query.cache_key, entry, result.deps)
+            reply = turning.reply(tcp) if key is not None else self._once(turning, tcp)
+        if key is not None:
+            self.cache.put(key, entry, result.deps)
         stats.count("tcp" if tcp else "udp", qtype, rcode, self._request_size, len(reply) + 2)
         if self._timer is not None:
             stats.observe(qtype, self._timer() - self._started)
@@ -262,9 +358,9 @@ class Answerer:
     def _encode(self, query: Query, result: Resolution) -> tuple[bytes, bytes, Rotation | None]:
         """(UDP reply, TCP reply), both without the 2-byte ID, and their rotation when the
         answer holds several address records of a type (CoreDNS loadbalance)."""
-        flags = reply_flags(query.flags, result.rcode, authoritative=True)
-        authority: list[Record] = []
-        if result.negative:
+        flags = reply_flags(query.flags, result.rcode, authoritative=result.authoritative)
+        authority: list[Record] = list(result.authority) if result.authority is not None else []
+        if result.negative and result.authority is None:
             zone = result.soa_zone or query.labels[len(query.labels) - len(self.index.zone_labels):]
             authority.append(soa_record(self.index, zone, self.config.ttl))
         sections = (result.answer, authority, result.additional)
@@ -395,6 +491,15 @@ class Answerer:
         if truncated:
             reply = (((reply[0] << 8) | reply[1]) | TC).to_bytes(2, "big") + reply[2:]
         return self.reply_raw(query, forward.tcp, query.id.to_bytes(2, "big") + reply, NOERROR, forward.request_size)
+
+
+def _cname_to_answer(original: tuple[bytes, ...], answer: list[Record]) -> tuple[Record, ...]:
+    """CoreDNS autopath cnamer: a CNAME from the name asked to the owner of the first answer
+    record that is not that name, with its TTL; none when every record is the name asked."""
+    for record in answer:
+        if not same_name(record.owner, original):
+            return (Record(original, T_CNAME, record.ttl, (record.owner,)),)
+    return ()
 
 
 def _pack(flags: int, query: Query, sections: tuple[list[Record], ...]) -> tuple[bytes, list[int]]:

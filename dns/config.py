@@ -44,6 +44,13 @@ class DnsConfig:
     noendpoints: bool = False
     #: CoreDNS ``ignore empty_service``: a ClusterIP service without ready endpoints is NXDOMAIN.
     ignore_empty_service: bool = False
+    #: CoreDNS ``autopath @kubernetes``: a query for ``name.<ns>.svc.<zone>`` from a Pod of
+    #: namespace ``ns`` walks the pod's search path here and is answered with a CNAME to the
+    #: first name found (:mod:`.autopath`).
+    autopath: bool = False
+    #: the search domains after the cluster's three in a pod's resolv.conf (CoreDNS reads its
+    #: host's /etc/resolv.conf); None: the ``search`` line of the host's /etc/resolv.conf.
+    autopath_search: tuple[str, ...] | None = None
     #: The reverse zones of CoreDNS ``kubernetes <zone> [ZONES...]``, as names or CIDRs: PTR
     #: records are answered in these and nowhere else (names outside them are forwarded).
     reverse_zones: tuple[str, ...] = ("in-addr.arpa", "ip6.arpa")
@@ -111,6 +118,12 @@ class DnsConfig:
             if len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace):
                 raise DnsConfigError(f"DnsConfig.namespaces: {namespace!r} is not a namespace name")
         object.__setattr__(self, "reverse_zones", tuple(self.reverse_zones))
+        if self.autopath_search is not None:
+            search = tuple(domain.strip().rstrip(".").lower() for domain in self.autopath_search)
+            for domain in search:
+                if not domain or any(not label or len(label) > 63 for label in domain.split(".")):
+                    raise DnsConfigError(f"DnsConfig.autopath_search: {domain!r} is not a domain name")
+            object.__setattr__(self, "autopath_search", search)
         object.__setattr__(self, "fallthrough", tuple(self.fallthrough))
         if any(zone[-2:] not in REVERSE_ZONES for zone in _zones(self.reverse_zones, "DnsConfig.reverse_zones")):
             raise DnsConfigError(f"DnsConfig.reverse_zones: {', '.join(self.reverse_zones)}: a reverse zone is "
@@ -246,6 +259,22 @@ def default_upstreams(resolv_conf_path: str = "/etc/resolv.conf", *,
                         stub_fallback)
             return default_upstreams(stub_fallback, stub_fallback=None)
     return upstreams
+
+
+def search_domains(resolv_conf_path: str = "/etc/resolv.conf") -> tuple[str, ...]:
+    """The domains of a resolv.conf's last ``search`` line (the resolver's rule), lower-cased,
+    without trailing dots; () when the file cannot be read."""
+    try:
+        with open(resolv_conf_path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return ()
+    found: tuple[str, ...] = ()
+    for line in lines:
+        fields = line.split("#", 1)[0].split(";", 1)[0].split()
+        if fields and fields[0] in ("search", "domain"):
+            found = tuple(dict.fromkeys(f.rstrip(".").lower() for f in fields[1:] if f.rstrip(".")))
+    return found
 
 
 def nameservers(lines: Iterable[str]) -> tuple[tuple[Upstream, ...], list[str]]:

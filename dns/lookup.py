@@ -54,6 +54,10 @@ class Resolution:
     additional: list[Record] = field(default_factory=list)
     #: SOA in the authority section (every NXDOMAIN, NODATA and SERVFAIL)
     negative: bool = False
+    #: the authority section as given (an upstream answer relayed), instead of the zone's SOA
+    authority: list[Record] | None = None
+    #: AA: the cluster zone's answers; False for an upstream's
+    authoritative: bool = True
     #: services the answer depends on; None: it may change with any change (volatile)
     deps: set[ServiceName] | None = field(default_factory=set)
     #: an ExternalName chain leaving the zone: ask upstream for this name, put ``answer``

@@ -115,6 +115,7 @@ METRICS: dict[str, tuple[type[Any], str, tuple[str, ...]]] = {
     "kubeport_dns_forward_timeouts": (
         CounterMetricFamily, "Queries to an upstream that got no answer in time (the next upstream is tried).",
         ("to",)),
+    "coredns_autopath_success": (CounterMetricFamily, "Counter of requests that did autopath.", (_S,)),
     "kubeport_dns_answer_cache_hits": (CounterMetricFamily, "Cluster-zone answers served pre-encoded.", (_S,)),
     "kubeport_dns_answer_cache_misses": (CounterMetricFamily, "Cluster-zone answers built (then kept encoded).",
                                          (_S,)),
@@ -184,7 +185,8 @@ class DnsCollector:
             families["coredns_plugin_enabled"].add_metric([*block, plugin], 1)
         _add_upstream_cache(families, server, own)
         _add_forward(families, stats)
-        for name, value in (("kubeport_dns_answer_cache_hits", stats.answer_cache_hits),
+        for name, value in (("coredns_autopath_success", stats.autopath_successes),
+                            ("kubeport_dns_answer_cache_hits", stats.answer_cache_hits),
                             ("kubeport_dns_answer_cache_misses", stats.answer_cache_misses),
                             ("kubeport_dns_answer_cache_entries", len(server.answerer.cache)),
                             ("kubeport_dns_dropped", stats.dropped),

@@ -210,6 +210,23 @@ def programming_starts(old: Snapshot, new: Snapshot, names: Iterable[ServiceName
                 yield kind, new.changed_at
 
 
+def pod_namespaces(snapshot: Snapshot) -> dict[str, str]:
+    """IP -> namespace of the Running Pods (CoreDNS kubernetes autopath.go podWithIP: the
+    first Running Pod with that IP), every IP of each (CoreDNS reads status.podIP only, so
+    a pod asking over its second family would not be found). The node's addresses belong to
+    every host-network Pod and to the node itself: none of them names one namespace."""
+    node = snapshot.node
+    own = {address for _, address in node.addresses} if node is not None else set()
+    found: dict[str, str] = {}
+    for pod in snapshot.pods.values():
+        if pod.phase != "Running":
+            continue
+        for address in pod.ips:
+            if address not in own:
+                found.setdefault(address, pod.namespace)
+    return found
+
+
 def owners_of(owners: Owners | None) -> tuple[ServiceName, ...]:
     if owners is None:
         return ()
@@ -287,6 +304,9 @@ class RecordIndex:
         #: (namespace, status.podIP) of the Pods read, not terminating (``pods verified``,
         #: CoreDNS object.ToPod); the snapshot's pods they were taken from
         self.pod_addresses: frozenset[tuple[str, str]] = frozenset()
+        #: every IP of a Running Pod -> its namespace (``autopath``: the namespace of the pod a
+        #: query comes from); the node's own addresses are left out, as host-network Pods share them
+        self.pod_namespaces: Mapping[str, str] = {}
         self._pods_of: object = None
 
     @classmethod
@@ -319,6 +339,7 @@ class RecordIndex:
             addresses = frozenset(
                 (pod.namespace, pod.ips[0]) for pod in snapshot.pods.values() if pod.ips and not pod.terminating)
             pods_changed, self.pod_addresses = addresses != self.pod_addresses, addresses
+            self.pod_namespaces = pod_namespaces(snapshot)
         change = IndexChange(
             services=frozenset(touched),
             namespaces=namespaces != self.namespaces,
@@ -424,6 +445,7 @@ class RecordIndex:
             "endpoint_owners": _owner_sets(self.endpoint_owners),
             "unready_owners": _owner_sets(self.unready_owners),
             "pod_addresses": self.pod_addresses,
+            "pod_namespaces": dict(self.pod_namespaces),
         }
 
     def _view(self, records: ServiceRecords) -> tuple[object, ...]:

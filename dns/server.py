@@ -19,10 +19,11 @@ import ipaddress
 import logging
 import socket
 import time
+from dataclasses import replace
 from typing import Callable
 
 from kubeport.dns.answer import Answerer, Forward
-from kubeport.dns.config import DnsConfig, default_upstreams
+from kubeport.dns.config import DnsConfig, default_upstreams, search_domains
 from kubeport.dns.forward.forwarder import Forwarder, StoredMessage, UpstreamCache
 from kubeport.dns.forward.policy import FORWARD_DEADLINE
 from kubeport.dns.lookup import qtype_name
@@ -48,6 +49,7 @@ class DnsServer:
 
     def __init__(self, config: DnsConfig, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic):
+        config = _with_host_search(config)
         self.config = config
         self.stats = DnsStats()
         self._clock = clock
@@ -226,6 +228,7 @@ class DnsServer:
 
     async def reconfigure(self, config: DnsConfig) -> None:
         """Apply a new configuration; listeners are rebound only if addresses/port changed."""
+        config = _with_host_search(config)
         rebind = (config.addresses, config.port) != (self.config.addresses, self.config.port)
         was_listening = self._listening
         if rebind:
@@ -252,6 +255,9 @@ class DnsServer:
 
     def _forward(self, forward: Forward, send: Send) -> None:
         query = forward.query
+        if forward.walk is not None:
+            self._spawn(self._autopath(forward, send, self._monotonic()))
+            return
         do = bool(query.edns and query.edns.do)
         cd = bool(query.flags & CD)
         key = Forwarder.cache_key(forward.question, do=do, cd=cd)
@@ -282,6 +288,38 @@ class DnsServer:
             self._resolve(forward, send, key, do=do, cd=cd, started=now, stale=stale))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _spawn(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _autopath(self, forward: Forward, send: Send, started: float) -> None:
+        """Walk the search names outside the cluster zone upstream, one at a time, the
+        upstream cache first (CoreDNS's autopath sits before forward, behind no cache)."""
+        step: bytes | Forward = forward
+        try:
+            while isinstance(step, Forward) and step.walk is not None:
+                query = step.query
+                key = Forwarder.cache_key(step.question, do=bool(query.edns and query.edns.do),
+                                          cd=bool(query.flags & CD))
+                now = self._monotonic()
+                stored = self.forwarder.cache.lookup(key, now)
+                if stored is not None:
+                    message: bytes | None = stored.aged(now)
+                else:
+                    message = await self.forwarder.resolve(step.question, do=bool(query.edns and query.edns.do),
+                                                           cd=bool(query.flags & CD), tcp=step.tcp)
+                step = self.answerer.autopath_step(step, message)
+        except Exception:  # a bug must cost one SERVFAIL, not the client's silence
+            self.stats.panics += 1
+            log.exception("dns: autopath for %s failed", forward.query.labels)
+            step = self.answerer.relay(replace(forward, walk=None), None)
+        if isinstance(step, Forward):  # an ExternalName found on the way: its chain
+            self._forward(step, send)
+            return
+        send(step)
+        self.stats.observe(qtype_name(forward.query.qtype), self._monotonic() - started)
 
     def _refresh(self, forward: Forward, key: bytes, *, do: bool, cd: bool, prefetch: bool = False) -> None:
         """Ask upstream for a stale or soon expiring entry in the background, once at a time
@@ -327,6 +365,15 @@ class DnsServer:
         else:
             send(self.answerer.relay(forward, message))
         self.stats.observe(qtype_name(forward.query.qtype), now - started)
+
+
+def _with_host_search(config: DnsConfig) -> DnsConfig:
+    """autopath's search domains after the cluster's: by default the host's, as CoreDNS
+    reads its own /etc/resolv.conf (a node-local server's is the node's, as the kubelet's
+    ClusterFirst pods get them)."""
+    if config.autopath and config.autopath_search is None:
+        return config.with_changes(autopath_search=search_domains())
+    return config
 
 
 def _forwarding(config: DnsConfig) -> tuple[object, ...]:
@@ -436,7 +483,7 @@ class _TcpConnection(asyncio.Protocol):
                 break
             message = buffer[offset + 2 : offset + 2 + size]
             offset += 2 + size
-            reply = answerer.answer(message, True)
+            reply = answerer.answer(message, True, self.client)
             if reply.__class__ is bytes:
                 self._write(reply)  # type: ignore[arg-type]
             elif reply is None:

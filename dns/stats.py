@@ -71,6 +71,8 @@ class DnsStats:
     served_stale: int = 0
     #: upstream answers refreshed before they expired: coredns_cache_prefetch_total
     prefetches: int = 0
+    #: queries answered by walking the pod's search path: coredns_autopath_success_total
+    autopath_successes: int = 0
     #: (upstream, rcode name) -> round trips answered: coredns_forward_request_duration_seconds{to,rcode}
     forward_durations: dict[tuple[str, str], DurationHistogram] = field(default_factory=dict)
     #: service_kind -> change-to-answered durations: coredns_kubernetes_dns_programming_duration_seconds

@@ -78,6 +78,7 @@ class UdpListener:
         recvfrom = self.sock.recvfrom
         sendto = self.sock.sendto
         answer = self.answerer.answer
+        autopath = self.answerer.autopath
         count = 0
         while count < self.batch:
             try:
@@ -89,7 +90,10 @@ class UdpListener:
                 break
             count += 1
             try:
-                reply = answer(packet) if len(packet) <= MAX_QUERY else oversized_reply(packet, self.stats)
+                if len(packet) > MAX_QUERY:
+                    reply = oversized_reply(packet, self.stats)
+                else:  # the client's address matters to autopath only
+                    reply = answer(packet, False, address[0]) if autopath else answer(packet)
             except Exception:  # a bug costs this query, not the rest of the batch
                 self._failed()
                 continue
@@ -152,6 +156,7 @@ class BatchedUdpListener(UdpListener):
         data, iovecs, bodies = io.data_view, io.send_iovecs_view, io.bodies
         fields = iter(io.received_fields(count))
         cached, build = self.answerer.cached, self.answerer.build
+        autopath = self.answerer.autopath
         slot_size, data_offset = batch_io.SLOT_SIZE, batch_io.BYTES_DATA
         ready = 0
         for i, (name_length, flags, length) in enumerate(zip(fields, fields, fields)):
@@ -167,7 +172,8 @@ class BatchedUdpListener(UdpListener):
                 body = cached(packet)
                 skip = 0
                 if body is None:
-                    body = build(packet)
+                    # the client's address costs a parse: only autopath answers depend on it
+                    body = build(packet, False, self._address(i, name_length)[0]) if autopath else build(packet)
                     skip = batch_io.ID_SIZE  # a whole reply: the query's ID is already in it
             except Exception:  # a bug costs this query, not the rest of the batch
                 self._failed()
