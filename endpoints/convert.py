@@ -216,6 +216,26 @@ def node_info(node: model.Node) -> NodeInfo:
     )
 
 
+#: one empty label map for every Pod read for DNS (a map each would cost more than the Pod)
+_NO_LABELS: MappingProxyType[str, str] = MappingProxyType({})
+
+
+def pod_addresses(pod: model.PodAddresses) -> PodInfo:
+    """A Pod as DNS reads it from the API server: no labels, ports or containers."""
+    meta, status = pod.metadata, pod.status
+    ips = [entry.ip for entry in status.pod_ips or () if entry.ip] or ([status.pod_ip] if status.pod_ip else [])
+    return PodInfo(
+        namespace=_intern(meta.namespace),
+        name=meta.name,
+        labels=_NO_LABELS,
+        ips=tuple(canonical_ip(ip) for ip in ips),
+        phase=_intern(status.phase or "Pending"),
+        deletion_timestamp=_rfc3339(meta.deletion_timestamp),
+        node_name=_intern(pod.spec.node_name) if pod.spec.node_name else None,
+        created="",
+    )
+
+
 def pod_info(pod: model.Pod) -> PodInfo:
     meta, spec, status = pod.metadata, pod.spec, pod.status
     ports = [

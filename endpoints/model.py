@@ -444,7 +444,43 @@ class Pod(ApiModel):
     status: PodStatus = Field(default_factory=PodStatus)
 
 
-KubeObject = Union[Service, EndpointSlice, Node, Namespace, Pod]
+class _PodAddressesMeta(ApiModel):
+    name: str = ""
+    namespace: str = "default"
+    resource_version: str | None = None
+    deletion_timestamp: datetime | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_namespace(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("namespace") in (None, ""):
+            data = {**data, "namespace": "default"}
+        return data
+
+
+class _PodAddressesSpec(ApiModel):
+    node_name: str | None = None
+
+
+class _PodAddressesStatus(ApiModel):
+    phase: str | None = None
+    pod_ip: str | None = Field(default=None, alias="podIP")
+    pod_ips: list[PodIP] | None = Field(default=None, alias="podIPs")
+
+
+class PodAddresses(ApiModel):
+    """A Pod read from the API server for DNS (``pods verified``, autopath): name, namespace,
+    phase, addresses and deletionTimestamp only, as CoreDNS's object.ToPod keeps them; the
+    rest of each Pod (containers, labels, managed fields) is never made into objects."""
+
+    api_version: str = "v1"
+    kind: Literal["Pod"] = "Pod"
+    metadata: _PodAddressesMeta
+    spec: _PodAddressesSpec = Field(default_factory=_PodAddressesSpec)
+    status: _PodAddressesStatus = Field(default_factory=_PodAddressesStatus)
+
+
+KubeObject = Union[Service, EndpointSlice, Node, Namespace, Pod, PodAddresses]
 KIND_MODELS: dict[str, type[ApiModel]] = {
     "Service": Service,
     "EndpointSlice": EndpointSlice,

@@ -126,6 +126,9 @@ class ClusterState:
         elif isinstance(obj, model.Pod):
             value = convert.pod_info(obj)
             self._upsert_pod(value)
+        elif isinstance(obj, model.PodAddresses):
+            value = convert.pod_addresses(obj)
+            self._upsert_pod(value)
         elif isinstance(obj, model.Namespace):
             value = True
             self._upsert_namespace(obj.metadata.name)

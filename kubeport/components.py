@@ -33,8 +33,12 @@ def build_state(config: KubeportConfiguration) -> ClusterState:
         from kubeport.endpoints.hints import as_the_controller_writes
 
         transform, pod_slices = as_the_controller_writes, slices_for
-    # With an API server, DNS also waits for Namespaces (CoreDNS answers for namespace names).
+    # With an API server, DNS also waits for Namespaces (CoreDNS answers for namespace names),
+    # and for Pods under `pods verified` (CoreDNS's pod informer is among those it waits for);
+    # autopath does without them until they are listed (the client walks its search path).
     required = REQUIRED_KINDS if manifest_mode else REQUIRED_KINDS | {"Namespace"}
+    if not manifest_mode and config.dns.pods == "verified":
+        required = required | {"Pod"}
     return ClusterState(config.hostname_override, implicit_namespaces=manifest_mode,
                         slice_transform=transform, pod_slices=pod_slices, required_kinds=required)
 
@@ -48,6 +52,7 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
             kubeconfig=config.client_connection.kubeconfig,
             in_cluster=config.in_cluster,
             node_name=config.hostname_override,
+            pods=pod_scope(config),
         )
         registry.register(source.collector())
         return source
@@ -72,6 +77,15 @@ def build_source(config: KubeportConfiguration, state: ClusterState, registry: C
                           limits=ReadLimits(limits.file_bytes, limits.total_bytes, limits.read_timeout))
 
 
+def pod_scope(config: KubeportConfiguration) -> str:
+    """The Pods DNS reads from an API server: every one for `pods verified` (CoreDNS's pod
+    index), this node's for autopath alone, else none. Chosen at start: a reload that changes
+    it is logged as needing a restart."""
+    if config.dns.pods == "verified":
+        return "all"
+    return "node" if config.dns.autopath else "none"
+
+
 def dns_config(config: KubeportConfiguration) -> DnsConfig:
     from kubeport.dns.config import DnsConfig, parse_upstream
 
@@ -84,6 +98,7 @@ def dns_config(config: KubeportConfiguration) -> DnsConfig:
         namespaces=tuple(dns.namespaces),
         ignore_empty_service=dns.ignore_empty_service,
         noendpoints=dns.noendpoints,
+        autopath=dns.autopath,
         reverse_zones=tuple(dns.reverse_zones),
         fallthrough=tuple(dns.fallthrough),
         upstreams=[parse_upstream(u) for u in dns.upstreams] if dns.upstreams else None,
@@ -147,6 +162,9 @@ async def apply_live(
     Without a DNS server yet (not started), the new settings are only taken."""
     applied: dict[str, Any] = {}
     if new.dns != running.dns:
+        if running.source_kind != "manifests" and pod_scope(new) != pod_scope(running):
+            log.warning("configuration: the Pods read from the API server (%s, now %s) change only with a restart",
+                        pod_scope(running), pod_scope(new))
         if dns_server is not None:
             await dns_server.reconfigure(dns_config(new))
         applied["dns"] = new.dns

@@ -98,6 +98,10 @@ class DnsSettings(_Section):
         "NXDOMAIN.")
     ignore_empty_service: bool = Field(
         False, description="CoreDNS `ignore empty_service`: NXDOMAIN for a ClusterIP Service without ready endpoints.")
+    autopath: bool = Field(
+        False, description="CoreDNS `autopath @kubernetes`: a query from a Pod for name.<its ns>.svc.<zone> is "
+        "answered for the first name of its search path that exists, behind a CNAME; the Pods are this node's "
+        "(API server: a Pod watch of this node).")
     reverse_zones: list[str] = Field(
         default_factory=lambda: ["in-addr.arpa", "ip6.arpa"],
         description="The reverse zones of CoreDNS `kubernetes <zone> [ZONES...]` (names or CIDRs): PTR records "

@@ -6,17 +6,19 @@ Services labelled ``service.kubernetes.io/service-proxy-name`` and objects label
 their slices are the A records of the pods; a Service handled by another proxy still
 has a name). The proxy drops them itself through ``ServiceInfo.proxied`` and
 ``SliceInfo.proxied``. The Node watch
-is limited to this node by a field selector, as kube-proxy does.
+is limited to this node by a field selector, as kube-proxy does. Pods are watched only for
+DNS options that need them: ``pods verified`` every Pod, as CoreDNS does, autopath alone
+this node's (the querying pod is always on it).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kubeport.endpoints.apiserver.client import ApiStatusError
-from kubeport.endpoints.model import ApiModel, EndpointSlice, Namespace, Node, Service
+from kubeport.endpoints.model import ApiModel, EndpointSlice, Namespace, Node, PodAddresses, Service
 
 #: The permission every watched resource needs (deploy/rbac.yaml grants exactly these).
 VERBS = ("get", "list", "watch")
@@ -63,14 +65,25 @@ class Resource:
                 "(deploy/rbac.yaml)")
 
 
-def watched_resources(node_name: str) -> tuple[Resource, ...]:
-    """Services and EndpointSlices (all namespaces), this node's Node, Namespaces."""
-    return (
+#: which Pods DNS reads: none; this node's (autopath: the pods that may query this node);
+#: every one (``pods verified``, as CoreDNS's pod informer)
+PodScope = Literal["none", "node", "all"]
+
+
+def watched_resources(node_name: str, pods: PodScope = "none") -> tuple[Resource, ...]:
+    """Services and EndpointSlices (all namespaces), this node's Node, Namespaces; and Pods
+    when DNS needs them, read slim (:class:`~kubeport.endpoints.model.PodAddresses`)."""
+    resources = (
         Resource("Service", "", "v1", "services", Service),
         Resource("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices", EndpointSlice),
         Resource("Node", "", "v1", "nodes", Node, field_selector=f"metadata.name={node_name}"),
         Resource("Namespace", "", "v1", "namespaces", Namespace),
     )
+    if pods == "node":
+        resources += (Resource("Pod", "", "v1", "pods", PodAddresses, field_selector=f"spec.nodeName={node_name}"),)
+    elif pods == "all":
+        resources += (Resource("Pod", "", "v1", "pods", PodAddresses),)
+    return resources
 
 
 @dataclass

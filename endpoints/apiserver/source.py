@@ -1,4 +1,5 @@
-"""The kube-apiserver source: Services, EndpointSlices, this Node and Namespaces, each
+"""The kube-apiserver source: Services, EndpointSlices, this Node and Namespaces (and Pods
+for DNS when asked), each
 kept by an informer (list, then watch) that writes into one ClusterState.
 
 Usage (the daemon)::
@@ -37,7 +38,7 @@ from kubeport.endpoints.apiserver.client import (
 )
 from kubeport.endpoints.apiserver.informer import Informer
 from kubeport.endpoints.apiserver.reflector import Sink
-from kubeport.endpoints.apiserver.resources import Resource, ResourceStats, watched_resources
+from kubeport.endpoints.apiserver.resources import PodScope, Resource, ResourceStats, watched_resources
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class ApiServerSource:
         kubeconfig: Path | None = None,
         in_cluster: bool = False,
         node_name: str,
+        pods: PodScope = "none",
         context: str | None = None,
         stall_timeout: float = 90.0,
         page_size: int = 500,
@@ -72,6 +74,7 @@ class ApiServerSource:
         :param in_cluster: use the pod's service account (``service_account_dir`` and the
             KUBERNETES_SERVICE_HOST/PORT variables of ``environ``) instead.
         :param node_name: this node: the only Node watched.
+        :param pods: which Pods are watched (for DNS): none, this node's, or all.
         :param stall_timeout: seconds without a response, then without a byte, on a watch
             before it is reopened; the API server's watch cache sends a bookmark about every
             minute on a quiet watch (with ``--watch-cache=false`` quiet watches are simply
@@ -95,7 +98,7 @@ class ApiServerSource:
             Informer, backoff=backoff, stall_timeout=stall_timeout, page_size=page_size, watch_list=watch_list,
             on_problem=self._set_problem, sleep=sleep, rand=rand, clock=clock,
         )
-        self.resources: tuple[Resource, ...] = watched_resources(node_name)
+        self.resources: tuple[Resource, ...] = watched_resources(node_name, pods)
         self._informers: list[Informer] = []
         self._stats = {r.kind: ResourceStats(r.kind) for r in self.resources}
 

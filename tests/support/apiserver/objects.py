@@ -134,3 +134,53 @@ def namespace(name: str) -> dict[str, Any]:
         "spec": {"finalizers": ["kubernetes"]},
         "status": {"phase": "Active"},
     }
+
+
+def pod(name: str, namespace: str = "default", *, ip: str = "10.244.1.11", node_name: str = "node-a",
+        phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
+    """A Pod as `kubectl get pod -o json` prints it: a Deployment's, with the kubelet's status,
+    about 4 KiB of JSON of which DNS reads name, namespace, phase and addresses."""
+    extra: dict[str, Any] = {"labels": {"app": name.rsplit("-", 2)[0], "pod-template-hash": "5d9f7c8b6d"},
+                             "generateName": name.rsplit("-", 1)[0] + "-", "resourceVersion": "1",
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                                  "name": name.rsplit("-", 1)[0], "uid": str(uuid.uuid4()),
+                                                  "controller": True, "blockOwnerDeletion": True}],
+                             "managedFields": _managed_fields("v1", "kubelet", {"f:status": {
+                                 "f:conditions": {}, "f:containerStatuses": {}, "f:hostIP": {}, "f:phase": {},
+                                 "f:podIP": {}, "f:podIPs": {}, "f:startTime": {}}})}
+    if deleting:
+        extra["deletionTimestamp"] = CREATED
+    container = {
+        "name": "app", "image": "registry.example/app:1.4.2", "imagePullPolicy": "IfNotPresent",
+        "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+        "volumeMounts": [{"name": "kube-api-access", "readOnly": True,
+                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+    }
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": _meta(name, namespace, **extra),
+        "spec": {
+            "containers": [container], "restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst", "serviceAccountName": "default", "nodeName": node_name,
+            "securityContext": {}, "schedulerName": "default-scheduler", "priority": 0,
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                             "tolerationSeconds": 300}],
+            "volumes": [{"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}],
+        },
+        "status": {
+            "phase": phase,
+            "conditions": [{"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": CREATED}
+                           for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
+                                        "PodScheduled")],
+            "hostIP": "192.168.10.11", "hostIPs": [{"ip": "192.168.10.11"}],
+            "podIP": ip, "podIPs": [{"ip": ip}], "startTime": CREATED, "qosClass": "Burstable",
+            "containerStatuses": [{"name": "app", "state": {"running": {"startedAt": CREATED}}, "ready": True,
+                                   "restartCount": 0, "image": "registry.example/app:1.4.2",
+                                   "imageID": "registry.example/app@sha256:" + "0" * 64,
+                                   "containerID": "containerd://" + "1" * 64, "started": True}],
+        },
+    }

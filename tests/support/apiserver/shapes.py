@@ -13,6 +13,7 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "endpointslices": ("discovery.k8s.io", "v1", "EndpointSlice", True),
     "nodes": ("", "v1", "Node", False),
     "namespaces": ("", "v1", "Namespace", False),
+    "pods": ("", "v1", "Pod", True),
 }
 PLURALS = {kind: plural for plural, (_, _, kind, _) in RESOURCES.items()}
 EXPIRED_CONTINUE = (

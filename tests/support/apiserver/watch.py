@@ -18,22 +18,29 @@ from aiohttp import web
 
 from .shapes import bookmark_line
 
-#: A parsed fieldSelector: (metadata field, value), or None for every object.
-Selector = tuple[str, str] | None
+#: A parsed fieldSelector: (path of the field, value), or None for every object.
+Selector = tuple[tuple[str, ...], str] | None
+#: the fields the real API server selects on for the resources served (spec.nodeName: Pods)
+FIELDS = ("metadata.name", "metadata.namespace", "spec.nodeName")
 
 
 def parse_selector(text: str | None) -> Selector:
     if not text:
         return None
     field_name, sep, value = text.partition("=")
-    if not sep or field_name not in ("metadata.name", "metadata.namespace"):
-        raise ValueError(f'"{field_name}" is not a known field selector: only "metadata.name", '
-                         '"metadata.namespace"')
-    return field_name.split(".")[1], value
+    if not sep or field_name not in FIELDS:
+        raise ValueError(f'"{field_name}" is not a known field selector: only '
+                         + ", ".join(f'"{known}"' for known in FIELDS))
+    return tuple(field_name.split(".")), value
 
 
 def selected(obj: dict[str, Any], selector: Selector) -> bool:
-    return selector is None or obj["metadata"].get(selector[0]) == selector[1]
+    if selector is None:
+        return True
+    value: Any = obj
+    for part in selector[0]:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value == selector[1]
 
 
 class WatchedServer(Protocol):
