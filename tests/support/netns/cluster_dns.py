@@ -127,6 +127,25 @@ def pod_resolv_conf(pod_ns: str, nameserver: str = DNS_SERVICE_IP) -> Iterator[P
                 directory.parent.rmdir()
 
 
+@contextlib.contextmanager
+def host_resolv_conf(node_ns: str, nameserver: str) -> Iterator[Path]:
+    """A node's /etc/resolv.conf without search domains, for a daemon started in it meanwhile
+    (its upstream and autopath's host search domains are read from it). Removed afterwards."""
+    directory = Path("/etc/netns") / node_ns
+    parent_existed = directory.parent.exists()
+    directory.mkdir(parents=True, exist_ok=False)
+    path = directory / "resolv.conf"
+    path.write_text(f"nameserver {nameserver}\n")
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        directory.rmdir()
+        if not parent_existed:
+            with contextlib.suppress(OSError):
+                directory.parent.rmdir()
+
+
 class LineReader:
     """Lines from a spawned process's stdout pipe, each awaited with a deadline."""
 
