@@ -23,6 +23,7 @@ truncated last record, another kubeport version's format) is skipped, never serv
 from __future__ import annotations
 
 import asyncio
+import copyreg
 import logging
 import os
 import pickle
@@ -30,9 +31,24 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping
 
 log = logging.getLogger(__name__)
+
+
+def _mapping_view(view: Mapping[str, str]) -> tuple[Any, tuple[dict[str, str]]]:
+    return read_only, (dict(view),)
+
+
+def read_only(mapping: dict[str, str]) -> Mapping[str, str]:
+    """A kept view, read back (pickle names this function: mappingproxy has no importable name)."""
+    return MappingProxyType(mapping)
+
+
+# A Pod's labels are a read-only view (PodInfo.labels), which pickle cannot write as such:
+# kept as the dict it shows, read back as a view of it.
+copyreg.pickle(MappingProxyType, _mapping_view)  # type: ignore[arg-type]
 
 #: Bumped whenever the kept dataclasses change shape: an older state is then not served.
 FORMAT = 1

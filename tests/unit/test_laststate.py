@@ -95,6 +95,28 @@ async def test_a_new_process_restores_what_the_last_one_held_and_serves_it_befor
     assert snapshot.node == before.snapshot.node and "default" in snapshot.namespaces
 
 
+async def test_pods_are_kept_with_their_labels(kept):
+    """Manifest mode's Pods (labels and all) and the API server's slim ones."""
+    from support.apiserver import objects as k8s
+
+    from kubeport.endpoints import model
+
+    before = ClusterState("node-a")
+    kept(before)
+    cluster(before)
+    before.upsert(api.to_model(api.pod("web-0", ips=["10.244.1.1"], labels={"app": "web"})))
+    before.upsert(model.PodAddresses.model_validate(k8s.pod("api-5d-x", "shop", ip="10.244.1.7")))
+    before.commit()
+    await kept.written()
+    saved = LastState(kept.directory).load()
+    assert saved is not None
+    after = ClusterState("node-a")
+    after.restore(saved)
+    snapshot = after.commit()
+    assert snapshot is not None and snapshot.pods == before.snapshot.pods
+    assert snapshot.pods[("default", "web-0")].labels == {"app": "web"}
+
+
 async def test_the_first_sync_deletes_what_the_source_no_longer_has(kept):
     before = ClusterState("node-a")
     kept(before)
