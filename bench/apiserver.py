@@ -63,6 +63,14 @@ def cluster_objects(services: int, endpoints: int) -> list[dict]:
     return objects
 
 
+def pod_objects(count: int, on_node: int, node: str) -> list[dict]:
+    """``count`` Pods as a Deployment's, with the kubelet's status (about 4 KiB of JSON each),
+    the first ``on_node`` on ``node``, the others on other nodes; over 100 namespaces."""
+    return [k8s.pod(f"app-{i // 10}-5d9f7c8b6d-{i:05d}", f"team-{i % 100}",
+                    ip=f"10.{128 + i // 65536}.{i // 256 % 256}.{i % 256}",
+                    node_name=node if i < on_node else f"node-{i % 50}") for i in range(count)]
+
+
 class TimedRequests(list):
     """The fake's request log, each entry also stamped with its Unix time."""
 
@@ -89,6 +97,8 @@ async def serve(args: argparse.Namespace) -> None:
         fake.apply(k8s.namespace(name))
     fake.apply(k8s.node(args.node, internal_ip=args.listen))
     for obj in cluster_objects(args.services, args.endpoints):
+        fake.apply(obj)
+    for obj in pod_objects(args.pods, args.pods_on_node, args.node):
         fake.apply(obj)
     fake.compact()  # the load is not history: a watch starts from the list, as with a real server
     # Millions of long-lived objects: without this, a collection now and then holds a watch
@@ -142,6 +152,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--endpoints", type=int, required=True, help="endpoints per service (one slice)")
     parser.add_argument("--token", required=True, help="the bearer token clients must send")
     parser.add_argument("--node", default="node", help="the Node object of the daemon's host")
+    parser.add_argument("--pods", type=int, default=0, help="Pods over 100 namespaces")
+    parser.add_argument("--pods-on-node", type=int, default=0, help="how many of them run on --node")
     return parser.parse_args()
 
 
