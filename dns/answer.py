@@ -256,7 +256,7 @@ class Answerer:
         """An upstream's answer to a search name of ``forward.walk``: an NXDOMAIN moves on to
         the next name; another answer is the reply, behind a CNAME from the name asked (CoreDNS
         cnamer); no answer at all is SERVFAIL (CoreDNS returns forward's error at once)."""
-        query, walk = forward.query, forward.walk
+        walk = forward.walk
         assert walk is not None
         self._request_size = forward.request_size
         # The server times the whole walk, upstream round trips included: _reply must not time it again.
