@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Literal
 
 from kubeport.dns.names import REVERSE_ZONES, ZoneError, zone_labels
+from kubeport.dns.selectors import Selector, SelectorError, parse_selector
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class DnsConfig:
     endpoint_pod_names: bool = False
     #: CoreDNS ``namespaces``: serve only these namespaces (empty: every namespace).
     namespaces: tuple[str, ...] = ()
+    #: CoreDNS ``labels``: a label selector; only the Services it matches are served ("": all).
+    labels: str = ""
     #: CoreDNS ``noendpoints``: no endpoint records (headless services and endpoint names NXDOMAIN).
     noendpoints: bool = False
     #: CoreDNS ``ignore empty_service``: a ClusterIP service without ready endpoints is NXDOMAIN.
@@ -118,6 +121,10 @@ class DnsConfig:
             if len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace):
                 raise DnsConfigError(f"DnsConfig.namespaces: {namespace!r} is not a namespace name")
         object.__setattr__(self, "reverse_zones", tuple(self.reverse_zones))
+        try:
+            parse_selector(self.labels)
+        except SelectorError as error:
+            raise DnsConfigError(f"DnsConfig.labels: {error}") from None
         if self.autopath_search is not None:
             search = tuple(domain.strip().rstrip(".").lower() for domain in self.autopath_search)
             for domain in search:
@@ -162,6 +169,10 @@ class DnsConfig:
                                  "or verify")
         if not 512 <= self.edns_udp_size <= 65535:
             raise DnsConfigError(f"DnsConfig.edns_udp_size: {self.edns_udp_size} is outside 512..65535")
+
+    @property
+    def label_selector(self) -> Selector | None:
+        return parse_selector(self.labels) if self.labels.strip() else None
 
     @property
     def reverse_zone_labels(self) -> tuple[tuple[str, ...], ...]:

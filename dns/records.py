@@ -21,6 +21,7 @@ from operator import attrgetter, is_
 from typing import Iterable, Iterator, Mapping, Union
 
 from kubeport.dns.names import endpoint_name
+from kubeport.dns.selectors import Selector
 from kubeport.endpoints.names import ip_facts
 from kubeport.endpoints.types import (
     EndpointInfo,
@@ -280,7 +281,8 @@ class RecordIndex:
     """Services by (namespace, name), reverse maps, namespaces, sync state, SOA serial."""
 
     def __init__(self, zone: str = "cluster.local", *, endpoint_pod_names: bool = False,
-                 exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0):
+                 exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0,
+                 selector: Selector | None = None):
         """``exposed``: the namespaces served (CoreDNS ``namespaces``), None for all; the
         services of the others are not indexed at all, so no name, PTR or pod lookup finds them.
         ``endpoints`` False (CoreDNS ``noendpoints``): no endpoint is indexed, as CoreDNS does
@@ -289,6 +291,8 @@ class RecordIndex:
         self.zone_labels = tuple(self.zone.split("."))
         self.endpoint_pod_names = endpoint_pod_names
         self.exposed = exposed
+        #: CoreDNS ``labels``: only the Services whose labels it matches are indexed
+        self.selector = selector
         self.endpoints = endpoints
         self.services: dict[ServiceName, ServiceRecords] = {}
         self.namespaces: frozenset[str] = frozenset()
@@ -311,8 +315,10 @@ class RecordIndex:
 
     @classmethod
     def build(cls, snapshot: Snapshot, *, zone: str = "cluster.local", endpoint_pod_names: bool = False,
-              exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0) -> "RecordIndex":
-        index = cls(zone, endpoint_pod_names=endpoint_pod_names, exposed=exposed, endpoints=endpoints, now=now)
+              exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0,
+              selector: Selector | None = None) -> "RecordIndex":
+        index = cls(zone, endpoint_pod_names=endpoint_pod_names, exposed=exposed, endpoints=endpoints, now=now,
+                    selector=selector)
         index.apply(snapshot, None, now=now)
         return index
 
@@ -323,9 +329,12 @@ class RecordIndex:
         services = snapshot.services
         held = self.services
         exposed = self.exposed
+        selector = self.selector
         for name in names:
             state = services.get(name)
             if exposed is not None and name.namespace not in exposed:
+                state = None
+            elif selector is not None and state is not None and not selector.matches(dict(state.service.labels)):
                 state = None
             new = service_records(state) if state is not None else None
             if new is not None and not self.endpoints:

@@ -104,6 +104,7 @@ def service_info(svc: model.Service) -> ServiceInfo:
         selector=",".join(f"{k}={v}" for k, v in sorted((spec.selector or {}).items())),
         selector_labels=tuple(sorted(spec.selector.items())) if spec.selector else None,
         ip_families=tuple(spec.ip_families or ()),
+        labels=tuple(sorted(meta.labels.items())),
     )
 
 

@@ -51,7 +51,7 @@ def read_only(mapping: dict[str, str]) -> Mapping[str, str]:
 copyreg.pickle(MappingProxyType, _mapping_view)  # type: ignore[arg-type]
 
 #: Bumped whenever the kept dataclasses change shape: an older state is then not served.
-FORMAT = 1
+FORMAT = 2
 BASE = "base.pickle"
 JOURNAL = "journal"
 _LENGTH = struct.Struct("!I")

@@ -86,6 +86,8 @@ class ServiceInfo:
     selector_labels: tuple[tuple[str, str], ...] | None = None
     #: spec.ipFamilies, as the registry defaulted them ("IPv4", "IPv6").
     ip_families: tuple[str, ...] = ()
+    #: metadata.labels as sorted pairs, for DNS's ``labels`` selector (CoreDNS ``labels``)
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def proxied(self) -> bool:

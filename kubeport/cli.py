@@ -78,6 +78,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                      help="NXDOMAIN for a ClusterIP Service without ready endpoints (CoreDNS ignore empty_service)")
     run.add_argument("--noendpoints", action=argparse.BooleanOptionalAction, default=None,
                      help="no endpoint records: headless Services and endpoint names NXDOMAIN (CoreDNS noendpoints)")
+    run.add_argument("--dns-labels", metavar="SELECTOR",
+                     help="serve only the Services this label selector matches (CoreDNS labels)")
     run.add_argument("--dns-autopath", action=argparse.BooleanOptionalAction, default=None,
                      help="complete a pod's search path server-side, the querying pod found among this node's "
                      "Pods (CoreDNS autopath @kubernetes)")
@@ -176,6 +178,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.ignoreEmptyService": ("--ignore-empty-service",),
     "dns.noendpoints": ("--noendpoints",),
     "dns.autopath": ("--dns-autopath",),
+    "dns.labels": ("--dns-labels",),
     "dns.reverseZones": ("--dns-reverse-zones",),
     "dns.fallthrough": ("--dns-fallthrough",),
     "dns.serveStale": ("--dns-serve-stale",),

@@ -99,6 +99,7 @@ def dns_config(config: KubeportConfiguration) -> DnsConfig:
         ignore_empty_service=dns.ignore_empty_service,
         noendpoints=dns.noendpoints,
         autopath=dns.autopath,
+        labels=dns.labels,
         reverse_zones=tuple(dns.reverse_zones),
         fallthrough=tuple(dns.fallthrough),
         upstreams=[parse_upstream(u) for u in dns.upstreams] if dns.upstreams else None,

@@ -98,6 +98,9 @@ class DnsSettings(_Section):
         "NXDOMAIN.")
     ignore_empty_service: bool = Field(
         False, description="CoreDNS `ignore empty_service`: NXDOMAIN for a ClusterIP Service without ready endpoints.")
+    labels: str = Field(
+        "", description="CoreDNS `labels`: a label selector (`app=web,tier!=cache`, `env in (a,b)`); only the "
+        "Services it matches are served (empty: all).")
     autopath: bool = Field(
         False, description="CoreDNS `autopath @kubernetes`: a query from a Pod for name.<its ns>.svc.<zone> is "
         "answered for the first name of its search path that exists, behind a CNAME; the Pods are this node's "
@@ -148,6 +151,17 @@ class DnsSettings(_Section):
         except DnsConfigError as exc:
             raise ValueError(str(exc).partition(": ")[2]) from None
         return values
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: str) -> str:
+        from kubeport.dns.selectors import SelectorError, parse_selector
+
+        try:
+            parse_selector(value)
+        except SelectorError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("reverse_zones", "fallthrough")
     @classmethod

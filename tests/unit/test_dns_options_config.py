@@ -39,6 +39,8 @@ OPTIONS = [
                  id="ignore_empty_service"),
     pytest.param(["--noendpoints"], "  noendpoints: true\n", "noendpoints", True, id="noendpoints"),
     pytest.param(["--dns-autopath"], "  autopath: true\n", "autopath", True, id="autopath_at_kubernetes"),
+    pytest.param(["--dns-labels", "tier in (front)"], "  labels: tier in (front)\n", "labels", "tier in (front)",
+                 id="labels_tier_in_front"),
     pytest.param(["--dns-prefetch", "2"], "  prefetch: 2\n", "prefetch", 2, id="cache_prefetch_2"),
     pytest.param(["--dns-serve-stale", "1h", "--dns-serve-stale-refresh-mode", "verify"],
                  "  serveStale: 1h\n  serveStaleRefreshMode: verify\n", "serve_stale", 3600.0,
