@@ -104,7 +104,8 @@ def service_info(svc: model.Service) -> ServiceInfo:
         selector=",".join(f"{k}={v}" for k, v in sorted((spec.selector or {}).items())),
         selector_labels=tuple(sorted(spec.selector.items())) if spec.selector else None,
         ip_families=tuple(spec.ip_families or ()),
-        labels=tuple(sorted(meta.labels.items())),
+        # interned and shared: Services of one app carry the same keys, often the same set
+        labels=_share(tuple(sorted((_intern(k), _intern(v)) for k, v in meta.labels.items()))),
     )
 
 
