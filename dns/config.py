@@ -43,6 +43,8 @@ class DnsConfig:
     namespaces: tuple[str, ...] = ()
     #: CoreDNS ``labels``: a label selector; only the Services it matches are served ("": all).
     labels: str = ""
+    #: CoreDNS ``namespace_labels``: only the namespaces whose Namespace object it matches ("": all).
+    namespace_labels: str = ""
     #: CoreDNS ``noendpoints``: no endpoint records (headless services and endpoint names NXDOMAIN).
     noendpoints: bool = False
     #: CoreDNS ``ignore empty_service``: a ClusterIP service without ready endpoints is NXDOMAIN.
@@ -121,10 +123,11 @@ class DnsConfig:
             if len(namespace) > 63 or not _DNS_LABEL.fullmatch(namespace):
                 raise DnsConfigError(f"DnsConfig.namespaces: {namespace!r} is not a namespace name")
         object.__setattr__(self, "reverse_zones", tuple(self.reverse_zones))
-        try:
-            parse_selector(self.labels)
-        except SelectorError as error:
-            raise DnsConfigError(f"DnsConfig.labels: {error}") from None
+        for name in ("labels", "namespace_labels"):
+            try:
+                parse_selector(getattr(self, name))
+            except SelectorError as error:
+                raise DnsConfigError(f"DnsConfig.{name}: {error}") from None
         if self.autopath_search is not None:
             search = tuple(domain.strip().rstrip(".").lower() for domain in self.autopath_search)
             for domain in search:
@@ -173,6 +176,10 @@ class DnsConfig:
     @property
     def label_selector(self) -> Selector | None:
         return parse_selector(self.labels) if self.labels.strip() else None
+
+    @property
+    def namespace_selector(self) -> Selector | None:
+        return parse_selector(self.namespace_labels) if self.namespace_labels.strip() else None
 
     @property
     def reverse_zone_labels(self) -> tuple[tuple[str, ...], ...]:

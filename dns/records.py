@@ -282,7 +282,7 @@ class RecordIndex:
 
     def __init__(self, zone: str = "cluster.local", *, endpoint_pod_names: bool = False,
                  exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0,
-                 selector: Selector | None = None):
+                 selector: Selector | None = None, namespace_selector: Selector | None = None):
         """``exposed``: the namespaces served (CoreDNS ``namespaces``), None for all; the
         services of the others are not indexed at all, so no name, PTR or pod lookup finds them.
         ``endpoints`` False (CoreDNS ``noendpoints``): no endpoint is indexed, as CoreDNS does
@@ -293,6 +293,10 @@ class RecordIndex:
         self.exposed = exposed
         #: CoreDNS ``labels``: only the Services whose labels it matches are indexed
         self.selector = selector
+        #: CoreDNS ``namespace_labels``: only the namespaces whose Namespace's labels it matches
+        self.namespace_selector = namespace_selector
+        #: the namespaces ``namespace_selector`` matched at the last apply
+        self._matched: frozenset[str] | None = None
         self.endpoints = endpoints
         self.services: dict[ServiceName, ServiceRecords] = {}
         self.namespaces: frozenset[str] = frozenset()
@@ -316,19 +320,27 @@ class RecordIndex:
     @classmethod
     def build(cls, snapshot: Snapshot, *, zone: str = "cluster.local", endpoint_pod_names: bool = False,
               exposed: frozenset[str] | None = None, endpoints: bool = True, now: float = 0.0,
-              selector: Selector | None = None) -> "RecordIndex":
+              selector: Selector | None = None, namespace_selector: Selector | None = None) -> "RecordIndex":
         index = cls(zone, endpoint_pod_names=endpoint_pod_names, exposed=exposed, endpoints=endpoints, now=now,
-                    selector=selector)
+                    selector=selector, namespace_selector=namespace_selector)
         index.apply(snapshot, None, now=now)
         return index
 
     def apply(self, snapshot: Snapshot, changed: Iterable[ServiceName] | None, *, now: float) -> IndexChange:
         """Bring the index to ``snapshot``; ``changed`` None means every service."""
+        exposed = self.exposed
+        if self.namespace_selector is not None:
+            labels = snapshot.namespace_labels
+            matched = frozenset(ns for ns in snapshot.namespaces
+                                if self.namespace_selector.matches(dict(labels.get(ns, ()))))
+            if matched != self._matched:
+                changed = None  # a namespace came into view or left it: every service again
+            self._matched = matched
+            exposed = matched if exposed is None else exposed & matched
         names = set(snapshot.services) | set(self.services) if changed is None else changed
         touched = set()
         services = snapshot.services
         held = self.services
-        exposed = self.exposed
         selector = self.selector
         for name in names:
             state = services.get(name)

@@ -560,10 +560,12 @@ class _TcpConnection(asyncio.Protocol):
 
 def _index_shape(config: DnsConfig) -> tuple[object, ...]:
     """The options an index is built for: changing one rebuilds it."""
-    return (config.zone, config.endpoint_pod_names, config.namespaces, config.noendpoints, config.labels)
+    return (config.zone, config.endpoint_pod_names, config.namespaces, config.noendpoints, config.labels,
+            config.namespace_labels)
 
 
 def _index_for(config: DnsConfig, now: float) -> RecordIndex:
     return RecordIndex(config.zone, endpoint_pod_names=config.endpoint_pod_names,
                        exposed=frozenset(config.namespaces) if config.namespaces else None,
-                       endpoints=not config.noendpoints, now=now, selector=config.label_selector)
+                       endpoints=not config.noendpoints, now=now, selector=config.label_selector,
+                       namespace_selector=config.namespace_selector)

@@ -78,6 +78,8 @@ class ClusterState:
         self._with_selector: set[ServiceName] = set()
         self._pods_dirty = False
         self._explicit_namespaces: set[str] = set()
+        #: the labels of the Namespace objects that have any
+        self._namespace_labels: dict[str, tuple[tuple[str, str], ...]] = {}
         self._namespace_refs: Counter[str] = Counter()
 
         self._states: dict[ServiceName, ServiceState] = {}
@@ -130,8 +132,8 @@ class ClusterState:
             value = convert.pod_addresses(obj)
             self._upsert_pod(value)
         elif isinstance(obj, model.Namespace):
-            value = True
-            self._upsert_namespace(obj.metadata.name)
+            value = tuple(sorted(obj.metadata.labels.items()))
+            self._upsert_namespace(obj.metadata.name, value)
         else:  # pragma: no cover - the type union is closed
             raise TypeError(f"unsupported object {type(obj).__name__}")
         if self._unconfirmed:
@@ -165,6 +167,7 @@ class ClusterState:
         elif kind == "Namespace":
             if name in self._explicit_namespaces:
                 self._explicit_namespaces.discard(name)
+                self._namespace_labels.pop(name, None)
                 self._namespaces_dirty = True
         elif kind == "Pod":
             held_pod = self._pods.pop((namespace, name), None)
@@ -210,7 +213,7 @@ class ClusterState:
         for key, pod in self._pods.items():
             yield "Pod", key, pod
         for name in self._explicit_namespaces:
-            yield "Namespace", ("", name), True
+            yield "Namespace", ("", name), self._namespace_labels.get(name, ())
 
     def restore(self, saved: SavedState) -> None:
         """Hold what ``saved`` holds until the source's first sync confirms or replaces it;
@@ -225,7 +228,7 @@ class ClusterState:
             elif kind == "Pod":
                 self._upsert_pod(value)
             elif kind == "Namespace":
-                self._upsert_namespace(name)
+                self._upsert_namespace(name, value)
             else:
                 continue
             self._unconfirmed.setdefault(kind, set()).add((namespace, name))
@@ -266,14 +269,17 @@ class ClusterState:
         node = self._nodes.get(self.node_name)
         node_changed = node != previous.node
         nodes_dirty, self._nodes_dirty = self._nodes_dirty, False
-        namespaces = previous.namespaces
+        namespaces, namespace_labels = previous.namespaces, previous.namespace_labels
         if self._namespaces_dirty:
             namespaces = frozenset(self._explicit_namespaces | set(self._namespace_refs))
+            if self._namespace_labels != previous.namespace_labels:
+                namespace_labels = MappingProxyType(dict(self._namespace_labels))
             self._namespaces_dirty = False
         if synced:
             self._restored_at = None
         pods_changed, self._pods_dirty = self._pods_dirty, False
         if not changed and not node_changed and not nodes_dirty and namespaces == previous.namespaces \
+                and namespace_labels is previous.namespace_labels \
                 and synced == previous.synced and not pods_changed \
                 and (None if synced else self._restored_at) == previous.restored_at:
             return None
@@ -284,6 +290,7 @@ class ClusterState:
             generation=previous.generation + 1,
             services=services,
             namespaces=namespaces,
+            namespace_labels=namespace_labels,
             node=node,
             nodes=MappingProxyType(dict(self._nodes)) if nodes_dirty else previous.nodes,
             pods=MappingProxyType(dict(self._pods)) if pods_changed else previous.pods,
@@ -330,9 +337,15 @@ class ClusterState:
             self._nodes[info.name] = info
             self._nodes_dirty = True
 
-    def _upsert_namespace(self, name: str) -> None:
+    def _upsert_namespace(self, name: str, labels: tuple[tuple[str, str], ...] = ()) -> None:
         if name not in self._explicit_namespaces:
             self._explicit_namespaces.add(name)
+            self._namespaces_dirty = True
+        if self._namespace_labels.get(name, ()) != labels:
+            if labels:
+                self._namespace_labels[name] = labels
+            else:
+                del self._namespace_labels[name]
             self._namespaces_dirty = True
 
     def _upsert_service(self, info: ServiceInfo) -> None:

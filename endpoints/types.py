@@ -334,6 +334,8 @@ class Snapshot:
     #: Before that, the Unix time of the last applied state an earlier process kept, when
     #: this snapshot is built from it (and what the source said since): servable at once.
     restored_at: float | None = None
+    #: the labels of the Namespace objects that have any, as sorted pairs (CoreDNS ``namespace_labels``)
+    namespace_labels: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=lambda: MappingProxyType({}))
     #: manifest mode's Pods, by (namespace, name); empty with an API server (kube-proxy reads none).
     pods: Mapping[tuple[str, str], "PodInfo"] = field(default_factory=lambda: MappingProxyType({}))
     #: every Node object (topology-mode Auto hints need them all), by name.

@@ -80,6 +80,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                      help="no endpoint records: headless Services and endpoint names NXDOMAIN (CoreDNS noendpoints)")
     run.add_argument("--dns-labels", metavar="SELECTOR",
                      help="serve only the Services this label selector matches (CoreDNS labels)")
+    run.add_argument("--dns-namespace-labels", metavar="SELECTOR",
+                     help="serve only the namespaces whose Namespace this label selector matches "
+                     "(CoreDNS namespace_labels)")
     run.add_argument("--dns-autopath", action=argparse.BooleanOptionalAction, default=None,
                      help="complete a pod's search path server-side, the querying pod found among this node's "
                      "Pods (CoreDNS autopath @kubernetes)")
@@ -179,6 +182,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.noendpoints": ("--noendpoints",),
     "dns.autopath": ("--dns-autopath",),
     "dns.labels": ("--dns-labels",),
+    "dns.namespaceLabels": ("--dns-namespace-labels",),
     "dns.reverseZones": ("--dns-reverse-zones",),
     "dns.fallthrough": ("--dns-fallthrough",),
     "dns.serveStale": ("--dns-serve-stale",),

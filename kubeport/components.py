@@ -100,6 +100,7 @@ def dns_config(config: KubeportConfiguration) -> DnsConfig:
         noendpoints=dns.noendpoints,
         autopath=dns.autopath,
         labels=dns.labels,
+        namespace_labels=dns.namespace_labels,
         reverse_zones=tuple(dns.reverse_zones),
         fallthrough=tuple(dns.fallthrough),
         upstreams=[parse_upstream(u) for u in dns.upstreams] if dns.upstreams else None,

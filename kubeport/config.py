@@ -101,6 +101,9 @@ class DnsSettings(_Section):
     labels: str = Field(
         "", description="CoreDNS `labels`: a label selector (`app=web,tier!=cache`, `env in (a,b)`); only the "
         "Services it matches are served (empty: all).")
+    namespace_labels: str = Field(
+        "", description="CoreDNS `namespace_labels`: a label selector; only the namespaces whose Namespace object "
+        "it matches are served (empty: all).")
     autopath: bool = Field(
         False, description="CoreDNS `autopath @kubernetes`: a query from a Pod for name.<its ns>.svc.<zone> is "
         "answered for the first name of its search path that exists, behind a CNAME; the Pods are this node's "
@@ -152,7 +155,7 @@ class DnsSettings(_Section):
             raise ValueError(str(exc).partition(": ")[2]) from None
         return values
 
-    @field_validator("labels")
+    @field_validator("labels", "namespace_labels")
     @classmethod
     def _labels(cls, value: str) -> str:
         from kubeport.dns.selectors import SelectorError, parse_selector

@@ -80,7 +80,8 @@ def make_answerer(objects=CLUSTER, *, synced: bool = True, **config) -> Answerer
     index = RecordIndex.build(snapshot_of(objects, synced=synced), zone=cfg.zone,
                               endpoint_pod_names=cfg.endpoint_pod_names,
                               exposed=frozenset(cfg.namespaces) if cfg.namespaces else None,
-                              endpoints=not cfg.noendpoints, now=SERIAL, selector=cfg.label_selector)
+                              endpoints=not cfg.noendpoints, now=SERIAL, selector=cfg.label_selector,
+                              namespace_selector=cfg.namespace_selector)
     return Answerer(cfg, index)
 
 

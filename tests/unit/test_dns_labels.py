@@ -85,3 +85,45 @@ async def test_a_reload_with_a_new_selector_rebuilds_the_index() -> None:
     assert read_reply(server.answerer.answer(name)).rcode == "NXDOMAIN"
     await server.reconfigure(server.config.with_changes(labels=""))
     assert read_reply(server.answerer.answer(name)).rcode == "NOERROR"
+
+
+TEAMS = [
+    {**namespace("shop"), "metadata": {"name": "shop", "labels": {"team": "a"}}},
+    {**namespace("bank"), "metadata": {"name": "bank", "labels": {"team": "b"}}},
+    service("web", "shop", clusterIP="10.96.0.20", ports=[{"port": 80}]),
+    service("vault", "bank", clusterIP="10.96.0.30", ports=[{"port": 80}]),
+]
+
+
+@pytest.mark.parametrize("c", [
+    case("namespace_labels_serves_a_matching_namespace", "web.shop.svc.cluster.local.", "A",
+         answer=["web.shop.svc.cluster.local. 5 IN A 10.96.0.20"], namespace_labels="team=a"),
+    case("namespace_labels_hides_the_services_of_the_others", "vault.bank.svc.cluster.local.", "A", "NXDOMAIN",
+         namespace_labels="team=a"),
+    case("namespace_labels_hides_the_namespace_itself", "bank.svc.cluster.local.", "A", "NXDOMAIN",
+         namespace_labels="team=a"),
+    case("namespace_labels_with_namespaces_serves_both", "web.shop.svc.cluster.local.", "A",
+         answer=["web.shop.svc.cluster.local. 5 IN A 10.96.0.20"], namespace_labels="team in (a,b)",
+         namespaces=("shop",)),
+])
+def test_namespace_labels_option(c) -> None:
+    check(make_answerer(TEAMS, **c.config), replace(c, config={}))
+
+
+async def test_a_namespace_relabelled_comes_into_view() -> None:
+    from kubeport.dns.server import DnsServer
+    from kubeport.endpoints import model
+
+    from support.api import cluster_state
+
+    state = cluster_state(TEAMS)
+    server = DnsServer(DnsConfig(upstreams=(), addresses=("10.96.0.10",), namespace_labels="team=a"))
+    server.apply(state.commit())
+    name = question("vault.bank.svc.cluster.local.")
+    assert read_reply(server.answerer.answer(name)).rcode == "NXDOMAIN"
+    state.upsert(model.Namespace.model_validate({"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": "bank", "labels": {"team": "a"}}}))
+    snapshot = state.commit()
+    assert snapshot is not None and snapshot.namespace_labels["bank"] == (("team", "a"),)
+    server.apply(snapshot)
+    assert read_reply(server.answerer.answer(name)).rcode == "NOERROR"

@@ -41,6 +41,8 @@ OPTIONS = [
     pytest.param(["--dns-autopath"], "  autopath: true\n", "autopath", True, id="autopath_at_kubernetes"),
     pytest.param(["--dns-labels", "tier in (front)"], "  labels: tier in (front)\n", "labels", "tier in (front)",
                  id="labels_tier_in_front"),
+    pytest.param(["--dns-namespace-labels", "team=a"], "  namespaceLabels: team=a\n", "namespace_labels",
+                 "team=a", id="namespace_labels_team_a"),
     pytest.param(["--dns-prefetch", "2"], "  prefetch: 2\n", "prefetch", 2, id="cache_prefetch_2"),
     pytest.param(["--dns-serve-stale", "1h", "--dns-serve-stale-refresh-mode", "verify"],
                  "  serveStale: 1h\n  serveStaleRefreshMode: verify\n", "serve_stale", 3600.0,
