@@ -3,15 +3,29 @@ abstract socket named after the node and its pid, and the next ProxyWorkers adop
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
+import socket
 
 import pytest
 
 from kubeport import __version__
 from kubeport.endpoints.types import ServiceName
 from kubeport.proxy.config import ProxyConfig
+from kubeport.proxy import worker
 from kubeport.proxy.worker import SnapshotMirror
-from kubeport.proxy.worker_messages import SAME_NODE, orphan_address, orphan_addresses
+from kubeport.proxy.worker_messages import (
+    SAME_NODE,
+    Applied,
+    Apply,
+    Start,
+    Started,
+    orphan_address,
+    orphan_addresses,
+    receive,
+    send,
+)
 from kubeport.proxy.workers import ProxyWorkers
 
 from support.fake_host import FakeAddresses, FakeFirewall
@@ -25,7 +39,7 @@ from support.proxy_loopback import (
     on_uvloop,
     web,
 )
-from support.wait import until
+from support.wait import DEADLINE, until
 
 WEB, API = ServiceName("default", "web"), ServiceName("default", "api")
 
@@ -114,3 +128,40 @@ async def test_orphan_workers_keep_their_connections_and_the_next_parent_adopts_
         await old._local.stop()
         backends.close()
     assert not any(_alive(pid) for pid in pids)
+
+
+@on_uvloop
+async def test_an_orphan_nobody_adopts_stops_accepting_and_exits_once_its_connections_end(monkeypatch):
+    """The worker's own loop, in this process: its parent's end of the channel closes unannounced."""
+    monkeypatch.setattr(worker, "_configure_logging", lambda *_: None)  # the test's logging stays
+    node = f"unadopted-{os.getpid()}"
+    backends = Backends()
+    parent, child = socket.socketpair()
+    serving = asyncio.create_task(worker.serve(child.detach(), adoption_grace=0.3, orphan_drain=DEADLINE))
+    reader, writer = await asyncio.open_connection(sock=parent)
+    config = ProxyConfig(workers=2, seed=1, firewall=False, nodeport_addresses=("primary", "localhost"))
+    await send(writer, Start(config, node, (), (), 1, False, 0))
+    assert isinstance(await receive(reader), Started)
+    await send(writer, Apply(1, True, NODE, {WEB: web(await backends.tcp("a"))}, ("127.0.0.1",), whole=True))
+    assert isinstance(await receive(reader), Applied)
+    conn_reader, conn_writer, hello = await greeted_connection("127.0.0.10")
+    try:
+        writer.transport.abort()  # the parent is killed
+        await until(lambda: orphan_addresses(node), "the orphan waiting to be adopted")
+        assert await greeting("127.0.0.10") == "a"  # its last table, served meanwhile
+        await until(lambda: not orphan_addresses(node), "the adoption grace over")
+        await until(lambda: _refused("127.0.0.10"), "the listener closed")
+        assert await echoed(conn_reader, conn_writer, b"draining\n") == b"draining\n"
+        assert not serving.done()
+    finally:
+        conn_writer.close()
+        backends.close()
+    await asyncio.wait_for(serving, DEADLINE)  # its last connection ended: the worker is done
+
+
+def _refused(host: str) -> bool:
+    probe = socket.socket()
+    try:
+        return probe.connect_ex((host, 80)) == errno.ECONNREFUSED
+    finally:
+        probe.close()
