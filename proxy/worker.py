@@ -9,7 +9,8 @@ table, and waits on an abstract Unix socket named after the node and its pid for
 daemon to adopt it (workers.py). If none comes within ``ADOPTION_GRACE_S`` it stops accepting,
 lets its connections end (up to ``ORPHAN_DRAIN_S``), and exits.
 SIGINT, SIGTERM and SIGHUP are ignored: a terminal's Ctrl-C or systemd's stop reach the whole
-process group, and draining is the parent's call.
+process group, and draining is the parent's call. An orphan ends at SIGTERM, resetting its
+connections: it comes from what stops the unit or the pod, which a restart waits for.
 """
 
 from __future__ import annotations
@@ -135,6 +136,17 @@ async def serve(fd: int, adoption_grace: float = ADOPTION_GRACE_S, orphan_drain:
     await link.send(Started())
     mirror = SnapshotMirror()
     abort = asyncio.Event()
+    # SIGTERM is the parent's call while there is one; an orphan's is from what stops the unit
+    # or the pod (systemd's KillMode=control-group after the daemon died): leave at once.
+    terminated = asyncio.Event()
+    orphaned = [False]
+
+    def on_terminate() -> None:
+        if orphaned[0]:
+            terminated.set()
+            abort.set()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_terminate)
     tasks = [
         asyncio.create_task(_report_stats(proxier, link, config.worker_stats_interval)),
         asyncio.create_task(_report_failure(proxier, link)),
@@ -164,22 +176,29 @@ async def serve(fd: int, adoption_grace: float = ADOPTION_GRACE_S, orphan_drain:
                 break
             # The parent died without a word: its relays keep their connections and table
             # until the next daemon adopts this process.
-            adopted = await _wait_for_adoption(start.node_name, proxier, adoption_grace)
+            orphaned[0] = True
+            adopted = await _wait_for_adoption(start.node_name, proxier, adoption_grace, terminated)
             if adopted is None:
-                log.warning("no daemon adopted this worker within %gs: draining its %d connections, then exiting",
-                            adoption_grace, proxier.open_connections)
+                if terminated.is_set():
+                    log.warning("SIGTERM and no daemon: resetting %d connections, exiting", proxier.open_connections)
+                else:
+                    log.warning("no daemon adopted this worker within %gs: draining its %d connections, then exiting",
+                                adoption_grace, proxier.open_connections)
                 stopping = asyncio.create_task(_stop(proxier, link, orphan_drain, abort, False))
                 break
+            orphaned[0] = False
             link.reader, link.writer = adopted
         await stopping
     finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         for task in tasks:
             task.cancel()
         link.writer.close()
 
 
-async def _wait_for_adoption(node_name: str, proxier: Proxier, grace: float):
-    """The channel of the daemon that adopts this worker, or None once ``grace`` is over."""
+async def _wait_for_adoption(node_name: str, proxier: Proxier, grace: float, terminated: asyncio.Event):
+    """The channel of the daemon that adopts this worker, or None once ``grace`` is over or
+    ``terminated`` is set."""
     address = orphan_address(node_name, os.getpid())
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
     listener.setblocking(False)
@@ -196,11 +215,19 @@ async def _wait_for_adoption(node_name: str, proxier: Proxier, grace: float):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
     try:
-        while (left := deadline - loop.time()) > 0:
-            try:
-                conn, _ = await asyncio.wait_for(loop.sock_accept(listener), left)
-            except asyncio.TimeoutError:
+        while (left := deadline - loop.time()) > 0 and not terminated.is_set():
+            accepting = asyncio.ensure_future(loop.sock_accept(listener))
+            ending = asyncio.ensure_future(terminated.wait())
+            await asyncio.wait((accepting, ending), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            ending.cancel()
+            if not accepting.done():
+                accepting.cancel()
+                await asyncio.gather(accepting, return_exceptions=True)
                 return None
+            try:
+                conn, _ = accepting.result()
+            except OSError:
+                continue
             try:
                 pid = trusted_peer(conn)
             except OSError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import signal
 import socket
 
 import pytest
@@ -130,24 +131,47 @@ async def test_orphan_workers_keep_their_connections_and_the_next_parent_adopts_
     assert not any(_alive(pid) for pid in pids)
 
 
-@on_uvloop
-async def test_an_orphan_nobody_adopts_stops_accepting_and_exits_once_its_connections_end(monkeypatch):
-    """The worker's own loop, in this process: its parent's end of the channel closes unannounced."""
-    monkeypatch.setattr(worker, "_configure_logging", lambda *_: None)  # the test's logging stays
-    node = f"unadopted-{os.getpid()}"
-    backends = Backends()
+async def _orphan(node: str, backends: Backends, **limits):
+    """A worker's loop in this process, serving web on 127.0.0.10, and a connection through it;
+    then its parent's end of the channel closes unannounced (the parent is killed)."""
     parent, child = socket.socketpair()
-    serving = asyncio.create_task(worker.serve(child.detach(), adoption_grace=0.3, orphan_drain=DEADLINE))
+    serving = asyncio.create_task(worker.serve(child.detach(), **limits))
     reader, writer = await asyncio.open_connection(sock=parent)
     config = ProxyConfig(workers=2, seed=1, firewall=False, nodeport_addresses=("primary", "localhost"))
     await send(writer, Start(config, node, (), (), 1, False, 0))
     assert isinstance(await receive(reader), Started)
     await send(writer, Apply(1, True, NODE, {WEB: web(await backends.tcp("a"))}, ("127.0.0.1",), whole=True))
     assert isinstance(await receive(reader), Applied)
-    conn_reader, conn_writer, hello = await greeted_connection("127.0.0.10")
+    connection = await greeted_connection("127.0.0.10")
+    writer.transport.abort()
+    await until(lambda: orphan_addresses(node), "the orphan waiting to be adopted")
+    return serving, connection
+
+
+@on_uvloop
+async def test_an_orphan_ends_at_sigterm_resetting_its_connections(monkeypatch):
+    """systemd ends a unit's other processes once its main one died: the restart waits for them."""
+    monkeypatch.setattr(worker, "_configure_logging", lambda *_: None)
+    backends = Backends()
+    serving, (conn_reader, conn_writer, _) = await _orphan(f"terminated-{os.getpid()}", backends)
     try:
-        writer.transport.abort()  # the parent is killed
-        await until(lambda: orphan_addresses(node), "the orphan waiting to be adopted")
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(serving, DEADLINE)
+        with pytest.raises(ConnectionResetError):
+            await conn_reader.read()
+    finally:
+        conn_writer.close()
+        backends.close()
+
+
+@on_uvloop
+async def test_an_orphan_nobody_adopts_stops_accepting_and_exits_once_its_connections_end(monkeypatch):
+    """The worker's own loop, in this process: its parent's end of the channel closes unannounced."""
+    monkeypatch.setattr(worker, "_configure_logging", lambda *_: None)  # the test's logging stays
+    node = f"unadopted-{os.getpid()}"
+    backends = Backends()
+    serving, (conn_reader, conn_writer, _) = await _orphan(node, backends, adoption_grace=0.3, orphan_drain=DEADLINE)
+    try:
         assert await greeting("127.0.0.10") == "a"  # its last table, served meanwhile
         await until(lambda: not orphan_addresses(node), "the adoption grace over")
         await until(lambda: _refused("127.0.0.10"), "the listener closed")
