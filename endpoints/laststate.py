@@ -24,17 +24,28 @@ truncated last record, another kubeport version's format) is skipped, never serv
 from __future__ import annotations
 
 import asyncio
+import copyreg
 import itertools
 import logging
 import os
 import pickle
 import struct
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 log = logging.getLogger(__name__)
+
+
+
+def _read_only(mapping: dict) -> types.MappingProxyType:
+    return types.MappingProxyType(mapping)
+
+
+# Read-only maps (a Pod's labels, a Service's selector) are kept as the dicts they wrap.
+copyreg.pickle(types.MappingProxyType, lambda proxy: (_read_only, (dict(proxy),)))
 
 #: Bumped whenever the kept dataclasses change shape: an older state is then not served.
 FORMAT = 2
@@ -176,9 +187,10 @@ class LastState:
                     # p99 of change -> connections at 10,000 services went from 9 to 12 ms).
                     changes = [(kind, key, value) for (kind, key), value in pending.items()]
                     self._journal_bytes += self._append(changes, now)
-                if base is None and self._journal_bytes > max(self._base_bytes, MIN_FOLD_BYTES):
-                    base = self._begin_base()
-            except OSError as exc:
+                if base is None and (self._written_generation != self._generation_in_use
+                                     or self._journal_bytes > max(self._base_bytes, MIN_FOLD_BYTES)):
+                    base = self._begin_base()  # the first one failed, or a fold
+            except Exception as exc:  # noqa: BLE001 - keeping a copy must never stop the serving
                 self._writing = False
                 base = None
                 for item, value in pending.items():  # kept for the next attempt
@@ -192,7 +204,7 @@ class LastState:
                 continue
             self.saved_at = now if self._written_generation == self._generation_in_use else self.saved_at
             self._writing = base is not None
-            if self.problem is not None:
+            if self.problem is not None and self._written_generation == self._generation_in_use:
                 log.info("the last applied state is kept in %s again", self.directory)
                 self.problem = None
 

@@ -255,7 +255,11 @@ class Daemon:
         """Write the last applied state from the first complete view on: during the cold
         start its first (whole) write would compete with the start for the CPU."""
         await self._ready.wait()
-        await self._last_state.run()
+        try:
+            await self._last_state.run()
+        except Exception as exc:  # noqa: BLE001 - a copy that cannot be kept never stops the serving
+            self._last_state.problem = f"cannot keep the last applied state in {self._last_state.directory}: {exc}"
+            log.exception("%s", self._last_state.problem)
 
     def _restore_last_state(self) -> None:
         """Serve what an earlier process last applied, unless it is too old to trust."""

@@ -194,3 +194,41 @@ async def test_a_base_begun_and_not_finished_leaves_the_previous_one_whole(kept,
     (kept.directory / laststate.journal_name(99)).write_bytes(b"\0\0\0\5junk!")
     saved = LastState(kept.directory).load()
     assert ("Service", ("default", "late")) in saved.entries and ("Service", ("default", "db")) in saved.entries
+
+
+async def test_pods_and_their_labels_are_kept(kept):
+    state = ClusterState("node-a")
+    cluster(state)
+    state.upsert(api.to_model(api.pod("web-1", labels={"app": "web"}, ips=["10.244.1.1"], node="node-a")))
+    state.commit()
+    kept(state)
+    await kept.written()
+    saved = LastState(kept.directory).load()
+    pod = saved.entries[("Pod", ("default", "web-1"))]
+    assert dict(pod.labels) == {"app": "web"}
+
+
+async def test_a_write_that_fails_is_a_problem_line_and_is_tried_again(kept, monkeypatch):
+    state = ClusterState("node-a")
+    cluster(state)
+    journal = LastState(kept.directory)
+    state.keep_in(journal)
+    failures = iter([TypeError("cannot pickle this"), None])
+
+    real = laststate._write_record
+
+    def flaky(fd, data):
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real(fd, data)
+
+    monkeypatch.setattr(laststate, "_write_record", flaky)
+    task = asyncio.create_task(journal.run())
+    try:
+        await until(lambda: journal.problem, "the problem line", 5.0)
+        assert "cannot pickle this" in journal.problem
+        await until(lambda: journal.settled and journal.problem is None, "written after all", 10.0)
+        assert LastState(kept.directory).load() is not None
+    finally:
+        task.cancel()
