@@ -203,17 +203,24 @@ class ClusterState:
         journal.attach(self.entries)
 
     def entries(self) -> Iterator[Entry]:
-        """Everything held, as the last applied state keeps it."""
-        for name, info in self._services.items():
+        """Everything held now, as the last applied state keeps it: the maps are copied at the
+        call (a consistent moment, at C speed), the entries made as they are read."""
+        return self._entries_of(list(self._services.items()), list(self._slices.items()),
+                                list(self._nodes.items()), list(self._pods.items()),
+                                [(name, self._namespace_labels.get(name, ())) for name in self._explicit_namespaces])
+
+    @staticmethod
+    def _entries_of(services, slices, nodes, pods, namespaces) -> Iterator[Entry]:
+        for name, info in services:
             yield "Service", (name.namespace, name.name), info
-        for key, (owner, info) in self._slices.items():
+        for key, (owner, info) in slices:
             yield "EndpointSlice", key, (owner.name if owner is not None else None, info)
-        for name, node in self._nodes.items():
+        for name, node in nodes:
             yield "Node", ("", name), node
-        for key, pod in self._pods.items():
+        for key, pod in pods:
             yield "Pod", key, pod
-        for name in self._explicit_namespaces:
-            yield "Namespace", ("", name), self._namespace_labels.get(name, ())
+        for name, labels in namespaces:
+            yield "Namespace", ("", name), labels
 
     def restore(self, saved: SavedState) -> None:
         """Hold what ``saved`` holds until the source's first sync confirms or replaces it;

@@ -229,7 +229,7 @@ class KubeportConfiguration(_Section):
                            "meanwhile wait in the kernel's queues instead of being refused.")
     last_state_max_age: Duration = Field(
         3600.0, ge=0, description="A restarted daemon serves the last applied state kept in the state "
-                                  "directory until its source has synced, if it is younger than this; 0: never.")
+                                  "directory until its source has synced, if it is younger than this; 0: neither kept nor served.")
     healthz_bind_address: str = Field(
         "0.0.0.0:10256", description="/healthz, /livez, /readyz; empty (flag only): no such server.")
     metrics_bind_address: str = Field(

@@ -215,10 +215,12 @@ class Daemon:
             raise DaemonError(f"cannot start: {exc}") from exc
         log.info("kubeport started on node %s (source: %s)", self.config.hostname_override,
                  self.config.source_kind)
-        self.state.keep_in(self._last_state)
+        if self.config.last_state_max_age > 0:  # 0: never served, so not kept either
+            self.state.keep_in(self._last_state)
         try:
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._last_state.run(), name="last-state")
+                if self.config.last_state_max_age > 0:
+                    tasks.create_task(self._keep_last_state(), name="last-state")
                 tasks.create_task(source.run(), name="source")
                 for consumer in self._consumers():
                     tasks.create_task(self._follow(consumer), name=consumer.name)
@@ -248,6 +250,16 @@ class Daemon:
                               "exiting non-zero, so that this one is started again")
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
+
+    async def _keep_last_state(self) -> None:
+        """Write the last applied state from the first complete view on: during the cold
+        start its first (whole) write would compete with the start for the CPU."""
+        await self._ready.wait()
+        try:
+            await self._last_state.run()
+        except Exception as exc:  # noqa: BLE001 - a copy that cannot be kept never stops the serving
+            self._last_state.problem = f"cannot keep the last applied state in {self._last_state.directory}: {exc}"
+            log.exception("%s", self._last_state.problem)
 
     def _restore_last_state(self) -> None:
         """Serve what an earlier process last applied, unless it is too old to trust."""

@@ -24,6 +24,7 @@ supervisor (systemd, the kubelet).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import select
@@ -40,6 +41,7 @@ log = logging.getLogger("kubeport.supervisor")
 QUICK_CRASH = 10.0
 CRASH_LOOP = 5
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class Supervisor:
@@ -52,6 +54,7 @@ class Supervisor:
         self.restarts = 0
 
     def run(self) -> int:
+        _become_subreaper()
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         for signum in (*FORWARDED, signal.SIGCHLD):
@@ -112,8 +115,8 @@ class Supervisor:
                 return status
 
     def _reap(self, *, block: bool = False) -> tuple[int, int | None] | None:
-        """The daemon's end, if it ended. Orphans of a killed daemon (its relay workers)
-        are reaped too: as a container's PID 1 this process inherits them."""
+        """The daemon's end, if it ended. Orphans of a killed daemon (its relay workers, which
+        relay on until the next daemon adopts them) are reaped too: they are this process's."""
         while True:
             try:
                 pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
@@ -172,6 +175,17 @@ class Supervisor:
         for sock in self.held.values():
             sock.close()
         self.held.clear()
+
+
+def _become_subreaper() -> None:
+    """Orphans of the daemon become this process's children, not init's: reaped here, and
+    ended with the pod or the unit as before (PR_SET_CHILD_SUBREAPER, prctl(2))."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot become the daemon's orphans' subreaper (%s): init reaps them", exc)
 
 
 def supervise(argv: list[str]) -> int:

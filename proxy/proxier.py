@@ -26,7 +26,7 @@ from kubeport.proxy.host.state import HostState
 from kubeport.proxy.housekeeping import AffinitySweeper
 from kubeport.proxy.nodeview import NodeView
 from kubeport.proxy.relay.context import RelayContext
-from kubeport.proxy.relay.listeners import Listeners
+from kubeport.proxy.relay.listeners import Listeners, ServedElsewhere
 from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import (
     ForwardingTable,
@@ -54,8 +54,11 @@ class Proxier:
         addresses: AddressManager | None = None,
         firewall: Firewall | None = None,
         affinity_factory=default_affinity_factory,
+        relay: bool = True,
     ) -> None:
         self.config = config
+        #: False: the relay workers listen and relay; this process programs the node only
+        self._relay = relay
         self.node_name = node_name
         self._addresses: AddressManager = addresses if addresses is not None else NetlinkAddresses(
             config.vip_interface)
@@ -110,7 +113,8 @@ class Proxier:
         sctp = sctp_supported()
         if not sctp:
             log.warning("SCTP is not supported by this kernel: SCTP service ports are not served")
-        self._listeners = Listeners(self._ctx, sctp=sctp, steer_affinity=config.workers > 1)
+        listeners = Listeners if self._relay else ServedElsewhere
+        self._listeners = listeners(self._ctx, sctp=sctp, steer_affinity=config.workers > 1)
         await self._host.start(self._extra_addresses, config.cluster_cidrs, config.service_cidrs,
                                extra_ports=(f for f in self._reserved if f.ip in self._extra_addresses))
 
@@ -197,6 +201,10 @@ class Proxier:
     def listener(self, frontend: Frontend):
         """The live listener of ``frontend`` (TcpListener or UdpListener), None without one."""
         return self._listeners.listener(frontend) if self._listeners else None
+
+    @property
+    def open_connections(self) -> int:  # TCP and SCTP connections relayed now
+        return len(self._ctx.conns) if self._ctx is not None else 0
 
     @property
     def pending_endpoint_cuts(self) -> int:  # endpoint grace periods still running

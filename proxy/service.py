@@ -139,5 +139,8 @@ class ProxyService:
         now = self._clock()
         return self.health.healthz(now) if path == "healthz" else self.health.livez(now)
 
-    def status(self) -> dict[str, int]:
-        return {"listeners": len(self.relays.listening)}
+    def status(self) -> dict[str, int | str]:
+        found: dict[str, int | str] = {"listeners": len(self.relays.listening)}
+        if isinstance(self.relays, ProxyWorkers):
+            found["workers"] = self.relays.worker_status
+        return found

@@ -1,16 +1,23 @@
 """A relay worker process: ``python -P -m kubeport.proxy.worker FD`` (started by workers.py).
 
 It runs a Proxier without addresses or firewall of its own, applies the snapshots the
-parent sends over the socketpair FD, reports statistics, and stops when told (or at
-once, resetting its connections, when the parent is gone: EOF on the channel).
-SIGINT and SIGTERM are ignored: a terminal's Ctrl-C or systemd's stop reach the whole
-process group, and draining is the parent's call.
+parent sends over the socketpair FD, reports statistics, and stops when told.
+
+A parent gone without a Stop (killed, crashed: EOF on the channel) is the control plane's
+crash, not the data plane's: the worker keeps its listeners, connections, UDP flows and last
+table, and waits on an abstract Unix socket named after the node and its pid for the next
+daemon to adopt it (workers.py). If none comes within ``ADOPTION_GRACE_S`` it stops accepting,
+lets its connections end (up to ``ORPHAN_DRAIN_S``), and exits.
+SIGINT, SIGTERM and SIGHUP are ignored: a terminal's Ctrl-C or systemd's stop reach the whole
+process group, and draining is the parent's call. An orphan ends at SIGTERM, resetting its
+connections: it comes from what stops the unit or the pod, which a restart waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
@@ -32,8 +39,10 @@ from kubeport.proxy.worker_messages import (
     Stats,
     Stop,
     Stopped,
+    orphan_address,
     receive,
     send,
+    trusted_peer,
 )
 
 log = logging.getLogger(__name__)
@@ -49,10 +58,12 @@ class SnapshotMirror:
         self.node = None
         self.generation = 0
 
-    def update(self, synced: bool, node, states: dict) -> Snapshot:
+    def update(self, synced: bool, node, states: dict, *, whole: bool = False) -> Snapshot:
         node_changed = node is not SAME_NODE
         if node_changed:
             self.node = node
+        if whole:  # an adopting daemon's view: what it does not name is gone
+            states = {**dict.fromkeys(self.services.keys() - states.keys()), **states}
         for name, state in states.items():
             if state is None:
                 self.services.pop(name, None)
@@ -84,7 +95,30 @@ class StatsReporter:
         return (changed, gone) if changed or gone else None
 
 
-async def serve(fd: int) -> None:
+#: a worker whose parent died waits this long for the next daemon to adopt it
+ADOPTION_GRACE_S = 30.0
+#: then it stops accepting, and its connections have this long to end before they are reset
+ORPHAN_DRAIN_S = 300.0
+
+
+class Link:
+    """The channel to the current parent; replaced when a new daemon adopts the worker."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.reporter: StatsReporter | None = None
+
+    async def send(self, message) -> None:
+        if self.writer.is_closing():
+            return  # orphaned: what the parent missed, a new one gets whole
+        try:
+            await send(self.writer, message)
+        except (ConnectionError, RuntimeError):
+            pass  # the parent is gone: what it missed, a new one gets whole
+
+
+async def serve(fd: int, adoption_grace: float = ADOPTION_GRACE_S, orphan_drain: float = ORPHAN_DRAIN_S) -> None:
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_connection(sock=sock)
     start = await receive(reader)
@@ -98,61 +132,137 @@ async def serve(fd: int) -> None:
     startup.setLevel(logging.ERROR)  # what start() has to say (SCTP support), the parent said
     await proxier.start(start.extra_addresses, start.reserved_frontends)
     startup.setLevel(logging.NOTSET)
-    await send(writer, Started())
+    link = Link(reader, writer)
+    await link.send(Started())
     mirror = SnapshotMirror()
     abort = asyncio.Event()
+    # SIGTERM is the parent's call while there is one; an orphan's is from what stops the unit
+    # or the pod (systemd's KillMode=control-group after the daemon died): leave at once.
+    terminated = asyncio.Event()
+    orphaned = [False]
+
+    def on_terminate() -> None:
+        if orphaned[0]:
+            terminated.set()
+            abort.set()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_terminate)
     tasks = [
-        asyncio.create_task(_report_stats(proxier, writer, config.worker_stats_interval)),
-        asyncio.create_task(_report_failure(proxier, writer)),
+        asyncio.create_task(_report_stats(proxier, link, config.worker_stats_interval)),
+        asyncio.create_task(_report_failure(proxier, link)),
     ]
     stopping: asyncio.Task | None = None
     try:
-        while (message := await receive(reader)) is not None:
-            match message:
-                case Apply(seq, synced, node, states, addresses):
-                    if addresses is not None:
-                        shared.node_addresses = tuple(addresses)
-                        proxier.invalidate_node_addresses()
-                    await proxier.apply(mirror.update(synced, node, states))
-                    await send(writer, Applied(seq, proxier.problems))
-                case Stop(grace, hand_over) if stopping is None:
-                    stopping = asyncio.create_task(_stop(proxier, writer, grace, abort, hand_over))
-                case Abort():
-                    abort.set()
-        abort.set()  # the parent is gone: reset what is left at once
-        if stopping is None:
-            stopping = asyncio.create_task(_stop(proxier, writer, 0.0, abort, False))
+        while True:
+            while (message := await receive(link.reader)) is not None:
+                match message:
+                    case Apply(seq, synced, node, states, addresses, whole):
+                        if addresses is not None:
+                            shared.node_addresses = tuple(addresses)
+                            proxier.invalidate_node_addresses()
+                        await proxier.apply(mirror.update(synced, node, states, whole=whole))
+                        await link.send(Applied(seq, proxier.problems))
+                    case Start(index=index, log_json=log_json, log_level=log_level):  # an adoption
+                        _configure_logging(index, log_json, log_level)
+                        link.reporter = None  # the new parent has none of the counters yet
+                        await link.send(Started(adopted=True))
+                    case Stop(grace, hand_over) if stopping is None:
+                        stopping = asyncio.create_task(_stop(proxier, link, grace, abort, hand_over))
+                    case Abort():
+                        abort.set()
+            link.writer.close()
+            if stopping is not None:
+                abort.set()  # the parent stopped waiting for the drain: reset what is left at once
+                break
+            # The parent died without a word: its relays keep their connections and table
+            # until the next daemon adopts this process.
+            orphaned[0] = True
+            adopted = await _wait_for_adoption(start.node_name, proxier, adoption_grace, terminated)
+            if adopted is None:
+                if terminated.is_set():
+                    log.warning("SIGTERM and no daemon: resetting %d connections, exiting", proxier.open_connections)
+                else:
+                    log.warning("no daemon adopted this worker within %gs: draining its %d connections, then exiting",
+                                adoption_grace, proxier.open_connections)
+                stopping = asyncio.create_task(_stop(proxier, link, orphan_drain, abort, False))
+                break
+            orphaned[0] = False
+            link.reader, link.writer = adopted
         await stopping
     finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         for task in tasks:
             task.cancel()
-        writer.close()
+        link.writer.close()
 
 
-async def _stop(proxier: Proxier, writer: asyncio.StreamWriter, grace: float, abort: asyncio.Event,
-                hand_over: bool) -> None:
+async def _wait_for_adoption(node_name: str, proxier: Proxier, grace: float, terminated: asyncio.Event):
+    """The channel of the daemon that adopts this worker, or None once ``grace`` is over or
+    ``terminated`` is set."""
+    address = orphan_address(node_name, os.getpid())
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+    listener.setblocking(False)
+    try:
+        listener.bind(address)
+        listener.listen(4)
+    except OSError as exc:
+        listener.close()
+        log.error("the daemon is gone and %s cannot be bound (%s): no daemon can adopt this worker",
+                  address.lstrip("\0"), exc)
+        return None
+    log.warning("the daemon is gone: relaying on (%d connections) and waiting %gs on @%s to be adopted",
+                proxier.open_connections, grace, address.lstrip("\0"))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    try:
+        while (left := deadline - loop.time()) > 0 and not terminated.is_set():
+            accepting = asyncio.ensure_future(loop.sock_accept(listener))
+            ending = asyncio.ensure_future(terminated.wait())
+            await asyncio.wait((accepting, ending), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            ending.cancel()
+            if not accepting.done():
+                accepting.cancel()
+                await asyncio.gather(accepting, return_exceptions=True)
+                return None
+            try:
+                conn, _ = accepting.result()
+            except OSError:
+                continue
+            try:
+                pid = trusted_peer(conn)
+            except OSError:
+                pid = None
+            if pid is None:
+                conn.close()  # not root nor this user: nobody to take orders from
+                continue
+            log.info("adopted by the daemon pid %d", pid)
+            return await asyncio.open_connection(sock=conn)
+        return None
+    finally:
+        listener.close()  # the name goes with it: a second daemon cannot adopt this worker too
+
+
+async def _stop(proxier: Proxier, link: Link, grace: float, abort: asyncio.Event, hand_over: bool) -> None:
     # A child holds no addresses or table of its own (the parent does): never a release here.
     await proxier.stop(grace, abort=abort, release=False, hand_over=hand_over)
-    try:
-        await send(writer, Stopped())
-    except (ConnectionError, RuntimeError):
-        pass
+    await link.send(Stopped())
 
 
-async def _report_stats(proxier: Proxier, writer: asyncio.StreamWriter, interval: float) -> None:
-    reporter = StatsReporter(proxier)
+async def _report_stats(proxier: Proxier, link: Link, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
-        changes = reporter.changes()
+        if link.reporter is None:
+            link.reporter = StatsReporter(proxier)
+        changes = link.reporter.changes()
         if changes is not None:
-            await send(writer, Stats(*changes))
+            await link.send(Stats(*changes))
 
 
-async def _report_failure(proxier: Proxier, writer: asyncio.StreamWriter) -> None:
+async def _report_failure(proxier: Proxier, link: Link) -> None:
     try:
         await proxier.wait_failed()
     except Exception as exc:  # the parent decides what a failure means
-        await send(writer, Failed(f"{type(exc).__name__}: {exc}"))
+        await link.send(Failed(f"{type(exc).__name__}: {exc}"))
 
 
 def _configure_logging(index: int, json_format: bool, level: int) -> None:

@@ -1,12 +1,19 @@
-"""Relay workers: this process's Proxier plus ``workers - 1`` child processes fed the same snapshots.
+"""Relay workers: ``workers`` child processes fed the same snapshots, and this process's
+Proxier for the node.
 
 Every listener is bound with SO_REUSEPORT, so each relay process opens its own socket
 on every frontend and the kernel spreads new connections and UDP clients over them
 (by the 4-tuple; by the client address for affinity frontends, see steering.py).
 This process keeps the control plane (source, ClusterState, DNS) and everything that
-exists once per node: VIP addresses and the nftables table. The children only relay:
-their Proxier has no firewall, and its address manager (SharedAddresses) only reads the
-node addresses this process sends.
+exists once per node: VIP addresses and the nftables table. It relays nothing itself
+(its Proxier opens no listener, ServedElsewhere): a connection it held would die with it,
+and the workers' outlive it. The children only relay: their Proxier has no firewall, and
+its address manager (SharedAddresses) only reads the node addresses this process sends.
+
+A worker outlives this process's crash (worker.py): it relays on with its last table and
+waits to be adopted. At its start this process looks for such orphans of the node
+(``orphan_addresses``), adopts up to ``workers`` of them over their socket with the usual
+Start (answered ``Started(adopted=True)``) and a whole first Apply, and starts only the rest.
 
 The children are started fresh (``python -P -m kubeport.proxy.worker FD``), not forked
 from a process with threads and an event loop. Each talks to this process over a
@@ -23,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import signal
 import socket
 import sys
 from types import MappingProxyType
@@ -45,8 +54,11 @@ from kubeport.proxy.worker_messages import (
     Stop,
     Stopped,
     ToWorker,
+    encode,
+    orphan_addresses,
     receive,
     send,
+    trusted_peer,
 )
 
 log = logging.getLogger(__name__)
@@ -69,15 +81,27 @@ def _log_setup() -> tuple[bool, int]:
     return json_format, root.getEffectiveLevel()
 
 
-class _Child:
-    """One worker process and its channel."""
+#: how long an orphan worker has to answer an adoption
+ADOPTION_TIMEOUT_S = 2.0
+#: a worker that dies is started again, unless this many died within CRASH_WINDOW_S: then it fails
+CRASH_LOOP = 3
+CRASH_WINDOW_S = 60.0
 
-    def __init__(self, index: int, process: asyncio.subprocess.Process, reader, writer) -> None:
+
+class _Child:
+    """One worker process and its channel (``process`` is None for an adopted orphan: not our child)."""
+
+    def __init__(self, index: int, process: asyncio.subprocess.Process | None, reader, writer,
+                 pid: int | None = None) -> None:
         self.index = index
         self.process = process
+        self.pid = process.pid if process is not None else pid
+        self.adopted = process is None
         self.reader = reader
         self.writer = writer
         self.stats: dict[ServicePortName, ServicePortStats] = {}
+        #: the counters of the workers that held this index before and died (counters never go down)
+        self.base: dict[ServicePortName, ServicePortStats] = {}
         self.problems: list[str] = []
         self.applied: dict[int, asyncio.Future] = {}
         self.started: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -86,12 +110,12 @@ class _Child:
 
 
 class ProxyWorkers:
-    """Proxier's interface over N relay processes (``config.workers``), this one included."""
+    """Proxier's interface over N relay processes (``config.workers``) and this one's node programming."""
 
     def __init__(self, config: ProxyConfig, node_name: str, **kwargs: Any) -> None:
         self.config = config
         self.node_name = node_name
-        self._local = Proxier(config, node_name, **kwargs)
+        self._local = Proxier(config, node_name, relay=False, **kwargs)
         self._children: list[_Child] = []
         self._failed: asyncio.Future | None = None
         self._sent: Snapshot | None = None
@@ -99,6 +123,12 @@ class ProxyWorkers:
         self._seq = 0
         self._ready = asyncio.Event()
         self._abort_forwarder: asyncio.Task | None = None
+        self._start_args: tuple | None = None
+        self._stopping = False
+        #: when workers died and were started again (monotonic), for the crash loop
+        self._crashes: list[float] = []
+        self.replaced = 0
+        self._replacing: set[asyncio.Task] = set()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -107,20 +137,63 @@ class ProxyWorkers:
         extra = tuple(extra_addresses)
         await self._local.start(extra, reserved_frontends)
         self._failed = asyncio.get_running_loop().create_future()
-        json_format, level = _log_setup()
-        for index in range(1, self.config.workers):
+        self._start_args = (extra, *_log_setup())
+        start_message = self._start_message
+        for address in orphan_addresses(self.node_name):
+            if len(self._children) == self.config.workers:
+                break  # the others drain and exit once their wait is over
+            child = await self._adopt(address, len(self._children) + 1, start_message)
+            if child is not None:
+                self._children.append(child)
+        adopted = len(self._children)
+        for index in range(adopted + 1, self.config.workers + 1):
             child = await self._spawn(index)
             self._children.append(child)
-            seed = None if self.config.seed is None else self.config.seed + index  # not in lockstep
-            child_config = dataclasses.replace(self.config, firewall=False, seed=seed)
-            await send(child.writer, Start(child_config, self.node_name, extra,
-                                           tuple(self._local.reserved_frontends), index, json_format, level))
+            await send(child.writer, start_message(index))
         try:
             await asyncio.gather(*(child.started for child in self._children))
         except ProxyWorkerError:
             await self.stop(0.0)
             raise
+        if adopted:
+            log.info("proxy: adopted %d relay workers of the previous daemon (pids %s) with their connections",
+                     adopted, ", ".join(str(c.pid) for c in self._children if c.adopted))
         log.info("proxy: %d relay processes share the listeners", self.config.workers)
+
+    def _start_message(self, index: int) -> Start:
+        extra, json_format, level = self._start_args
+        seed = None if self.config.seed is None else self.config.seed + index  # not in lockstep
+        child_config = dataclasses.replace(self.config, firewall=False, seed=seed)
+        return Start(child_config, self.node_name, extra, tuple(self._local.reserved_frontends), index,
+                     json_format, level)
+
+    async def _adopt(self, address: str, index: int, start_message: Callable[[int], Start]) -> _Child | None:
+        """The orphan worker listening on ``address``, adopted as worker ``index``; None if it
+        does not answer (it took another daemon, or exited) or is not of this user."""
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, address), ADOPTION_TIMEOUT_S)
+            pid = trusted_peer(sock)
+            if pid is None:
+                raise PermissionError("held by another user")
+            reader, writer = await asyncio.open_connection(sock=sock)
+        except (OSError, asyncio.TimeoutError) as exc:
+            sock.close()
+            log.info("proxy: the orphan worker on @%s cannot be adopted: %s", address.lstrip("\0"), exc or "timeout")
+            return None
+        child = _Child(index, None, reader, writer, pid)
+        child.reading = asyncio.create_task(self._read(child), name=f"proxy-worker-{index}")
+        try:
+            await send(writer, start_message(index))
+            await asyncio.wait_for(asyncio.shield(child.started), ADOPTION_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError, ProxyWorkerError) as exc:
+            log.info("proxy: the orphan worker pid %d did not answer its adoption: %s", pid, exc or "timeout")
+            child.reading.cancel()
+            writer.close()
+            return None
+        return child
 
     async def _spawn(self, index: int) -> _Child:
         parent_end, child_end = socket.socketpair()
@@ -149,18 +222,66 @@ class ProxyWorkers:
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
                 case Started():
-                    child.started.set_result(None)
+                    if not child.started.done():
+                        child.started.set_result(None)
                 case Stopped():
                     child.stopped.set_result(None)
                 case Failed(reason):
                     self._fail(ProxyWorkerError(f"proxy worker {child.index}: {reason}"))
         if not child.stopped.done():
-            error = ProxyWorkerError(f"proxy worker {child.index} (pid {child.process.pid}) exited")
+            error = ProxyWorkerError(f"proxy worker {child.index} (pid {child.pid}) exited")
+            child.stopped.set_result(None)
+            if child.adopted and not child.started.done():
+                child.started.set_exception(error)  # an orphan gone while adopted: one is started instead
+                return
+            if self._may_replace(child):
+                for waiter in child.applied.values():  # its replacement gets the whole view
+                    if not waiter.done():
+                        waiter.set_result(None)
+                log.error("%s: its connections are lost; starting another (the other workers' are kept)", error)
+                task = asyncio.create_task(self._replace(child), name=f"proxy-worker-{child.index}-again")
+                self._replacing.add(task)
+                task.add_done_callback(self._replacing.discard)
+                return
             for future in (child.started, *child.applied.values()):
                 if not future.done():
                     future.set_exception(error)
-            child.stopped.set_result(None)
             self._fail(error)
+
+    def _may_replace(self, child: _Child) -> bool:
+        """A worker that served and died is started again, unless workers die in a loop."""
+        if self._stopping or not child.started.done() or child.started.exception() is not None:
+            return False
+        now = asyncio.get_running_loop().time()
+        self._crashes = [at for at in self._crashes if now - at < CRASH_WINDOW_S] + [now]
+        return len(self._crashes) < CRASH_LOOP
+
+    async def _replace(self, dead: _Child) -> None:
+        child = None
+        try:
+            child = await self._spawn(dead.index)
+            await send(child.writer, self._start_message(dead.index))
+            await asyncio.wait_for(asyncio.shield(child.started), 30.0)
+        except (OSError, asyncio.TimeoutError, ProxyWorkerError) as exc:
+            self._fail(ProxyWorkerError(f"proxy worker {dead.index} cannot be started again: {exc or 'timeout'}"))
+            return
+        except asyncio.CancelledError:  # stopping meanwhile
+            if child is not None:
+                child.writer.close()
+                child.process.kill()
+            raise
+        sent = self._sent
+        if sent is not None:
+            # Written, not awaited, before it joins the others: no delta can come in between.
+            self._seq += 1
+            child.writer.write(encode(Apply(self._seq, sent.servable, sent.node, dict(sent.services),
+                                            self._sent_addresses, whole=True)))
+        child.base = _summed(dead.base, dead.stats)
+        for gone in child.base.values():  # its connections and flows died with it
+            gone.active = gone.udp_flows = 0
+        self._children[self._children.index(dead)] = child
+        self.replaced += 1
+        log.info("proxy worker %d started again (pid %d)", dead.index, child.pid)
 
     def _fail(self, error: ProxyWorkerError) -> None:
         log.error("%s", error)
@@ -170,6 +291,10 @@ class ProxyWorkers:
     async def stop(self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True,
                    hand_over: bool | None = None, keep_if: Callable[[], Awaitable[bool]] | None = None) -> None:
         """As Proxier.stop, in every process; the children are gone when it returns."""
+        self._stopping = True
+        for task in list(self._replacing):
+            task.cancel()
+        await asyncio.gather(*self._replacing, return_exceptions=True)
         live = [c for c in self._children if not c.stopped.done()]
         for child in live:
             await _send_quietly(child, Stop(grace, not release if hand_over is None else hand_over))
@@ -193,11 +318,18 @@ class ProxyWorkers:
         for child in self._children:
             child.writer.close()
             try:
-                await asyncio.wait_for(child.process.wait(), 5.0)
+                if child.process is not None:
+                    await asyncio.wait_for(child.process.wait(), 5.0)
+                else:  # not our child: its end of the channel closes as it exits
+                    await asyncio.wait_for(asyncio.shield(child.stopped), 5.0)
+                    await asyncio.wait_for(_exited(child.pid), 5.0)
             except asyncio.TimeoutError:
                 log.warning("proxy worker %d did not exit: killed", child.index)
-                child.process.kill()
-                await child.process.wait()
+                if child.process is not None:
+                    child.process.kill()
+                    await child.process.wait()
+                else:
+                    _kill(child.pid)
             if child.reading is not None:
                 child.reading.cancel()
         self._children.clear()
@@ -222,6 +354,15 @@ class ProxyWorkers:
 
     # --- snapshots --------------------------------------------------------------------------
 
+    @property
+    def worker_status(self) -> str:
+        """One line for `kubeport get status`: the relay processes and those adopted."""
+        live = [c for c in self._children if not c.stopped.done()]
+        adopted = [c for c in live if c.adopted]
+        line = f"{len(live)} relay processes, {len(adopted)} adopted from the previous daemon"
+        line += f" (pids {', '.join(str(c.pid) for c in adopted)})" if adopted else ""
+        return line + (f", {self.replaced} started again after a crash" if self.replaced else "")
+
     async def apply(self, snapshot: Snapshot) -> None:
         """Apply here, then in every worker (only what changed); returns when all have."""
         await self._local.apply(snapshot)
@@ -230,11 +371,16 @@ class ProxyWorkers:
         message = self._delta(snapshot)
         if message is not None:
             waiters = []
-            for child in self._children:
+            for child in list(self._children):
+                if child.stopped.done():
+                    continue  # dead: the one started in its place gets the whole view
                 waiter = asyncio.get_running_loop().create_future()
                 child.applied[message.seq] = waiter
                 waiters.append(waiter)
-                await send(child.writer, message)
+                try:
+                    await send(child.writer, message)
+                except ConnectionError:
+                    pass  # dying: its reader settles the waiter
             await asyncio.gather(*waiters)
         self._ready.set()
 
@@ -250,7 +396,7 @@ class ProxyWorkers:
         self._sent, self._sent_addresses = snapshot, self._local.node_addresses
         self._seq += 1
         states = {name: snapshot.services.get(name) for name in changed}
-        return Apply(self._seq, snapshot.servable, node, states, addresses)
+        return Apply(self._seq, snapshot.servable, node, states, addresses, whole=sent is None)
 
     # --- views ------------------------------------------------------------------------------
 
@@ -261,10 +407,9 @@ class ProxyWorkers:
         for name, local in self._local.stats.items():
             total = dataclasses.replace(local)
             for child in self._children:
-                other = child.stats.get(name)
-                if other is not None:
-                    for field in ServicePortStats.__slots__:
-                        setattr(total, field, getattr(total, field) + getattr(other, field))
+                for other in (child.stats.get(name), child.base.get(name)):
+                    if other is not None:
+                        _add(total, other)
             merged[name] = total
         return MappingProxyType(merged)
 
@@ -311,13 +456,49 @@ class ProxyWorkers:
 
     @property
     def pids(self) -> tuple[int, ...]:
-        """The worker processes' ids (this process not included)."""
-        return tuple(c.process.pid for c in self._children)
+        """The worker processes' ids."""
+        return tuple(c.pid for c in self._children)
 
     @property
     def workers(self) -> int:
-        """Relay processes running now, this one included."""
-        return 1 + sum(1 for c in self._children if not c.stopped.done())
+        """Relay processes running now."""
+        return sum(1 for c in self._children if not c.stopped.done())
+
+
+def _add(total: ServicePortStats, other: ServicePortStats) -> None:
+    for field in ServicePortStats.__slots__:
+        setattr(total, field, getattr(total, field) + getattr(other, field))
+
+
+def _summed(*parts: Mapping[ServicePortName, ServicePortStats]) -> dict[ServicePortName, ServicePortStats]:
+    total: dict[ServicePortName, ServicePortStats] = {}
+    for part in parts:
+        for name, stats in part.items():
+            if name in total:
+                _add(total[name], stats)
+            else:
+                total[name] = dataclasses.replace(stats)
+    return total
+
+
+async def _exited(pid: int) -> None:
+    while _alive(pid):
+        await asyncio.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 async def _send_quietly(child: _Child, message: ToWorker) -> None:

@@ -133,3 +133,25 @@ class Listeners:
         self._failed.clear()
         for listener in list(self._ctx.draining):
             listener.close()
+
+
+class _Served:
+    """A frontend another process listens on: its route is kept, there is no socket."""
+
+    sock = None
+
+    def __init__(self, frontend: Frontend, route: Route) -> None:
+        self.frontend = frontend
+        self.route = route
+
+    def close(self, **_) -> None:
+        pass
+
+
+class ServedElsewhere(Listeners):
+    """The frontends as Listeners reconciles them, without a socket of this process: the relay
+    workers listen on them (workers.py), and this process's established connections would not
+    outlive it. ``open_frontends`` then says what the workers serve."""
+
+    def _start(self, frontend: Frontend, rule: FrontendRule, route_for: RouteFor) -> None:
+        self._open[frontend] = (_Served(frontend, route_for(rule)), rule)  # type: ignore[assignment]

@@ -152,14 +152,18 @@ async def test_a_damaged_or_foreign_state_is_never_served_half(kept, damage, exp
     state.upsert(service("late", "10.96.0.50"))
     state.commit()
     await kept.written()
-    base, journal = kept.directory / laststate.BASE, kept.directory / laststate.JOURNAL
+    base = kept.directory / laststate.BASE
+    (journal,) = kept.directory.glob(f"{laststate.JOURNAL}.*")
     if damage == "truncated last journal record":
         journal.write_bytes(journal.read_bytes()[:-3])
     elif damage == "garbage base":
         base.write_bytes(b"not a pickle")
     elif damage == "another format":
-        header, at, items = pickle.loads(base.read_bytes())
-        base.write_bytes(pickle.dumps(((laststate.FORMAT + 1, header[1]), at, items)))
+        data = base.read_bytes()
+        (length,) = laststate._LENGTH.unpack_from(data)
+        header, generation, at = pickle.loads(data[4:4 + length])
+        other = pickle.dumps(((laststate.FORMAT + 1, header[1]), generation, at))
+        base.write_bytes(laststate._LENGTH.pack(len(other)) + other + data[4 + length:])
     elif damage == "no base":
         base.unlink()
     saved = LastState(kept.directory).load()
@@ -172,27 +176,81 @@ async def test_a_damaged_or_foreign_state_is_never_served_half(kept, damage, exp
 
 async def test_a_change_appends_about_its_own_size_and_the_journal_folds_into_the_base(kept, monkeypatch):
     state = ClusterState("node-a")
-    journal = kept(state)
     for i in range(1000):
         state.upsert(service(f"s{i}", f"10.96.{i // 250}.{i % 250 + 1}"))
         state.upsert(slice_(f"s{i}-1", f"s{i}", f"10.244.{i // 250}.{i % 250 + 1}"))
     state.mark_synced("Service")
     state.mark_synced("EndpointSlice")
     state.commit()
+    journal = kept(state)                                  # as the daemon: from the first whole view on
     await kept.written()
     base_bytes = (kept.directory / laststate.BASE).stat().st_size
     state.upsert(slice_("s7-1", "s7", "10.244.9.9"))
     state.commit()
     await kept.written()
-    grown = (kept.directory / laststate.JOURNAL).stat().st_size
+    (first_journal,) = kept.directory.glob(f"{laststate.JOURNAL}.*")
+    grown = first_journal.stat().st_size
     assert 0 < grown < base_bytes / 200                    # one slice's worth, not the cluster's
     monkeypatch.setattr(laststate, "MIN_FOLD_BYTES", 0)
     journal._base_bytes = grown - 1                        # the journal is now larger than the base
     state.upsert(slice_("s8-1", "s8", "10.244.9.8"))
     state.commit()
     await kept.written()
-    assert (kept.directory / laststate.JOURNAL).stat().st_size == 0
+    assert not first_journal.exists()                      # folded: a new base, a journal of its own
     saved = LastState(kept.directory).load()
     assert len([k for k in saved.entries if k[0] == "Service"]) == 1000
     owner, info = saved.entries[("EndpointSlice", ("default", "s8-1"))]
     assert owner == "s8" and [e.address for e in info.endpoints] == ["10.244.9.8"]
+
+
+async def test_a_base_begun_and_not_finished_leaves_the_previous_one_whole(kept, monkeypatch):
+    """A crash while a new base is written: the previous base and its journal are served."""
+    state = ClusterState("node-a")
+    kept(state)
+    cluster(state)
+    await kept.written()
+    state.upsert(service("late", "10.96.0.50"))
+    state.commit()
+    await kept.written()
+    (kept.directory / (laststate.BASE + ".tmp")).write_bytes(b"half a base")
+    (kept.directory / laststate.journal_name(99)).write_bytes(b"\0\0\0\5junk!")
+    saved = LastState(kept.directory).load()
+    assert ("Service", ("default", "late")) in saved.entries and ("Service", ("default", "db")) in saved.entries
+
+
+async def test_pods_and_their_labels_are_kept(kept):
+    state = ClusterState("node-a")
+    cluster(state)
+    state.upsert(api.to_model(api.pod("web-1", labels={"app": "web"}, ips=["10.244.1.1"], node="node-a")))
+    state.commit()
+    kept(state)
+    await kept.written()
+    saved = LastState(kept.directory).load()
+    pod = saved.entries[("Pod", ("default", "web-1"))]
+    assert dict(pod.labels) == {"app": "web"}
+
+
+async def test_a_write_that_fails_is_a_problem_line_and_is_tried_again(kept, monkeypatch):
+    state = ClusterState("node-a")
+    cluster(state)
+    journal = LastState(kept.directory)
+    state.keep_in(journal)
+    failures = iter([TypeError("cannot pickle this"), None])
+
+    real = laststate._write_record
+
+    def flaky(fd, data):
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real(fd, data)
+
+    monkeypatch.setattr(laststate, "_write_record", flaky)
+    task = asyncio.create_task(journal.run())
+    try:
+        await until(lambda: journal.problem, "the problem line", 5.0)
+        assert "cannot pickle this" in journal.problem
+        await until(lambda: journal.settled and journal.problem is None, "written after all", 10.0)
+        assert LastState(kept.directory).load() is not None
+    finally:
+        task.cancel()

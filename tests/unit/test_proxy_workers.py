@@ -14,7 +14,16 @@ from kubeport.proxy.table import Frontend
 from kubeport.proxy.worker import SnapshotMirror, StatsReporter
 from kubeport.proxy.workers import SAME_NODE, ProxyWorkerError, create_proxier
 
-from support.proxy_loopback import NODE, apply_states, greeting, on_uvloop, running_proxier, web
+from support.proxy_loopback import (
+    NODE,
+    apply_states,
+    echoed,
+    greeted_connection,
+    greeting,
+    on_uvloop,
+    running_proxier,
+    web,
+)
 from support.wait import DEADLINE, until
 
 WEB, API = ServiceName("default", "web"), ServiceName("default", "api")
@@ -83,8 +92,31 @@ async def test_two_workers__client_affinity_holds_across_workers():
 
 
 @on_uvloop
-async def test_a_worker_that_dies_is_reported():
-    async with running_proxier(workers=2) as (proxier, _, _, _):
-        os.kill(proxier.pids[0], signal.SIGKILL)
-        with pytest.raises(ProxyWorkerError, match="worker 1"):
+async def test_a_worker_that_dies_is_started_again_and_a_crash_loop_is_reported():
+    """Only the dead worker's connections are lost; dying three times within a minute fails."""
+    async with running_proxier(workers=2) as (proxier, _, _, backends):
+        await apply_states(proxier, [web(await backends.tcp("a"))])
+        reader, writer, _ = await greeted_connection("127.0.0.10")
+        holder = _relaying(writer.get_extra_info("sockname")[1], proxier.pids)
+        for crash in (1, 2):
+            doomed = next(pid for pid in proxier.pids if pid != holder)
+            os.kill(doomed, signal.SIGKILL)
+            await until(lambda crash=crash: proxier.replaced == crash and proxier.workers == 2,
+                        "the worker started again")
+            assert doomed not in proxier.pids and holder in proxier.pids
+            assert {await greeting("127.0.0.10") for _ in range(10)} == {"a"}  # its table came whole
+            assert await echoed(reader, writer, b"kept\n") == b"kept\n"
+        assert proxier.worker_status.endswith(", 2 started again after a crash")
+        writer.close()
+        os.kill(holder, signal.SIGKILL)
+        with pytest.raises(ProxyWorkerError, match="worker"):
             await asyncio.wait_for(proxier.wait_failed(), DEADLINE)
+
+
+def _relaying(client_port: int, pids: tuple[int, ...]) -> int:
+    """The worker holding the accepted end of the client's connection to 127.0.0.10:80."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.read().splitlines()[1:]]
+    inode = next(row[9] for row in rows if row[1] == "0A00007F:0050" and row[2] == f"0100007F:{client_port:04X}")
+    return next(pid for pid in pids if any(os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]"
+                                           for fd in os.listdir(f"/proc/{pid}/fd")))
