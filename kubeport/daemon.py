@@ -393,7 +393,7 @@ class Daemon:
                 self._held_sockets_settled = True
                 sockethold.hold().release_unadopted()
             if self._ready.is_set():
-                if snapshot.changed:
+                if snapshot.changed or snapshot.pods_changed:  # a Pod-only change frees heap too
                     self._heap_changed.set()
             elif snapshot.synced and len(self._applied) == len(self._consumers()):
                 # Everything built for the first view lives long: keep it out of the

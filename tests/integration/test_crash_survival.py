@@ -6,17 +6,14 @@ and dig from a pod."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from support.netns import KubeportDaemon, dig_in, spawn_in, until_sync
+from support.netns import KubeportDaemon, dig_in, until_sync
 from support.netns.manifests import DAEMON_ARGS
-from support.netns.operating import CLIENT_LOOP, ECHO_IP, WEB_IP, manifests  # noqa: F401 (fixture)
+from support.netns.operating import ECHO_IP, WEB_IP, ClientLoop, manifests  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -39,39 +36,25 @@ def the_daemon(supervisor: int) -> int | None:
 def test_a_killed_daemon_refuses_no_connection_and_loses_no_query(topology, pods, manifests, tmp_path):
     daemon = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS, "--hold-sockets")
     daemon.wait_ready()
-    status = tmp_path / "client.json"
-    client = spawn_in(topology.pod("a", 1), sys.executable, str(CLIENT_LOOP), "--tcp", f"{WEB_IP}:80",
-                      "--udp", f"{ECHO_IP}:9090", "--status", str(status), stdout=subprocess.PIPE, text=True)
+    client = ClientLoop.start(topology.pod("a", 1), tmp_path / "client.json", "--tcp", f"{WEB_IP}:80",
+                              "--udp", f"{ECHO_IP}:9090")
     # Queries on their own, every 5 ms: not behind a connection the restart holds up.
-    dns_status = tmp_path / "dns.json"
-    resolver = spawn_in(topology.pod("a", 2), sys.executable, str(CLIENT_LOOP),
-                        "--dns", f"web.demo.svc.cluster.local@{DNS_IP}", "--status", str(dns_status),
-                        stdout=subprocess.PIPE, text=True)
-
-    def progress(path=status) -> dict:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return {"tcp_ok": 0, "udp_ok": 0, "tcp_fail": 0, "dns_ok": 0}
-
-    until_sync(lambda: progress()["tcp_ok"] >= 30 and progress()["udp_ok"] >= 30, "the client loop running", 20)
-    until_sync(lambda: progress(dns_status)["dns_ok"] >= 30, "the DNS loop running", 20)
+    resolver = ClientLoop.start(topology.pod("a", 2), tmp_path / "dns.json",
+                                "--dns", f"web.demo.svc.cluster.local@{DNS_IP}")
+    client.wait_for("the client loop running", tcp_ok=30, udp_ok=30)
+    resolver.wait_for("the DNS loop running", dns_ok=30)
     first = until_sync(lambda: the_daemon(daemon.proc.pid), "the supervised daemon", 5)
     key = "web.demo.svc.cluster.local"
     assert dig_in(topology.pod("a", 2), "+short", key, server=DNS_IP).split() == [WEB_IP]
-    before = progress()
+    before = client.progress()
     os.kill(first, signal.SIGKILL)
     # Sent while no daemon runs: the query waits in the held socket for the next one.
     answer = dig_in(topology.pod("a", 2), "+short", key, server=DNS_IP, timeout=5).split()
     second = until_sync(lambda: (pid := the_daemon(daemon.proc.pid)) not in (None, first) and pid,
                         "the daemon started again", 10)
-    until_sync(lambda: progress()["tcp_ok"] >= before["tcp_ok"] + 100, "connections through the new daemon", 20)
-    dns_before = progress(dns_status)["dns_ok"]
-    until_sync(lambda: progress(dns_status)["dns_ok"] >= dns_before + 50, "queries through the new daemon", 20)
-    client.send_signal(signal.SIGTERM)
-    counts = json.loads(client.communicate(timeout=10)[0])
-    resolver.send_signal(signal.SIGTERM)
-    queries = json.loads(resolver.communicate(timeout=10)[0])
+    client.wait_for("connections through the new daemon", tcp_ok=before["tcp_ok"] + 100)
+    resolver.wait_for("queries through the new daemon", dns_ok=resolver.count("dns_ok") + 50)
+    counts, queries = client.stop(), resolver.stop()
     assert answer == [WEB_IP]
     assert counts["tcp_fail"] == 0, counts["errors"]
     assert queries["dns_lost"] == 0, queries["errors"]       # each answered within DNS_TIMEOUT (3 s)

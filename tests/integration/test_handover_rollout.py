@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 
 import pytest
 
 from support.netns import KubeportDaemon, curl_in, dig_in, http_url, kubeport, spawn_in, until_sync
 from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
-    CLIENT_LOOP,
     ECHO_IP,
     WEB_IP,
+    ClientLoop,
     manifests,
     scrape,
     total,
@@ -38,18 +37,9 @@ def test_pod_handover_waits_for_its_sigterm_and_leaves_the_node_to_the_new_pod(t
                          "--after-handover", "wait", "--ready-file", str(old_ready))
     old.wait_ready()
     until_sync(old_ready.exists, "the old pod's readiness file", 5)
-    status = tmp_path / "client.json"
-    client = spawn_in(topology.pod("a", 1), sys.executable, str(CLIENT_LOOP), "--tcp", f"{WEB_IP}:80",
-                      "--udp", f"{ECHO_IP}:9090", "--status", str(status),
-                      stdout=__import__("subprocess").PIPE, text=True)
-
-    def progress() -> dict:
-        try:
-            return json.loads(status.read_text())
-        except (OSError, ValueError):
-            return {"tcp_ok": 0, "udp_ok": 0}
-
-    until_sync(lambda: progress()["tcp_ok"] >= 30 and progress()["udp_ok"] >= 30, "client running", 20)
+    client = ClientLoop.start(topology.pod("a", 1), tmp_path / "client.json", "--tcp", f"{WEB_IP}:80",
+                              "--udp", f"{ECHO_IP}:9090")
+    client.wait_for("client running", tcp_ok=30, udp_ok=30)
     slow = spawn_in(topology.pod("a", 2), "curl", "-s", "--max-time", "30", http_url(WEB_IP, 80, "/sleep/6"),
                     stdout=__import__("subprocess").PIPE, text=True)
     until_sync(lambda: total(scrape(topology.node("a")), "kubeport_proxy_connections_active") >= 1,
@@ -65,12 +55,9 @@ def test_pod_handover_waits_for_its_sigterm_and_leaves_the_node_to_the_new_pod(t
     assert slow.returncode == 0 and out.startswith("pod="), "the pod's SIGTERM did not cut the drain short"
     assert old.proc.wait(timeout=30) == 0, old.log_tail()
     assert "waiting for SIGTERM" in old.log_text() or "exiting" in old.log_text()
-    after = progress()["tcp_ok"]
-    until_sync(lambda: progress()["tcp_ok"] >= after + 50, "client keeps working after the old pod left", 20)
+    client.wait_for("client keeps working after the old pod left", tcp_ok=client.count("tcp_ok") + 50)
     assert vip_present(topology, WEB_IP), "the old pod's exit left the new pod's service address"
-    client.send_signal(signal.SIGTERM)
-    out, _ = client.communicate(timeout=10)
-    counts = json.loads(out.strip().splitlines()[-1])
+    counts = client.stop()
     assert counts["tcp_fail"] == 0 and counts["udp_lost"] == 0, counts
     assert new.stop() == 0
     assert not new_ready.exists() and not vip_present(topology, WEB_IP)
@@ -190,25 +177,13 @@ def test_udp_flows_drain_on_the_old_instance_beside_an_unsynced_successor(topolo
     KubeportDaemon(topology.node("a"), None, tmp_path / "new-state", *DAEMON_ARGS, *NEW_PORTS,
                    kubeconfig=unreachable_kubeconfig(tmp_path), log_path=tmp_path / "new.log")
     until_sync(lambda: "a new instance is starting" in old.log_text(), "the new instance announced", 15)
-    status = tmp_path / "client.json"
-    client = spawn_in(topology.pod("a", 1), sys.executable, str(CLIENT_LOOP), "--udp", f"{ECHO_IP}:9090",
-                      "--status", str(status), stdout=__import__("subprocess").PIPE, text=True)
-
-    def udp_ok() -> int:
-        try:
-            return json.loads(status.read_text())["udp_ok"]
-        except (OSError, ValueError):
-            return 0
-
-    until_sync(lambda: udp_ok() >= 20, "the UDP flow running", 20)
+    client = ClientLoop.start(topology.pod("a", 1), tmp_path / "client.json", "--udp", f"{ECHO_IP}:9090")
+    client.wait_for("the UDP flow running", udp_ok=20)
     old.proc.send_signal(signal.SIGTERM)
     until_sync(lambda: "a new instance serves this node" in old.log_text() or "stopped" in old.log_text()
                or "now serves node" in (tmp_path / "new.log").read_text(), "the new instance took the node", 15)
-    after = udp_ok()
-    until_sync(lambda: udp_ok() >= after + 20, "the flow still answered during the drain", 20)
-    client.send_signal(signal.SIGTERM)
-    out, _ = client.communicate(timeout=10)
-    counts = json.loads(out.strip().splitlines()[-1])
+    client.wait_for("the flow still answered during the drain", udp_ok=client.count("udp_ok") + 20)
+    counts = client.stop()
     assert counts["udp_lost"] == 0, counts
 
 

@@ -3,7 +3,6 @@ and `--cleanup` after a `kill -9` under load leaving the host as before kubeport
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +13,10 @@ import yaml
 from support.netns import KubeportDaemon, curl_in, http_url, kubeport, run_in, spawn_in, until_sync
 from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
-    CLIENT_LOOP,
     ECHO_IP,
     WEB_EXTERNAL_IP,
     WEB_IP,
+    ClientLoop,
     manifests,
     vip_present,
 )
@@ -56,17 +55,9 @@ def test_cleanup_after_kill_9_under_load_leaves_the_host_as_before(topology, pod
     before = host_state(node_ns)
     daemon = KubeportDaemon(node_ns, manifests, state, *DAEMON_ARGS, "--ready-file", tmp_path / "ready")
     daemon.wait_ready()
-    status = tmp_path / "client.json"
-    client = spawn_in(topology.pod("a", 1), sys.executable, str(CLIENT_LOOP), "--tcp", f"{WEB_IP}:80",
-                      "--udp", f"{ECHO_IP}:9090", "--status", str(status), stdout=subprocess.PIPE, text=True)
-
-    def progress() -> dict:
-        try:
-            return json.loads(status.read_text())
-        except (OSError, ValueError):
-            return {"tcp_ok": 0, "udp_ok": 0}
-
-    until_sync(lambda: progress()["tcp_ok"] >= 20 and progress()["udp_ok"] >= 20, "client running", 20)
+    client = ClientLoop.start(topology.pod("a", 1), tmp_path / "client.json", "--tcp", f"{WEB_IP}:80",
+                              "--udp", f"{ECHO_IP}:9090")
+    client.wait_for("client running", tcp_ok=20, udp_ok=20)
     daemon.proc.kill()
     daemon.proc.wait(timeout=10)
     left = host_state(node_ns)
@@ -77,11 +68,10 @@ def test_cleanup_after_kill_9_under_load_leaves_the_host_as_before(topology, pod
     daemon.start()
     daemon.wait_ready()
     assert "did not stop cleanly and left:" in daemon.log_text()
-    until_sync(lambda: progress()["tcp_ok"] >= 40, "client served by the next instance", 20)
+    client.wait_for("client served by the next instance", tcp_ok=40)
     daemon.proc.kill()
     daemon.proc.wait(timeout=10)
-    client.terminate()
-    client.communicate(timeout=10)
+    client.stop()
 
     # As kube-proxy is run: its configuration file, no subcommand.
     cleanup = [f"--config={KUBEADM_CONFIG}", "--cleanup", "--hostname-override=node-a", "--state-dir", str(state),

@@ -3,11 +3,16 @@ externalIP, echo over UDP) on four pods, and readers of addresses and metrics.""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from . import curl_in, run_in
+from . import curl_in, run_in, spawn_in, until_sync
 from .manifests import endpoint_slice, node, service, write
 
 WEB_IP = "10.96.0.50"
@@ -64,3 +69,37 @@ def unreachable_kubeconfig(directory: Path) -> Path:
                     "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:9'}}]\n"
                     "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n")
     return path
+
+
+@dataclass
+class ClientLoop:
+    """client_loop.py running in a pod namespace: its counts so far, and its last ones."""
+
+    proc: subprocess.Popen
+    status: Path
+
+    @classmethod
+    def start(cls, ns: str, status: Path, *args: str) -> ClientLoop:
+        """``args``: client_loop.py's --tcp / --udp / --dns; the counts are kept in ``status``."""
+        proc = spawn_in(ns, sys.executable, str(CLIENT_LOOP), *args, "--status", str(status),
+                        stdout=subprocess.PIPE, text=True)
+        return cls(proc, status)
+
+    def progress(self) -> dict:
+        try:
+            return json.loads(self.status.read_text())
+        except (OSError, ValueError):  # not written yet, or being replaced
+            return {}
+
+    def count(self, key: str) -> int:
+        return self.progress().get(key, 0)
+
+    def wait_for(self, what: str, timeout: float = 20, **at_least: int) -> None:
+        """Until every named count (tcp_ok=30, ...) has reached its value."""
+        until_sync(lambda: all(self.count(key) >= value for key, value in at_least.items()), what, timeout)
+
+    def stop(self) -> dict:
+        """SIGTERM; the final counts it prints."""
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=10)
+        return json.loads(out.strip().splitlines()[-1])
