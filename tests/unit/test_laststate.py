@@ -137,6 +137,18 @@ async def test_the_first_sync_deletes_what_the_source_no_longer_has(kept):
     assert snapshot.services[WEB] == before.snapshot.services[WEB]
 
 
+async def kept_with_a_late_change(kept) -> ClusterState:
+    """The cluster kept as a base, then Service ``late`` in its journal."""
+    state = ClusterState("node-a")
+    kept(state)
+    cluster(state)
+    await kept.written()
+    state.upsert(service("late", "10.96.0.50"))
+    state.commit()
+    await kept.written()
+    return state
+
+
 @pytest.mark.parametrize("damage, expected", [
     ("none", "loaded"),
     ("truncated last journal record", "loaded"),     # the process died writing it
@@ -145,13 +157,7 @@ async def test_the_first_sync_deletes_what_the_source_no_longer_has(kept):
     ("no base", "none"),
 ])
 async def test_a_damaged_or_foreign_state_is_never_served_half(kept, damage, expected):
-    state = ClusterState("node-a")
-    kept(state)
-    cluster(state)
-    await kept.written()
-    state.upsert(service("late", "10.96.0.50"))
-    state.commit()
-    await kept.written()
+    await kept_with_a_late_change(kept)
     base = kept.directory / laststate.BASE
     (journal,) = kept.directory.glob(f"{laststate.JOURNAL}.*")
     if damage == "truncated last journal record":
@@ -205,13 +211,7 @@ async def test_a_change_appends_about_its_own_size_and_the_journal_folds_into_th
 
 async def test_a_base_begun_and_not_finished_leaves_the_previous_one_whole(kept, monkeypatch):
     """A crash while a new base is written: the previous base and its journal are served."""
-    state = ClusterState("node-a")
-    kept(state)
-    cluster(state)
-    await kept.written()
-    state.upsert(service("late", "10.96.0.50"))
-    state.commit()
-    await kept.written()
+    await kept_with_a_late_change(kept)
     (kept.directory / (laststate.BASE + ".tmp")).write_bytes(b"half a base")
     (kept.directory / laststate.journal_name(99)).write_bytes(b"\0\0\0\5junk!")
     saved = LastState(kept.directory).load()

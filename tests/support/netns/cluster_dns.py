@@ -109,14 +109,14 @@ def start_fake_upstream(topology: Topology) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def pod_resolv_conf(pod_ns: str, nameserver: str = DNS_SERVICE_IP) -> Iterator[Path]:
-    """A pod's /etc/resolv.conf as the kubelet writes it (ClusterFirst), in /etc/netns/<ns>/,
-    which `ip netns exec` bind-mounts over /etc/resolv.conf. Removed afterwards."""
-    directory = Path("/etc/netns") / pod_ns
+def netns_resolv_conf(ns: str, text: str) -> Iterator[Path]:
+    """``text`` as /etc/netns/<ns>/resolv.conf, which `ip netns exec` bind-mounts over
+    /etc/resolv.conf in that namespace. Removed afterwards."""
+    directory = Path("/etc/netns") / ns
     parent_existed = directory.parent.exists()
     directory.mkdir(parents=True, exist_ok=False)
     path = directory / "resolv.conf"
-    path.write_text(f"nameserver {nameserver}\nsearch {NS}.svc.{ZONE} svc.{ZONE} {ZONE}\noptions ndots:5\n")
+    path.write_text(text)
     try:
         yield path
     finally:
@@ -127,23 +127,16 @@ def pod_resolv_conf(pod_ns: str, nameserver: str = DNS_SERVICE_IP) -> Iterator[P
                 directory.parent.rmdir()
 
 
-@contextlib.contextmanager
-def host_resolv_conf(node_ns: str, nameserver: str) -> Iterator[Path]:
+def pod_resolv_conf(pod_ns: str, nameserver: str = DNS_SERVICE_IP) -> contextlib.AbstractContextManager[Path]:
+    """A pod's /etc/resolv.conf as the kubelet writes it (ClusterFirst)."""
+    return netns_resolv_conf(pod_ns, f"nameserver {nameserver}\nsearch {NS}.svc.{ZONE} svc.{ZONE} {ZONE}\n"
+                                     "options ndots:5\n")
+
+
+def host_resolv_conf(node_ns: str, nameserver: str) -> contextlib.AbstractContextManager[Path]:
     """A node's /etc/resolv.conf without search domains, for a daemon started in it meanwhile
-    (its upstream and autopath's host search domains are read from it). Removed afterwards."""
-    directory = Path("/etc/netns") / node_ns
-    parent_existed = directory.parent.exists()
-    directory.mkdir(parents=True, exist_ok=False)
-    path = directory / "resolv.conf"
-    path.write_text(f"nameserver {nameserver}\n")
-    try:
-        yield path
-    finally:
-        path.unlink(missing_ok=True)
-        directory.rmdir()
-        if not parent_existed:
-            with contextlib.suppress(OSError):
-                directory.parent.rmdir()
+    (its upstream and autopath's host search domains are read from it)."""
+    return netns_resolv_conf(node_ns, f"nameserver {nameserver}\n")
 
 
 class LineReader:
