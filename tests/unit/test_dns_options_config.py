@@ -1,7 +1,7 @@
 """The kubernetes plugin's options as a CoreDNS operator writes them: the configuration file's
 ``dns`` fields and `kubeport run` flags, down to the DNS server's configuration.
 
-Each row is a Corefile `kubernetes` block line and its kubeport spelling (the README's table).
+Each row is a Corefile `kubernetes` block line and its kubeport spelling (the table in docs/behaviour-dns.md).
 """
 
 from __future__ import annotations
