@@ -56,12 +56,16 @@ def test_a_killed_daemon_refuses_no_connection_and_loses_no_query(topology, pods
     resolver.wait_for("queries through the new daemon", dns_ok=resolver.count("dns_ok") + 50)
     counts, queries = client.stop(), resolver.stop()
     assert answer == [WEB_IP]
-    assert counts["tcp_fail"] == 0, counts["errors"]
+    # Refused: none. The one connection the killed process was relaying may end with it
+    # (established connections outlive the daemon only in relay workers: test_worker_adoption).
+    assert not [e for e in counts["errors"] if "Refused" in e or "timed out" in e], counts["errors"]
+    assert counts["tcp_fail"] <= 1, counts["errors"]
     assert queries["dns_lost"] == 0, queries["errors"]       # each answered within DNS_TIMEOUT (3 s)
     assert daemon.running and second != first
     assert "was killed by SIGKILL; starting it again" in daemon.log_text()
     # SIGTERM to the supervisor stops the daemon as without it.
     assert daemon.stop() == 0
-    print(f"\nacross the kill: {counts['tcp_ok'] - before['tcp_ok']} connections, none refused; "
+    print(f"\nacross the kill: {counts['tcp_ok'] - before['tcp_ok']} connections, none refused "
+          f"({counts['tcp_fail']} cut in flight); "
           f"UDP lost {counts['udp_lost'] - before.get('udp_lost', 0)} of {counts['udp_ok'] - before['udp_ok']}; "
           f"{queries['dns_ok']} DNS queries answered, the longest after {queries['dns_longest_ms']} ms")
