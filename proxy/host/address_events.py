@@ -4,7 +4,7 @@ it comes up (DHCP at boot, a second NIC) and close as it goes, instead of at the
 
 A netlink socket joined to the address and link multicast groups, read on the event loop
 (``loop.add_reader``; pyroute2's asyncio socket cannot run on uvloop, whose datagram
-transport refuses AF_NETLINK); pyroute2 parses the messages. An event only says "look
+transport refuses AF_NETLINK); only the message types are read (netlink.py). An event only says "look
 again": the addresses are then dumped whole (netlink.py), so a lost event costs nothing but
 time, and a receive buffer overflow (ENOBUFS) counts as a change.
 
@@ -18,13 +18,14 @@ import errno
 import logging
 import socket
 
-from pyroute2.netlink.rtnl import RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, RTMGRP_LINK
-from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+from kubeport.proxy.host.netlink import RTM_DELADDR, RTM_DELLINK, RTM_NEWADDR, RTM_NEWLINK, message_types
 
 log = logging.getLogger(__name__)
 
+# The rtnetlink multicast groups (include/uapi/linux/rtnetlink.h RTMGRP_*).
+RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x1, 0x10, 0x100
 GROUPS = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
-EVENTS = frozenset({"RTM_NEWADDR", "RTM_DELADDR", "RTM_NEWLINK", "RTM_DELLINK"})
+EVENTS = frozenset({RTM_NEWADDR, RTM_DELADDR, RTM_NEWLINK, RTM_DELLINK})
 _RECEIVE_BUFFER = 1 << 20
 
 
@@ -34,7 +35,6 @@ class AddressEvents:
     def __init__(self) -> None:
         self._socket: socket.socket | None = None
         self._changed = asyncio.Event()
-        self._marshal = MarshalRtnl()
         self.events = 0
 
     def open(self) -> None:
@@ -62,8 +62,8 @@ class AddressEvents:
                     self._changed.set()
                     continue
                 raise
-            for message in self._marshal.parse(data):
-                if message.get("event") in EVENTS:
+            for kind in message_types(data):
+                if kind in EVENTS:
                     self.events += 1
                     self._changed.set()
 

@@ -4,6 +4,7 @@ and a route dump parses back."""
 from __future__ import annotations
 
 import socket
+import struct
 
 import pytest
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
@@ -49,3 +50,36 @@ def test_route_message_is_a_local_host_route_in_table_local_with_our_protocol(op
 ])
 def test_route_dump_keeps_local_host_routes_only(payload):
     assert netlink.parse_local_route(payload) is None
+
+
+def _event(kind: str) -> bytes:
+    """An rtnetlink event as the kernel multicasts it, encoded by pyroute2."""
+    from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    if kind.endswith("ADDR"):
+        msg = ifaddrmsg()
+        msg["family"], msg["prefixlen"], msg["index"] = socket.AF_INET, 24, 2
+        msg["attrs"] = [("IFA_ADDRESS", "192.168.7.1"), ("IFA_LOCAL", "192.168.7.1"), ("IFA_LABEL", "eth0")]
+    else:
+        msg = ifinfmsg()
+        msg["index"], msg["attrs"] = 2, [("IFLA_IFNAME", "eth0")]
+    msg["header"]["type"] = getattr(netlink, f"RTM_{kind}")
+    msg.encode()
+    return bytes(msg.data)
+
+
+@pytest.mark.parametrize("kinds", [
+    pytest.param(["NEWADDR"], id="one_address_added"),
+    pytest.param(["DELADDR", "NEWADDR"], id="an_address_replaced_in_one_read"),
+    pytest.param(["NEWLINK", "DELLINK", "NEWADDR"], id="links_and_addresses"),
+])
+def test_address_events_are_read_by_type(kinds):
+    """address_events.py looks again on these types; pyroute2 encodes what the kernel sends."""
+    data = b"".join(_event(kind) for kind in kinds)
+    assert netlink.message_types(data) == [getattr(netlink, f"RTM_{kind}") for kind in kinds]
+
+
+def test_a_malformed_event_raises_instead_of_looping():
+    with pytest.raises(OSError):
+        netlink.message_types(struct.pack("=IHHII", 4, netlink.RTM_NEWADDR, 0, 0, 0))
