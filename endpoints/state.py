@@ -16,13 +16,23 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from kubeport.endpoints import convert, model
 from kubeport.endpoints.types import NodeInfo, PodInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
 
 if TYPE_CHECKING:
+    from kubeport.endpoints import convert, model
     from kubeport.endpoints.laststate import Entry, LastState, SavedState
+else:
+    convert = model = None  # imported by the first upsert (_import_models)
 
 log = logging.getLogger(__name__)
+
+
+def _import_models() -> None:
+    """The API models and their conversion, at the first object a source gives: building the
+    pydantic models costs ~30 ms, which a daemon serving its last applied state (restored
+    without them) spends after its first answers."""
+    global convert, model
+    from kubeport.endpoints import convert, model
 
 #: Rewrites a service's slices before publication (manifest mode fills topology hints
 #: the way the EndpointSlice controller would). Must be pure.
@@ -113,6 +123,8 @@ class ClusterState:
     # --- writing (sources) --------------------------------------------------------
 
     def upsert(self, obj: model.KubeObject) -> None:
+        if model is None:
+            _import_models()
         self._note_arrival()
         key = (obj.metadata.namespace or "", obj.metadata.name)
         value: Any

@@ -16,7 +16,6 @@ from typing import Callable, Iterable
 
 from kubeport import handover
 from kubeport.config import KubeportConfiguration
-from kubeport.endpoints.manifests.lastgood import DIRECTORY_NAME
 from kubeport.proxy.host import leftovers
 
 log = logging.getLogger(__name__)
@@ -27,6 +26,8 @@ class CleanupRefused(RuntimeError):
 
 
 def stale_files(config: KubeportConfiguration) -> list[Path]:
+    from kubeport.endpoints.manifests.lastgood import DIRECTORY_NAME  # the manifest reader: not for a start
+
     found: list[Path] = []
     for path in (config.ready_file, config.live_file):
         if path is not None:

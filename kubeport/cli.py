@@ -16,8 +16,10 @@ from typing import Any
 from kubeport import __version__
 from kubeport import config as config_module
 from kubeport.config import ConfigError, KubeportConfiguration
-from kubeport.get_client import DEFAULT_SERVER, cmd_env, cmd_get
 from kubeport.lib.logformat import configure_logging
+
+#: the metrics server's default bind address, where the status API is
+STATUS_SERVER = "http://127.0.0.1:10249"
 
 log = logging.getLogger("kubeport")
 
@@ -215,12 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("-n", "--namespace", default="default")
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     get.add_argument("-o", "--output", choices=["wide", "json", "yaml"])
-    get.add_argument("--server", default=DEFAULT_SERVER,
+    get.add_argument("--server", default=STATUS_SERVER,
                      help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
     env = sub.add_parser("env", help="the service environment variables the kubelet gives a pod of a namespace")
     env.add_argument("-n", "--namespace", default="default")
     env.add_argument("-o", "--output", choices=["json"], help="json: a list of {name, value}, as a container's env")
-    env.add_argument("--server", default=DEFAULT_SERVER,
+    env.add_argument("--server", default=STATUS_SERVER,
                      help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
     check = sub.add_parser("check", help="validate a directory of manifests")
     check.add_argument("directory")
@@ -344,6 +346,20 @@ def cmd_check(args: argparse.Namespace) -> int:
 _NOT_RUN = frozenset({"-h", "--help"})
 
 
+# The client's modules (printers, urllib) are imported only by the commands that use them:
+# a daemon's start is spent before its first answer.
+def _cmd_get(args: argparse.Namespace) -> int:
+    from kubeport.get_client import cmd_get
+
+    return cmd_get(args)
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    from kubeport.get_client import cmd_env
+
+    return cmd_env(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--version"]:
@@ -354,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "version":
         print(f"kubeport {__version__}")
         return 0
-    handler = {"run": cmd_run, "get": cmd_get, "env": cmd_env, "check": cmd_check}[args.command]
+    handler = {"run": cmd_run, "get": _cmd_get, "env": _cmd_env, "check": cmd_check}[args.command]
     try:
         return handler(args)
     except BrokenPipeError:

@@ -38,7 +38,7 @@ from kubeport.endpoints.types import Snapshot
 from kubeport.lib import sockethold
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
 from kubeport.lib.sdnotify import Notifier
-from kubeport.process import process_registry, raise_open_file_limit
+from kubeport.process import process_registry, raise_open_file_limit, seconds_since_exec
 from kubeport.proxy.health import HealthResponse
 from kubeport.proxy.service import ProxyService
 from kubeport.readiness import LiveFile, ReadyFile
@@ -50,6 +50,9 @@ log = logging.getLogger("kubeport.daemon")
 
 #: after handing over: how long the drain's end waits for the new instance to hold the node
 HANDOVER_ARRIVAL_S = 5.0
+#: a restarted daemon serving its last applied state: how long the source waits for every
+#: part to serve it before it starts anyway (a part that cannot apply it retries meanwhile)
+RESTORED_VIEW_WAIT_S = 2.0
 
 
 class DaemonError(Exception):
@@ -96,6 +99,8 @@ class Daemon:
         #: the Unix time of the last applied state served before the first sync (None: none)
         self._restored_at: float | None = None
         self._held_sockets_settled = False
+        #: every consumer applied a view (the restored one, when there is one)
+        self._restored_view_applied = asyncio.Event()
 
     # --- DaemonView (read by the status server) -------------------------------------
 
@@ -203,27 +208,35 @@ class Daemon:
             dns_registry=self.dns_registry,
             on_request=proxy.metrics.health_request,
         )
+        restored = self._restored_at is not None
         try:
-            await status.start()
+            if not restored:
+                await status.start()
             await proxy.start(extra_addresses=self.config.dns_addresses)
             if primary:
-                if self._restored_at is not None:
+                if restored:
                     dns.apply(self.state.snapshot)
                 await dns.start()
         except OSError as exc:
             await self._shutdown(status)
             raise DaemonError(f"cannot start: {exc}") from exc
-        log.info("kubeport started on node %s (source: %s)", self.config.hostname_override,
-                 self.config.source_kind)
+        since_exec = seconds_since_exec()
+        log.info("kubeport started on node %s%s (source: %s)", self.config.hostname_override,
+                 f" {since_exec:.2f}s after exec" if since_exec is not None else "", self.config.source_kind)
         if self.config.last_state_max_age > 0:  # 0: never served, so not kept either
             self.state.keep_in(self._last_state)
         try:
             async with asyncio.TaskGroup() as tasks:
                 if self.config.last_state_max_age > 0:
                     tasks.create_task(self._keep_last_state(), name="last-state")
-                tasks.create_task(source.run(), name="source")
                 for consumer in self._consumers():
                     tasks.create_task(self._follow(consumer), name=consumer.name)
+                if restored:
+                    # The kept view first: the status server's and the source's imports and
+                    # connects (~0.2 s) would hold the loop before its first answer.
+                    tasks.create_task(self._after_restored_view(status, source), name="source")
+                else:
+                    tasks.create_task(source.run(), name="source")
                 tasks.create_task(proxy.run(may_resync=self._alone), name="proxy-host")
                 tasks.create_task(self._reloader.run(self._reload), name="reload")
                 tasks.create_task(self._reloader.watch(), name="reload-watch")
@@ -250,6 +263,20 @@ class Daemon:
                               "exiting non-zero, so that this one is started again")
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
+
+    async def _after_restored_view(self, status: StatusServer, source: Source) -> None:
+        """The status server and the source, once the consumers serve the restored view (or
+        after RESTORED_VIEW_WAIT_S, should one of them fail to apply it)."""
+        try:
+            await asyncio.wait_for(self._restored_view_applied.wait(), RESTORED_VIEW_WAIT_S)
+        except TimeoutError:
+            log.warning("the last applied state is not served by every part after %ss: starting the source",
+                        RESTORED_VIEW_WAIT_S)
+        try:
+            await status.start()
+        except OSError as exc:
+            raise DaemonError(f"cannot start: {exc}") from exc
+        await source.run()
 
     async def _keep_last_state(self) -> None:
         """Write the last applied state from the first complete view on: during the cold
@@ -386,6 +413,8 @@ class Daemon:
                 log.debug("%s: applied generation %d (%d services changed)",
                           name, generation, len(snapshot.changed))
             self._applied[name] = generation
+            if len(self._applied) == len(self._consumers()):
+                self._restored_view_applied.set()
             self._readiness_changed()  # also retries a write that failed
             if len(self._applied) == len(self._consumers()) and not self._held_sockets_settled:
                 # Every listener of this view is open (adopted or new): what the holder kept

@@ -12,8 +12,6 @@ from typing import Any
 
 from kubeport import envvars, printers
 
-DEFAULT_SERVER = "http://127.0.0.1:10249"
-
 _KINDS = {"svc": "services", "endpointslice": "endpointslices", "eps": "endpointslices", "pod": "pods",
           "po": "pods"}
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import resource
+import time
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
@@ -35,3 +37,15 @@ def raise_open_file_limit(limits=resource) -> int:
         except (OSError, ValueError) as error:
             log.warning("cannot raise the open-file limit from %d to %d: %s", soft, wanted, error)
     return soft
+
+
+def seconds_since_exec(stat_path: str = "/proc/self/stat") -> float | None:
+    """How long ago this process started (its exec's fork), by the kernel's clock: field 22
+    of /proc/<pid>/stat, in clock ticks since boot (proc(5)). None where it cannot be read."""
+    try:
+        with open(stat_path) as handle:
+            fields = handle.read().rpartition(")")[2].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted from after the name
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)

@@ -27,9 +27,8 @@ import ipaddress
 import json
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kubeport import printers
@@ -37,7 +36,19 @@ from kubeport.config import split_host_port
 from kubeport.endpoints.types import Snapshot
 from kubeport.proxy.health import HealthResponse
 
+if TYPE_CHECKING:
+    from aiohttp import web
+
 log = logging.getLogger(__name__)
+
+
+def aiohttp_web():
+    """aiohttp.web, imported at its first use rather than with the daemon: the import costs
+    ~0.15 s (multidict, yarl, the client's default SSL context), which a daemon restarted
+    from its last applied state spends after its first answers (daemon.py), not before."""
+    from aiohttp import web
+
+    return web
 
 
 class DaemonView(Protocol):
@@ -70,7 +81,7 @@ def source_status(kind: str, source: Any, problems: int) -> dict[str, Any]:
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, text=json.dumps(body, indent=2) + "\n", content_type="application/json")
+    return aiohttp_web().Response(status=status, text=json.dumps(body, indent=2) + "\n", content_type="application/json")
 
 
 _WILDCARDS = ("0.0.0.0", "::")
@@ -106,12 +117,12 @@ class StatusServer:
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> None:
-        healthz = web.Application()
+        healthz = aiohttp_web().Application()
         # kube-proxy's handlers answer any method (a load balancer may probe with POST or OPTIONS).
         healthz.router.add_route("*", "/healthz", self._healthz)
         healthz.router.add_route("*", "/livez", self._livez)
         healthz.router.add_get("/readyz", self._readyz)
-        metrics = web.Application()
+        metrics = aiohttp_web().Application()
         metrics.router.add_get("/metrics", self._metrics)
         metrics.router.add_get("/healthz", self._plain_ok)
         metrics.router.add_get("/proxyMode", self._proxy_mode)
@@ -120,7 +131,7 @@ class StatusServer:
         metrics.router.add_get("/api/v1/status", self._status)
         metrics.router.add_get("/api/v1/{kind}", self._list)
         metrics.router.add_get("/api/v1/namespaces/{namespace}/{kind}", self._list)
-        dns_metrics = web.Application()
+        dns_metrics = aiohttp_web().Application()
         dns_metrics.router.add_get("/metrics", self._dns_metrics)
         servers = [("healthz", healthz, self._healthz_bind), ("metrics", metrics, self._metrics_bind)]
         if self._dns_registry is not None:
@@ -133,9 +144,9 @@ class StatusServer:
             # Go's listener on a wildcard ("0.0.0.0:10256", kube-proxy's default) takes both
             # families: an IPv6 load-balancer probe of the node must reach /healthz too.
             host = None if host in _WILDCARDS else host
-            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            runner = aiohttp_web().AppRunner(app, access_log=None, handle_signals=False)
             await runner.setup()
-            await web.TCPSite(runner, host, port, reuse_address=True, reuse_port=True).start()
+            await aiohttp_web().TCPSite(runner, host, port, reuse_address=True, reuse_port=True).start()
             self._runners.append(runner)
             log.info("serving http on %s", bind)
 
@@ -153,7 +164,7 @@ class StatusServer:
     def _health_response(self, path: str) -> web.Response:
         response = self._view.proxy_health(path)
         self._on_request(path, response.status)
-        return web.Response(status=response.status, body=response.body, headers=dict(response.headers))
+        return aiohttp_web().Response(status=response.status, body=response.body, headers=dict(response.headers))
 
     async def _readyz(self, request: web.Request) -> web.Response:
         pending = self._view.pending()
@@ -163,18 +174,18 @@ class StatusServer:
         return _json(body, 503 if pending else 200)
 
     async def _plain_ok(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        return aiohttp_web().Response(text="ok")
 
     async def _proxy_mode(self, request: web.Request) -> web.Response:
-        return web.Response(text="userspace-splice")
+        return aiohttp_web().Response(text="userspace-splice")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return aiohttp_web().Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _dns_metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._dns_registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return aiohttp_web().Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _list(self, request: web.Request) -> web.Response:
         kind = request.match_info["kind"]

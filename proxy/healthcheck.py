@@ -20,12 +20,13 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, Mapping, Sequence
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Mapping, Sequence
 
 from kubeport.endpoints.types import ServiceInfo, ServiceName, ServiceState
 from kubeport.proxy.health import JSON_HEADERS, HealthResponse
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,8 @@ class HealthCheckServers:
         return service_health_response(service, count, self._proxy_healthy())
 
     async def _open(self, port: int) -> str | None:
+        from aiohttp import web  # at the first port, as kubeport/status.py's aiohttp_web says why
+
         async def handle(_request: web.BaseRequest) -> web.Response:
             answer = self.response(port)
             return web.Response(status=answer.status, body=answer.body, headers=dict(answer.headers))
