@@ -32,6 +32,7 @@ from support.netns.apiserver import (
     start_daemon,
     status,
 )
+from support.netns.operating import FirstAnswer
 from support.netns.policies import curl_exit_code, pods_over, settle_curl_exit, settle_on
 
 pytestmark = pytest.mark.integration
@@ -364,13 +365,14 @@ def test_a_killed_daemon_restarted_serves_its_last_state_while_the_api_server_is
         daemon.proc.wait(10)
         api.go_down()
         api.delete("Service", "default", "extra")   # the source changes while nobody watches
+        probe = FirstAnswer.start(client, f"--dns={WEB}@10.96.0.10", f"--tcp={WEB_IP}:80")
         started = time.monotonic()
         daemon.start()
-        until_sync(lambda: dig_answer(client, WEB) == ("NOERROR", [WEB_IP]), "web in DNS from the kept state", 10,
-                   interval=0.02, ignore=(CommandFailed,))  # refused until the DNS socket is open
-        answered = time.monotonic() - started
+        first = probe.times()
+        assert first["dns"] is not None and first["tcp"] is not None, first
+        answered, forwarded = first["dns"] - started, first["tcp"] - started
+        assert dig_answer(client, WEB) == ("NOERROR", [WEB_IP])
         assert set(pods_over(client, WEB_IP, 80, 4)) <= running.local_pods | {"b1", "b2"}
-        forwarded = time.monotonic() - started
         readyz = daemon.readyz()
         assert readyz.status == 503 and "serving the last applied state from" in readyz.body
         assert status(daemon.ns)["lastState"]["servingIt"] is True

@@ -26,10 +26,10 @@ def host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def tcp_once(address: tuple[str, int]) -> None:
+def tcp_once(address: tuple[str, int], timeout: float = 2.0) -> None:
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2.0)
+        sock.settimeout(timeout)
         sock.connect(address)
         sock.sendall(b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n")
         reply = b""

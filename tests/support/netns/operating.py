@@ -19,6 +19,7 @@ WEB_IP = "10.96.0.50"
 ECHO_IP = "10.96.0.51"
 WEB_EXTERNAL_IP = "192.168.60.50"  # taken by port (proxy/host/capture.py): the handover must keep it too
 CLIENT_LOOP = Path(__file__).resolve().parent / "client_loop.py"
+FIRST_ANSWER = Path(__file__).resolve().parent / "first_answer.py"
 
 
 @pytest.fixture
@@ -102,4 +103,23 @@ class ClientLoop:
         """SIGTERM; the final counts it prints."""
         self.proc.send_signal(signal.SIGTERM)
         out, _ = self.proc.communicate(timeout=10)
+        return json.loads(out.strip().splitlines()[-1])
+
+
+@dataclass
+class FirstAnswer:
+    """first_answer.py in a pod namespace: when a DNS name and a TCP service first answered
+    (CLOCK_MONOTONIC, the clock of time.monotonic() here too)."""
+
+    proc: subprocess.Popen
+
+    @classmethod
+    def start(cls, ns: str, *args: str) -> FirstAnswer:
+        """``args``: first_answer.py's --dns NAME@IP / --tcp IP:PORT; returns once it probes."""
+        proc = spawn_in(ns, sys.executable, str(FIRST_ANSWER), *args, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "probing", "first_answer.py did not start"
+        return cls(proc)
+
+    def times(self, timeout: float = 30) -> dict[str, float | None]:
+        out, _ = self.proc.communicate(timeout=timeout)
         return json.loads(out.strip().splitlines()[-1])
