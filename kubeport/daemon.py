@@ -53,6 +53,8 @@ HANDOVER_ARRIVAL_S = 5.0
 #: a restarted daemon serving its last applied state: how long the source waits for every
 #: part to serve it before it starts anyway (a part that cannot apply it retries meanwhile)
 RESTORED_VIEW_WAIT_S = 2.0
+#: serving the last applied state, how often a source that cannot be built is tried again
+SOURCE_RETRY_S = 2.0
 
 
 class DaemonError(Exception):
@@ -91,6 +93,8 @@ class Daemon:
         self._live_file = LiveFile(config.live_file)
         self._systemd = SystemdNotifications(Notifier.from_environment(), config.hostname_override)
         self._source: Source | None = None
+        #: why the source of a start from the last applied state cannot be built (retried)
+        self._source_problem: str | None = None
         self._proxy: ProxyService | None = None
         self._dns: DnsServer | None = None
         self._instance = handover.Instance(config.hostname_override, self._on_takeover,
@@ -124,6 +128,8 @@ class Daemon:
 
     def problems(self) -> list[str]:
         found = list(self._source.problems) if self._source is not None else []
+        if self._source_problem is not None:
+            found.append(self._source_problem)
         if self._last_state.problem is not None:
             found.append(self._last_state.problem)
         for consumer in self._consumers():
@@ -159,14 +165,17 @@ class Daemon:
 
     # --- construction -------------------------------------------------------------------
 
-    def _build(self) -> tuple[Source, ProxyService, DnsServer]:
+    def _build(self) -> tuple[ProxyService, DnsServer]:
+        self._proxy = components.build_proxy(self.config, self.registry)
+        self._dns = components.build_dns(self.config, self.registry, self.dns_registry)
+        return self._proxy, self._dns
+
+    def _build_source(self) -> Source:
         try:
             self._source = components.build_source(self.config, self.state, self.registry)
         except components.ComponentError as exc:
             raise DaemonError(str(exc)) from exc
-        self._proxy = components.build_proxy(self.config, self.registry)
-        self._dns = components.build_dns(self.config, self.registry, self.dns_registry)
-        return self._source, self._proxy, self._dns
+        return self._source
 
     def _consumers(self) -> tuple[Consumer, ...]:
         # DNS first: its apply is quick and synchronous, so it never waits for the proxy's
@@ -182,7 +191,7 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal)
         loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
-        source, proxy, dns = self._build()
+        proxy, dns = self._build()
         # Not in the task group: a handed-over process waiting for its SIGTERM is alive too.
         self._live_task = asyncio.create_task(self._live_file.keep(proxy.health.healthy), name="live-file")
         self._watchdog_task = asyncio.create_task(self._systemd.keep_watchdog(proxy.health.healthy), name="watchdog")
@@ -209,6 +218,10 @@ class Daemon:
             on_request=proxy.metrics.health_request,
         )
         restored = self._restored_at is not None
+        # With a restored state the source is built once that is served: the API source's
+        # modules (aiohttp) and the manifest source's (the reader, the allocation store) would
+        # come before the first answer.
+        source = None if restored else self._build_source()
         try:
             if not restored:
                 await status.start()
@@ -231,10 +244,10 @@ class Daemon:
                     tasks.create_task(self._keep_last_state(), name="last-state")
                 for consumer in self._consumers():
                     tasks.create_task(self._follow(consumer), name=consumer.name)
-                if restored:
+                if source is None:
                     # The kept view first: the status server's and the source's imports and
                     # connects (~0.2 s) would hold the loop before its first answer.
-                    tasks.create_task(self._after_restored_view(status, source), name="source")
+                    tasks.create_task(self._after_restored_view(status), name="source")
                 else:
                     tasks.create_task(source.run(), name="source")
                 tasks.create_task(proxy.run(may_resync=self._alone), name="proxy-host")
@@ -264,8 +277,8 @@ class Daemon:
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
 
-    async def _after_restored_view(self, status: StatusServer, source: Source) -> None:
-        """The status server and the source, once the consumers serve the restored view (or
+    async def _after_restored_view(self, status: StatusServer) -> None:
+        """The source and the status server, once the consumers serve the restored view (or
         after RESTORED_VIEW_WAIT_S, should one of them fail to apply it)."""
         try:
             await asyncio.wait_for(self._restored_view_applied.wait(), RESTORED_VIEW_WAIT_S)
@@ -276,6 +289,21 @@ class Daemon:
             await status.start()
         except OSError as exc:
             raise DaemonError(f"cannot start: {exc}") from exc
+        while True:
+            try:
+                source = self._build_source()
+                break
+            except DaemonError as exc:
+                # Without a kept state this ends the start; with one, the kept state is what
+                # worked, and a volume that is not mounted yet may well come.
+                if self._source_problem != str(exc):
+                    log.error("%s: serving the last applied state meanwhile, trying again every %gs",
+                              exc, SOURCE_RETRY_S)
+                self._source_problem = str(exc)
+                await asyncio.sleep(SOURCE_RETRY_S)
+        if self._source_problem is not None:
+            log.info("the source is built: %s", self.config.source_kind)
+            self._source_problem = None
         await source.run()
 
     async def _keep_last_state(self) -> None:
@@ -456,7 +484,10 @@ def run(config: KubeportConfiguration, config_file: Path | None = None, flags: d
     except ExceptionGroup as group:
         # A task of the daemon failed in a way it cannot recover from (it logged the rest).
         for error in _leaves(group):
-            log.critical("fatal: %s", error, exc_info=error)
+            if isinstance(error, DaemonError):  # the source or status server of a restored start
+                log.error("%s", error)
+            else:
+                log.critical("fatal: %s", error, exc_info=error)
         return 1
     return 0
 

@@ -11,7 +11,8 @@ import signal
 
 import pytest
 
-from support.netns import KubeportDaemon, dig_in, until_sync
+from support.netns import CommandFailed, KubeportDaemon, dig_in, until_sync
+from support.netns.apiserver import status
 from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import ECHO_IP, WEB_IP, ClientLoop, manifests  # noqa: F401 (fixture)
 
@@ -69,3 +70,29 @@ def test_a_killed_daemon_refuses_no_connection_and_loses_no_query(topology, pods
           f"({counts['tcp_fail']} cut in flight); "
           f"UDP lost {counts['udp_lost'] - before.get('udp_lost', 0)} of {counts['udp_ok'] - before['udp_ok']}; "
           f"{queries['dns_ok']} DNS queries answered, the longest after {queries['dns_longest_ms']} ms")
+
+
+def test_a_restart_without_its_manifests_serves_the_kept_state_until_they_come(topology, pods, manifests, tmp_path):
+    """The directory of a volume not mounted yet when the daemon is restarted: without a kept
+    state that ends the start (`--manifests ...: not a directory`); with one, the kept state is
+    what worked, so it is served and the source is tried again until the directory is there."""
+    daemon = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS)
+    daemon.wait_ready()
+    until_sync(lambda: status(daemon.ns)["lastState"]["keptAt"], "the last applied state kept", 10)
+    daemon.proc.kill()
+    daemon.proc.wait(10)
+    unmounted = manifests.with_name("not-mounted-yet")
+    manifests.rename(unmounted)
+    daemon.start()
+    key = "web.demo.svc.cluster.local"
+    until_sync(lambda: dig_in(topology.pod("a", 2), "+short", key, server=DNS_IP).split() == [WEB_IP],
+               "DNS from the kept state", 10, ignore=(CommandFailed,))  # refused until DNS listens
+    until_sync(lambda: "not a directory" in daemon.readyz().body, "the missing directory named on /readyz", 10)
+    readyz = daemon.readyz()
+    assert readyz.status == 503
+    assert str(manifests) in readyz.body and "serving the last applied state from" in readyz.body
+    assert daemon.running
+    unmounted.rename(manifests)
+    daemon.wait_ready(timeout=20)
+    assert "serving the last applied state meanwhile, trying again" in daemon.log_text()
+    assert dig_in(topology.pod("a", 2), "+short", key, server=DNS_IP).split() == [WEB_IP]
