@@ -15,7 +15,7 @@ from pathlib import Path
 from . import dnspeers, generate, probes, tools
 from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, run_plan, run_rounds
 from .kubeport_daemon import KubeportDaemon
-from .profiles import Profiler, furthest_from_target
+from .profiles import Profiler, furthest_from_target, profile_name
 from .topology import Topology, TopologyError, stop_process, wait_for
 
 SERVER = "10.96.0.10"
@@ -94,7 +94,8 @@ class Server:
         s, topo = self.setup, self.setup.topo
         if self.name == KUBEPORT:
             self.daemon = KubeportDaemon(topo, "node", s.workdir / "kubeport", s.manifests, SERVER,
-                                         upstream=f"{topo.addr('up')}:53")
+                                         upstream=f"{topo.addr('up')}:53",
+                                         extra_args=["--workers", str(s.workers)])
             self.daemon.start()
             self.daemon.wait_ready(60)
         else:
@@ -187,20 +188,33 @@ def measure_subject(setup: Setup, name: str, round_no: int, progress: Progress,
 def profile_pass(setup: Setup, bench: Bench, profiler: Profiler, progress: Progress) -> None:
     """Rerun kubeport's worst-missed figures under py-spy; the numbers are not kept."""
     for figure, how_far in furthest_from_target(bench):
-        progress.context = f"dns profile {figure}"
+        progress.context = f"{bench.label} profile {figure}"
         first = len(profiler.profiles)
         try:
             measure_subject(setup, KUBEPORT, 0, progress, only={figure},
-                            profile=lambda key, pid: profiler.record("dns", key, how_far, pid, setup.seconds))
+                            profile=lambda key, pid: profiler.record(profile_name(bench), key, how_far, pid,
+                                                                     setup.seconds))
         except Exception as exc:  # a failed profile run is reported, not fatal
             progress.say(f"profile run failed: {exc}")
         bench.profiles.extend(profiler.profiles[first:])
 
 
+def workers_note(workers: int) -> str:
+    """Which processes answer at ``workers``: kubeport's DNS server lives in the daemon alone."""
+    peers = (f"knot `udp-workers: {workers}`, nsd `server-count: {workers}`, unbound `num-threads: {workers}`; "
+             "dnsmasq has no worker setting and answers from one process at every count")
+    if workers == 1:
+        return f"kubeport answers in its one process (`--workers 1`); {peers}."
+    return (f"kubeport `--workers {workers}` runs {workers} relay processes besides the daemon ({workers + 1} "
+            f"processes), but DNS is answered by the daemon's one process: these kubeport figures are one "
+            f"process against {workers}-worker peers; its CPU is the sum of all {workers + 1}. {peers}.")
+
+
 def run(workdir: Path, rounds: int, seconds: float, workers: int, with_kubeport: bool,
         progress: Progress, profiler: Profiler | None = None) -> Bench:
     subjects = [s for s in SUBJECTS if with_kubeport or s != KUBEPORT]
-    bench = Bench("dns", f"Cluster DNS: {SERVICES:,} services", subjects, FIGURES, TARGETS)
+    bench = Bench("dns", f"Cluster DNS: {SERVICES:,} services", subjects, FIGURES, TARGETS,
+                  workers=workers, workers_note=workers_note(workers))
     zone = dnspeers.Zone(generate.ZONE, tuple(generate.zone_records(SERVICES)))
     manifests = workdir / "manifests"
     generate.write_cluster(manifests, SERVICES, 1)
@@ -210,7 +224,7 @@ def run(workdir: Path, rounds: int, seconds: float, workers: int, with_kubeport:
                   manifests)
     with Topology("dns", ["client", "up"], workdir) as topo:
         setup.topo = topo
-        progress.context = "dns"
+        progress.context = bench.label
         progress.say("starting the fake upstream (knot, example.com) in its own namespace")
         upstream_zone = dnspeers.Zone("example.com", tuple(generate.external_records(EXTERNAL_NAMES)), ttl=3600)
         dnspeers.start_knot(topo, "up", workdir, topo.addr("up"), [upstream_zone], workers=1,
@@ -220,7 +234,8 @@ def run(workdir: Path, rounds: int, seconds: float, workers: int, with_kubeport:
                  is not None, 30, "upstream knot")
         bench.notes += [
             f"Each server: {SERVICES:,} ClusterIP services (A + SRV of the named port), {workers} worker(s) "
-            f"(knot udp-workers, nsd server-count, unbound num-threads; dnsmasq is single-threaded).",
+            f"(knot udp-workers, nsd server-count, unbound num-threads; dnsmasq is single-threaded; "
+            f"kubeport `--workers {workers}`, its DNS in the daemon's one process).",
             "dnsperf: 1 thread, 8 sockets, up to 200 outstanding; queries 80% A, 10% SRV, 10% NXDOMAIN; "
             "each server gets one untimed pass of the query file after its start (steady state).",
             f"p99 at {P99_RATE:,} qps: dnsperf -Q {P99_RATE} -c 4 -q 50 -v, percentile over every query "

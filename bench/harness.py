@@ -114,6 +114,18 @@ class Bench:
     notes: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     profiles: list = field(default_factory=list)
+    #: kubeport's --workers and the peers' worker count in this benchmark's runs; None: one count
+    #: for the whole run (results that predate per-benchmark counts, or a benchmark without workers)
+    workers: int | None = None
+    #: how kubeport serves this benchmark's figures at this worker count (the report puts it beside them)
+    workers_note: str = ""
+
+    @property
+    def label(self) -> str:
+        """The benchmark's name, with its worker count when it has one."""
+        if self.workers is None:
+            return self.name
+        return f"{self.name}, {workers_text(self.workers)}"
 
     def figure(self, key: str) -> Figure:
         return next(f for f in self.figures if f.key == key)
@@ -174,6 +186,7 @@ class Bench:
             "notes": self.notes,
             "profiles": [asdict(p) for p in self.profiles],
             "samples": [asdict(s) for s in self.samples],
+            "workers": self.workers, "workers_note": self.workers_note,
         }
 
 
@@ -189,7 +202,12 @@ def bench_from_json(data: dict) -> Bench:
                  [Figure(**f) for f in data["figures"]],
                  [Target(**{k: v for k, v in t.items() if k != "text"}) for t in data["targets"]],
                  notes, [Sample(**s) for s in data["samples"]],
-                 [Profile(**p) for p in data.get("profiles", [])])
+                 [Profile(**p) for p in data.get("profiles", [])],
+                 data.get("workers"), data.get("workers_note", ""))
+
+
+def workers_text(count: int) -> str:
+    return f"{count} worker" + ("" if count == 1 else "s")
 
 
 def round_order(subjects: Sequence[str], round_no: int) -> list[str]:
@@ -206,7 +224,7 @@ def run_rounds(bench: Bench, rounds: int, measure: Callable[[str, int], list[Sam
     for round_no in range(1, rounds + 1):
         for subject in round_order(bench.subjects, order_round or round_no):
             label = f"r{round_no}/{rounds}" if order_round is None else f"r{order_round}"
-            progress.context = f"{bench.name} {label} {subject}"
+            progress.context = f"{bench.label} {label} {subject}"
             try:
                 bench.samples.extend(measure(subject, round_no))
             except KeyboardInterrupt:

@@ -34,6 +34,12 @@ def furthest_from_target(bench: Bench, count: int = 2) -> list[tuple[str, float]
     return sorted(misses.items(), key=lambda item: -item[1])[:count]
 
 
+def profile_name(bench: Bench) -> str:
+    """The benchmark as a profile (and its file) names it: with the worker count above one, so the
+    profiles of both counts of a run keep their own files."""
+    return bench.name if (bench.workers or 1) == 1 else f"{bench.name}-{bench.workers}workers"
+
+
 @dataclass
 class Profile:
     bench: str

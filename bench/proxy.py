@@ -15,7 +15,7 @@ from . import backends, dnspeers, generate, probes, tools
 from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, run_plan, run_rounds
 from .kubeport_daemon import KubeportDaemon
 from .procinfo import rss_bytes
-from .profiles import Profiler, furthest_from_target
+from .profiles import Profiler, furthest_from_target, profile_name
 from .topology import Topology, TopologyError, stop_process, wait_for
 
 VIP = "10.96.0.20"
@@ -249,17 +249,27 @@ def latency_rounds(setup: Setup, bench: Bench, rounds: int, makers: dict, progre
     would put some subjects near saturation and others not.
     """
     for round_no in range(1, rounds + 1):
-        progress.context = f"proxy latency r{round_no}/{rounds}"
+        progress.context = f"{bench.label} latency r{round_no}/{rounds}"
         setup.rate = calibrate_rate(setup, progress)
         run_rounds(bench, 1, lambda name, _r: measure_subject(setup, makers[name](setup), round_no, progress,
                                                               only={"p99_half"}),
                    progress, order_round=round_no)
 
 
+def workers_note(workers: int) -> str:
+    """How each process-based subject uses ``workers`` cores."""
+    if workers == 1:
+        return "kubeport relays in its one process (`--workers 1`); HAProxy `nbthread 1`."
+    return (f"kubeport `--workers {workers}`: {workers} relay processes besides the daemon ({workers + 1} "
+            f"processes; the daemon relays nothing), its CPU and RSS the sum of all {workers + 1}; HAProxy one "
+            f"process, `nbthread {workers}`. direct and nft-dnat forward in the kernel on every core at any count.")
+
+
 def run(workdir: Path, rounds: int, seconds: float, idle_connections: int, workers: int,
         with_kubeport: bool, progress: Progress, profiler: Profiler | None = None) -> Bench:
     subjects = ["direct", "nft-dnat", "haproxy"] + ([KUBEPORT] if with_kubeport else [])
-    bench = Bench("proxy", "Service proxy: client -> ClusterIP -> backend", subjects, FIGURES, TARGETS)
+    bench = Bench("proxy", "Service proxy: client -> ClusterIP -> backend", subjects, FIGURES, TARGETS,
+                  workers=workers, workers_note=workers_note(workers))
     forwards = [backends.Forward("http", "TCP", HTTP, "10.77.2.2", HTTP),
                 backends.Forward("iperf", "TCP", IPERF, "10.77.2.2", IPERF),
                 backends.Forward("idle", "TCP", IDLE, "10.77.2.2", IDLE),
@@ -268,7 +278,7 @@ def run(workdir: Path, rounds: int, seconds: float, idle_connections: int, worke
         assert topo.addr("be") == "10.77.2.2"
         setup = Setup(topo, workdir, seconds, idle_connections, workers, forwards=forwards,
                       queries=generate.write_lines(workdir / "udp-queries.txt", ["q.bench. A"]))
-        progress.context = "proxy"
+        progress.context = bench.label
         build(topo, workdir, progress)
         bench.notes += [
             "p99 latency: bench/fixedrate.py (asyncio open-loop, keep-alive, 64 connections; wrk2 is not in "
@@ -294,11 +304,12 @@ def run(workdir: Path, rounds: int, seconds: float, idle_connections: int, worke
 def profile_pass(setup: Setup, bench: Bench, profiler: Profiler, progress: Progress) -> None:
     """Rerun kubeport's worst-missed figures under py-spy; the numbers are not kept."""
     for figure, how_far in furthest_from_target(bench):
-        progress.context = f"proxy profile {figure}"
+        progress.context = f"{bench.label} profile {figure}"
         first = len(profiler.profiles)
         try:
             measure_subject(setup, Kubeport(setup), 0, progress, only={figure},
-                            profile=lambda key, pid: profiler.record("proxy", key, how_far, pid, setup.seconds))
+                            profile=lambda key, pid: profiler.record(profile_name(bench), key, how_far, pid,
+                                                                     setup.seconds))
         except Exception as exc:  # a failed profile run is reported, not fatal
             progress.say(f"profile run failed: {exc}")
         bench.profiles.extend(profiler.profiles[first:])

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import profiles
-from .harness import KUBEPORT, Bench, Stats, stats_of
+from .harness import KUBEPORT, Bench, Stats, stats_of, workers_text
 
 PEER_VERSIONS = {
     "haproxy": ["haproxy", "-v"], "nginx": ["nginx", "-v"], "iperf3": ["iperf3", "-v"], "wrk": ["wrk", "-v"],
@@ -113,8 +113,88 @@ def _subject_table(bench: Bench, stat: Callable[[str, str], Stats | None], digit
             "|---|" + "---|" * len(bench.subjects), *rows]
 
 
-def bench_markdown(bench: Bench, seconds: float | None = None) -> str:
-    lines = [f"### {bench.title}", "", "Median (min–max) over rounds.", "",
+def several_counts(benches: list[Bench]) -> set[str]:
+    """Names of the benchmarks that ran at more than one worker count."""
+    counts: dict[str, set[int | None]] = {}
+    for bench in benches:
+        counts.setdefault(bench.name, set()).add(bench.workers)
+    return {name for name, seen in counts.items() if len(seen) > 1}
+
+
+def _by_name(benches: list[Bench]) -> list[list[Bench]]:
+    """Benchmarks grouped by name in the order they ran; a group holds one per worker count."""
+    groups: dict[str, list[Bench]] = {}
+    for bench in benches:
+        groups.setdefault(bench.name, []).append(bench)
+    return list(groups.values())
+
+
+def _ratio_cell(stats: Stats | None, met: bool | None, judged: bool) -> str:
+    if stats is None:
+        return "—"
+    verdict = {True: " met", False: " **MISSED**", None: ""}[met] if judged else ""
+    return f"{stats.median:.2f}x{verdict}"
+
+
+def side_by_side(group: list[Bench]) -> str:
+    """One benchmark at each of its worker counts: kubeport, the peer and their same-round ratio
+    (medians; each count's own tables below have the ranges and rounds)."""
+    first = group[0]
+    head = ["| figure | peer | target |"]
+    rule = ["|---|---|---|"]
+    for bench in group:
+        count = workers_text(bench.workers or 1)
+        head.append(f" kubeport, {count} | peer, {count} | kubeport / peer, {count} |")
+        rule.append("---|---|---|")
+    keys: list[tuple[str, str | None]] = []
+    for bench in group:
+        keys += [(row.figure, row.peer) for row in bench.ratio_rows()]
+        keys += [(row.figure, None) for row in bench.absolute_rows()]
+    order = {fig.key: i for i, fig in enumerate(first.figures)}
+    keys = sorted(dict.fromkeys(keys), key=lambda k: (order.get(k[0], len(order)), k[1] is None))
+    rows = []
+    for figure, peer in keys:
+        fig = next(b.figure(figure) for b in group if any(f.key == figure for f in b.figures))
+        target = next((t for b in group for t in b.targets if t.figure == figure and t.peer == peer), None)
+        target_text = "—" if target is None else target.text + ("" if peer else f" {fig.unit}")
+        cells = [f"| {fig.title} ({fig.unit}) | {peer or '(absolute)'} | {target_text} |"]
+        for bench in group:
+            if not any(f.key == figure for f in bench.figures):
+                cells.append(" — | — | — |")
+                continue
+            mine = _cell_median(bench.stats(figure, KUBEPORT), fig.digits)
+            if peer is None:
+                row = next((r for r in bench.absolute_rows() if r.figure == figure), None)
+                verdict = "" if row is None or row.met is None else f" ({_verdict(row.met)})"
+                cells.append(f" {mine}{verdict} | — | — |")
+                continue
+            row = next((r for r in bench.ratio_rows() if r.figure == figure and r.peer == peer), None)
+            theirs = _cell_median(bench.stats(figure, peer), fig.digits)
+            ratio = "—" if row is None else _ratio_cell(row.stats, row.met, row.target is not None)
+            cells.append(f" {mine} | {theirs} | {ratio} |")
+        rows.append("".join(cells))
+    numbers = [str(b.workers or 1) for b in group]
+    counts = ", ".join(numbers[:-1]) + " and " + numbers[-1]
+    lines = [f"### {first.title}: {counts} workers side by side", "",
+             ("Medians over rounds; the ratio is the median of same-round ratios (each worker count ran "
+              "its own rounds, peers included)."), ""]
+    lines += [f"- {workers_text(b.workers or 1)}: {b.workers_note}" for b in group if b.workers_note]
+    if any(b.workers_note for b in group):
+        lines.append("")
+    lines += ["".join(head), "".join(rule), *rows]
+    return "\n".join(lines) + "\n"
+
+
+def _cell_median(st: Stats | None, digits: int) -> str:
+    return "—" if st is None else _fmt(st.median, digits)
+
+
+def bench_markdown(bench: Bench, seconds: float | None = None, with_workers: bool = False) -> str:
+    title = f"{bench.title} — {workers_text(bench.workers or 1)}" if with_workers else bench.title
+    lines = [f"### {title}", ""]
+    if bench.workers_note:
+        lines += [f"Workers: {bench.workers_note}", ""]
+    lines += ["Median (min–max) over rounds.", "",
              "| figure | unit | " + " | ".join(bench.subjects) + " |",
              "|---|---|" + "---|" * len(bench.subjects)]
     for fig in bench.figures:
@@ -166,18 +246,20 @@ def bench_markdown(bench: Bench, seconds: float | None = None) -> str:
 
 def verdicts(benches: list[Bench]) -> tuple[list[str], list[str], list[str]]:
     met, missed, unmeasured = [], [], []
+    several = several_counts(benches)
     for bench in benches:
+        count = f", {workers_text(bench.workers or 1)}" if bench.name in several else ""
         for row in bench.ratio_rows():
             if row.target is None:
                 continue
-            text = f"{bench.figure(row.figure).title} vs {row.peer} ({row.target.text})"
+            text = f"{bench.figure(row.figure).title} vs {row.peer} ({row.target.text}{count})"
             if row.met is None:
                 unmeasured.append(text)
             else:
                 (met if row.met else missed).append(f"{text}: {row.stats.median:.2f}x")
         for row in bench.absolute_rows():
             fig = bench.figure(row.figure)
-            text = f"{fig.title} ({row.target.text} {fig.unit})"
+            text = f"{fig.title} ({row.target.text} {fig.unit}{count})"
             if row.met is None:
                 unmeasured.append(text)
             else:
@@ -189,12 +271,19 @@ def verdicts(benches: list[Bench]) -> tuple[list[str], list[str], list[str]]:
 CONTENDED_STEAL = 5.0
 
 
+def _worker_counts(info: dict) -> str:
+    counts = info.get("workers")
+    if not isinstance(counts, list) or len(counts) < 2:
+        return ""
+    return f", the proxy and DNS benchmarks at {', '.join(map(str, counts[:-1]))} and {counts[-1]} workers"
+
+
 def markdown(benches: list[Bench], info: dict, chart: Path | None) -> str:
     lines = ["## Performance", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {info['os']}, "
              f"kernel {info['kernel']}, Python {info['python']}"
              f"{' (' + info['interpreter'] + ')' if info.get('interpreter') else ''}. Started {info.get('started', '?')}, "
-             f"{info.get('rounds', '?')} rounds.", ""]
+             f"{info.get('rounds', '?')} rounds{_worker_counts(info)}.", ""]
     stolen = stats_of([s.extra["machine_steal"] for b in benches for s in b.samples
                        if s.extra.get("machine_steal") is not None])
     if stolen is not None and stolen.high >= CONTENDED_STEAL:
@@ -202,15 +291,20 @@ def markdown(benches: list[Bench], info: dict, chart: Path | None) -> str:
                   f"in the median run and up to {_fmt(stolen.high, 1)}% in one (steal, /proc/stat). Runs "
                   "it hit are slower and noisier, unevenly between subjects: read the per-round ratios "
                   "with that in mind.", ""]
-    for bench in benches:
-        lines.append(bench_markdown(bench, info.get("seconds_per_run")))
+    several = several_counts(benches)
+    for group in _by_name(benches):
+        with_workers = group[0].name in several
+        if with_workers:
+            lines.append(side_by_side(group))
+        for bench in group:
+            lines.append(bench_markdown(bench, info.get("seconds_per_run"), with_workers))
     if chart is not None:
         lines += [f"![kubeport / peer]({chart.name})", ""]
     met, missed, unmeasured = verdicts(benches)
     lines += ["### Targets", "", f"Met ({len(met)}):"] + [f"- {t}" for t in met]
     lines += ["", f"Missed ({len(missed)}):"] + [f"- {t}" for t in missed]
     lines += ["", f"Not measured ({len(unmeasured)}):"] + [f"- {t}" for t in unmeasured]
-    ranked = sorted(((off, f"{b.name}: {b.figure(fig).title}") for b in benches
+    ranked = sorted(((off, f"{b.label if b.name in several else b.name}: {b.figure(fig).title}") for b in benches
                      for fig, off in profiles.furthest_from_target(b, len(b.figures))), reverse=True)
     if ranked:
         lines += ["", "Furthest from target (how many times off):"]
@@ -229,9 +323,12 @@ def _chart_rows(benches: list[Bench]) -> list[tuple[str, float, float, float, fl
     rows = []
     # Benchmarks that share figure names (the control plane from manifests and through the API)
     # say which one a bar is.
-    names = [fig.short for bench in benches for fig in bench.figures]
+    # (one benchmark at two worker counts is one name)
+    names = [short for _, short in dict.fromkeys((b.name, fig.short) for b in benches for fig in b.figures)]
+    several = several_counts(benches)
     for bench in benches:
         shared = {fig.key for fig in bench.figures if names.count(fig.short) > 1}
+        count = f" ({bench.workers or 1}w)" if bench.name in several else ""
         for row in bench.ratio_rows():
             if row.stats is None:
                 continue
@@ -239,7 +336,7 @@ def _chart_rows(benches: list[Bench]) -> list[tuple[str, float, float, float, fl
             st, flip = row.stats, not fig.higher_is_better
             value, low, high = (1 / st.median, 1 / st.high, 1 / st.low) if flip else (st.median, st.low, st.high)
             target = None if row.target is None else (1 / row.target.value if flip else row.target.value)
-            rows.append((f"{fig.short} / {row.peer}", value, low, high, target, row.met))
+            rows.append((f"{fig.short} / {row.peer}{count}", value, low, high, target, row.met))
         for row in bench.absolute_rows():
             if row.stats is None or row.stats.median <= 0:
                 continue
@@ -249,7 +346,7 @@ def _chart_rows(benches: list[Bench]) -> list[tuple[str, float, float, float, fl
             else:
                 value, low, high = goal / st.median, goal / st.high, goal / max(st.low, 1e-9)
             where = f"{bench.name}: " if fig.key in shared else ""
-            rows.append((f"{where}{fig.short} / target {row.target.text}", value, low, high, 1.0, row.met))
+            rows.append((f"{where}{fig.short} / target {row.target.text}{count}", value, low, high, 1.0, row.met))
     return rows
 
 

@@ -2,6 +2,7 @@
 """Run kubeport's benchmarks against the peers, in one invocation.
 
     sudo .venv/bin/python bench/run.py [--quick] [--only proxy|dns|control|control-api] [--rounds 3]
+                                       [--workers 1,2]
 
 Installs missing peers from Debian's packages, builds one network-namespace topology per
 benchmark, alternates peers and kubeport within each round, then writes
@@ -94,6 +95,27 @@ def kubeport_runs() -> tuple[bool, str]:
 BENCHMARKS = ["proxy", "dns", "control", "control-api"]
 
 
+#: the benchmarks whose subjects take a worker count; the others run once, whatever --workers says
+PER_WORKER_COUNT = ("proxy", "dns")
+DEFAULT_WORKERS = (1, 2)
+
+
+def worker_counts(text: str) -> tuple[int, ...]:
+    """'1,2' -> (1, 2): each count once, in the order given."""
+    counts: list[int] = []
+    for part in text.split(","):
+        try:
+            count = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"worker count {part.strip()!r} is not a number") from None
+        if count < 1:
+            raise argparse.ArgumentTypeError(f"worker count {count} is below 1")
+        if count in counts:
+            raise argparse.ArgumentTypeError(f"worker count {count} is given twice")
+        counts.append(count)
+    return tuple(counts)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="kubeport benchmarks against peers")
     parser.add_argument("--quick", action="store_true", help="2 s tool runs, smaller scales (a smoke run)")
@@ -101,8 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run only this benchmark (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per benchmark (>= 3 for a real run)")
     parser.add_argument("--seconds", type=float, help="duration of each tool run (default 5, quick 2)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="kubeport workers = HAProxy nbthread = DNS peers' workers (default 1)")
+    parser.add_argument("--workers", type=worker_counts, default=DEFAULT_WORKERS, metavar="N[,N...]",
+                        help="the proxy and DNS benchmarks run once per count: kubeport --workers N = HAProxy "
+                             "nbthread N = the DNS peers' workers (default 1,2; --workers 1 for one worker only)")
     parser.add_argument("--no-kubeport", action="store_true", help="measure the peers only")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install missing peers")
     parser.add_argument("--results", type=Path, default=BENCH_DIR / "results", help="results directory")
@@ -131,16 +154,16 @@ interrupted: list = []
 
 
 def run_one(name: str, args: argparse.Namespace, workdir: Path, with_kubeport: bool, progress: Progress,
-            profiler: Profiler | None):
-    """One benchmark; if its harness breaks, say so and go on with the next."""
+            profiler: Profiler | None, workers: int = 1):
+    """One benchmark (at one worker count); if its harness breaks, say so and go on with the next."""
     try:
         if name == "proxy":
             from kubeport_bench import proxy
             return proxy.run(workdir, args.rounds, args.seconds, idle_connection_count(args.quick),
-                             args.workers, with_kubeport, progress, profiler)
+                             workers, with_kubeport, progress, profiler)
         if name == "dns":
             from kubeport_bench import dns
-            return dns.run(workdir, args.rounds, args.seconds, args.workers, with_kubeport, progress, profiler)
+            return dns.run(workdir, args.rounds, args.seconds, workers, with_kubeport, progress, profiler)
         from kubeport_bench import control
         source = control.API if name == "control-api" else control.MANIFESTS
         return control.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler, source)
@@ -158,23 +181,37 @@ def _terminate(signum, frame):  # SIGTERM tears down like Ctrl-C
     raise KeyboardInterrupt
 
 
+def bench_key(bench: dict, machine: dict) -> tuple[str, int | None]:
+    """A benchmark of a results file: its name and worker count (the run's one count in files
+    that give it only in the machine line)."""
+    workers = bench.get("workers")
+    if workers is None and bench["name"] in PER_WORKER_COUNT and isinstance(machine.get("workers"), int):
+        workers = machine["workers"]
+    return bench["name"], workers
+
+
 def render(paths: list[Path]) -> int:
     """Re-render results; several files (each its own invocation) merge into `<last>-combined`."""
     data = json.loads(paths[0].read_text())
     if len(paths) > 1:
-        by_name = {}
+        by_key = {}
         for part in paths:
             part_data = json.loads(part.read_text())
             for bench in part_data["benchmarks"]:
-                by_name[bench["name"]] = bench | {"source": part.name, "machine": part_data["machine"]}
+                key = bench_key(bench, part_data["machine"])
+                by_key[key] = bench | {"workers": key[1], "source": part.name, "machine": part_data["machine"]}
         data = {"machine": data["machine"] | {"merged_from": [p.name for p in paths]},
-                "benchmarks": list(by_name.values())}
+                "benchmarks": list(by_key.values())}
         path = paths[-1].with_name(f"{paths[-1].stem}-combined.json")
         path.write_text(json.dumps(data, indent=1, default=str))
     else:
         path = paths[0]
-    benches = [bench_from_json(b) for b in data["benchmarks"]]
-    png = report.chart(benches, path.with_suffix(".png"))
+    benches = [bench_from_json(b | {"workers": bench_key(b, data["machine"])[1]}) for b in data["benchmarks"]]
+    try:
+        png = report.chart(benches, path.with_suffix(".png"))
+    except ImportError as exc:  # as in a run: the chart is optional, the tables are not
+        png = None
+        print(f"no chart ({exc}): pip install '.[bench]'", file=sys.stderr)
     text = report.markdown(benches, data["machine"], png)
     path.with_suffix(".md").write_text(text)
     print(text)
@@ -205,14 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     stamp = started.strftime("%Y%m%d-%H%M%S")
     workdir = Path(tempfile.mkdtemp(prefix=f"kubeport-bench-{stamp}-"))
     info = report.machine() | {"started": started.isoformat(timespec="seconds"), "rounds": args.rounds,
-                               "quick": args.quick, "seconds_per_run": args.seconds, "workers": args.workers}
+                               "quick": args.quick, "seconds_per_run": args.seconds,
+                               "workers": list(args.workers)}
     profiler = None if args.no_profile else Profiler(args.results, stamp)
     benches = []
     only = args.only or BENCHMARKS
     try:
         for name in BENCHMARKS:
-            if name in only:
-                bench = run_one(name, args, workdir / name, with_kubeport, progress, profiler)
+            if name not in only:
+                continue
+            for workers in args.workers if name in PER_WORKER_COUNT else (1,):
+                where = workdir / (name if workers == 1 else f"{name}-{workers}workers")
+                bench = run_one(name, args, where, with_kubeport, progress, profiler, workers)
                 if bench is not None:
                     benches.append(bench)
     except KeyboardInterrupt:
@@ -233,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report.markdown(benches, info, png)
     (args.results / f"{stamp}.md").write_text(text)
     print(text)
+    progress.context = ""
     progress.say(f"results: {args.results / stamp}.{{json,md,png}}")
     return 0
 
