@@ -99,7 +99,7 @@ class Daemon:
         self._dns: DnsServer | None = None
         self._instance = handover.Instance(config.hostname_override, self._on_takeover,
                                            config.handover_generation)
-        self._last_state = LastState(config.state_dir / "last-state")
+        self._last_state = LastState(config.state_dir / "last-state", base_written=self._heap_changed.set)
         #: the Unix time of the last applied state served before the first sync (None: none)
         self._restored_at: float | None = None
         self._held_sockets_settled = False
@@ -236,8 +236,6 @@ class Daemon:
         since_exec = seconds_since_exec()
         log.info("kubeport started on node %s%s (source: %s)", self.config.hostname_override,
                  f" {since_exec:.2f}s after exec" if since_exec is not None else "", self.config.source_kind)
-        if self.config.last_state_max_age > 0:  # 0: never served, so not kept either
-            self.state.keep_in(self._last_state)
         try:
             async with asyncio.TaskGroup() as tasks:
                 if self.config.last_state_max_age > 0:
@@ -310,6 +308,9 @@ class Daemon:
         """Write the last applied state from the first complete view on: during the cold
         start its first (whole) write would compete with the start for the CPU."""
         await self._ready.wait()
+        # Only now: the first base holds everything anyway, and recording the first sync's
+        # objects one by one left 3.4 MiB of holes in the heap at 10,000 services (RSS 155.1 -> 151.7).
+        self.state.keep_in(self._last_state)
         try:
             await self._last_state.run()
         except Exception as exc:  # noqa: BLE001 - a copy that cannot be kept never stops the serving
