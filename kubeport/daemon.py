@@ -287,6 +287,7 @@ class Daemon:
             await status.start()
         except OSError as exc:
             raise DaemonError(f"cannot start: {exc}") from exc
+        await asyncio.get_running_loop().run_in_executor(None, components.import_source_modules, self.config)
         while True:
             try:
                 source = self._build_source()

@@ -44,3 +44,30 @@ def test_auth_modules(what: str, prepare: str, models: bool) -> None:
     assert found["models"] is models and found["api_classes"] is models, (what, found)
     if not models:
         assert found["modules"] < 40, found
+
+
+SOURCE_PROBE = """
+import json, sys
+from kubeport import components
+from kubeport.config import KubeportConfiguration
+config = KubeportConfiguration.model_validate({config})
+components.import_source_modules(config)
+print(json.dumps({{"models": any(m.startswith("kubernetes_asyncio.client.models.") for m in sys.modules),
+                  "loaded": sorted(m for m in ("kubeport.endpoints.apiserver.source",
+                                               "kubeport.endpoints.manifests.source",
+                                               "kubernetes_asyncio.config") if m in sys.modules)}}))
+"""
+
+
+@pytest.mark.parametrize(("config", "loaded"), [
+    pytest.param("{}", ["kubeport.endpoints.manifests.source"], id="manifests"),
+    pytest.param("{'clientConnection': {'kubeconfig': '/nonexistent'}}",
+                 ["kubeport.endpoints.apiserver.source", "kubernetes_asyncio.config"], id="kubeconfig"),
+])
+def test_the_source_modules_imported_ahead_are_the_ones_it_uses_without_the_models(config, loaded):
+    """What a start from the last applied state imports on a thread before building the source."""
+    result = subprocess.run([sys.executable, "-c", SOURCE_PROBE.format(config=config)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found == {"models": False, "loaded": loaded}
