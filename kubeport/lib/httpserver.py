@@ -280,6 +280,8 @@ def parse_head(head: bytes, max_discarded_body: int = MAX_DISCARDED_BODY) -> tup
         values.setdefault(name, []).append(value)
     if version >= (1, 1) and "host" not in values:
         raise BadRequest(400, "missing required Host header")
+    if len(values.get("host", ())) > 1:
+        raise BadRequest(400, "too many Host headers")
     expects_continue = any(value.lower() == "100-continue" for value in values.get("expect", ()))
     body, close = _body_framing(values, max_discarded_body)
     if expects_continue:  # the body waits for a 100 Continue no handler asks for: not read

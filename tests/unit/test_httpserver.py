@@ -76,6 +76,7 @@ READS = [
     ("request line too large: 431", f"GET /{'a' * 1100} HTTP/1.1\r\n{H}\r\n", [431]),
     ("no end of head yet but over the limit: 431", "GET / HTTP/1.1\r\nX: " + "y" * 1100, [431]),
     ("missing host on 1.1", "GET /a HTTP/1.1\r\n\r\n", [400]),
+    ("two hosts", f"GET /a HTTP/1.1\r\n{H}{H}\r\n", [400]),
     ("two spaces", f"GET  /a HTTP/1.1\r\n{H}\r\n", [400]),
     ("no version", f"GET /a\r\n{H}\r\n", [400]),
     ("bad version", f"GET /a HTTP/1.x\r\n{H}\r\n", [400]),
