@@ -26,11 +26,12 @@ Requests follow Go's net/http server, which kube-proxy's ports run on:
   ``stdHTTPServerFactory.New`` builds ``&http.Server{Handler: handler}``; the metrics
   port is ``http.ListenAndServe`` in ``cmd/kube-proxy/app/server.go serveMetrics``), so
   there a client sending a byte a second holds a goroutine forever. Here a request must be
-  complete (head and the body read) within :data:`REQUEST_TIMEOUT` of its first byte (Go's
-  ``ReadTimeout``), the first within that of the accept (Go's ``ReadHeaderTimeout``
-  applies from the accept too), and a kept connection may idle :data:`IDLE_TIMEOUT`
-  between requests (Go's ``IdleTimeout``). A connection timed out is closed without an
-  answer, as Go's.
+  complete (head and the body read) within :data:`REQUEST_TIMEOUT` (10 s) of its first
+  byte (Go's ``ReadTimeout``), the first within that of the accept (Go's
+  ``ReadHeaderTimeout`` applies from the accept too), and a kept connection may idle
+  :data:`IDLE_TIMEOUT` (60 s) between requests (Go's ``IdleTimeout``). A connection timed
+  out is closed without an answer, as Go's. After a connection's last answer it is
+  half-closed and waits :data:`LINGER` for the peer's FIN, as Go's ``closeWriteAndWait``.
 * Every answer has ``Date`` (``http.TimeFormat``), ``Content-Length`` and, with a body, a
   ``Content-Type`` (``text/plain; charset=utf-8`` unless the handler sets one, what Go's
   sniffing says of text). HEAD gets the headers of GET and no body. An unknown path: 404
