@@ -243,8 +243,8 @@ class Daemon:
                 for consumer in self._consumers():
                     tasks.create_task(self._follow(consumer), name=consumer.name)
                 if source is None:
-                    # The kept view first: the status server's and the source's imports and
-                    # connects (~0.2 s) would hold the loop before its first answer.
+                    # The kept view first: the source's imports and connects (~0.2 s)
+                    # would hold the loop before its first answer.
                     tasks.create_task(self._after_restored_view(status), name="source")
                 else:
                     tasks.create_task(source.run(), name="source")

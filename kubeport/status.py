@@ -24,31 +24,19 @@ the listings always compute it afresh.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kubeport import printers
 from kubeport.config import split_host_port
 from kubeport.endpoints.types import Snapshot
+from kubeport.lib.httpserver import HttpServer, Request, Response, Routes
 from kubeport.proxy.health import HealthResponse
 
-if TYPE_CHECKING:
-    from aiohttp import web
-
 log = logging.getLogger(__name__)
-
-
-def aiohttp_web():
-    """aiohttp.web, imported at its first use rather than with the daemon: the import costs
-    ~0.15 s (multidict, yarl, the client's default SSL context), which a daemon restarted
-    from its last applied state spends after its first answers (daemon.py), not before."""
-    from aiohttp import web
-
-    return web
 
 
 class DaemonView(Protocol):
@@ -78,10 +66,6 @@ def source_status(kind: str, source: Any, problems: int) -> dict[str, Any]:
         status.update(files=getattr(source, "files_loaded", 0), objects=getattr(source, "objects_loaded", 0))
     status["problems"] = problems
     return status
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return aiohttp_web().Response(status=status, text=json.dumps(body, indent=2) + "\n", content_type="application/json")
 
 
 _WILDCARDS = ("0.0.0.0", "::")
@@ -114,93 +98,89 @@ class StatusServer:
         self._dns_metrics_bind = dns_metrics_bind
         self._dns_registry = dns_registry
         self._on_request = on_request or (lambda path, code: None)
-        self._runners: list[web.AppRunner] = []
+        self._servers: list[HttpServer] = []
 
     async def start(self) -> None:
-        healthz = aiohttp_web().Application()
+        healthz = Routes()
         # kube-proxy's handlers answer any method (a load balancer may probe with POST or OPTIONS).
-        healthz.router.add_route("*", "/healthz", self._healthz)
-        healthz.router.add_route("*", "/livez", self._livez)
-        healthz.router.add_get("/readyz", self._readyz)
-        metrics = aiohttp_web().Application()
-        metrics.router.add_get("/metrics", self._metrics)
-        metrics.router.add_get("/healthz", self._plain_ok)
-        metrics.router.add_get("/proxyMode", self._proxy_mode)
-        metrics.router.add_get("/readyz", self._readyz)
-        metrics.router.add_get("/api/v1/problems", self._problems)
-        metrics.router.add_get("/api/v1/status", self._status)
-        metrics.router.add_get("/api/v1/{kind}", self._list)
-        metrics.router.add_get("/api/v1/namespaces/{namespace}/{kind}", self._list)
-        dns_metrics = aiohttp_web().Application()
-        dns_metrics.router.add_get("/metrics", self._dns_metrics)
+        healthz.add("/healthz", self._healthz, methods=None)
+        healthz.add("/livez", self._livez, methods=None)
+        healthz.add("/readyz", self._readyz)
+        metrics = Routes()
+        metrics.add("/metrics", self._metrics)
+        metrics.add("/healthz", self._plain_ok)
+        metrics.add("/proxyMode", self._proxy_mode)
+        metrics.add("/readyz", self._readyz)
+        metrics.add("/api/v1/problems", self._problems)
+        metrics.add("/api/v1/status", self._status)
+        metrics.add("/api/v1/{kind}", self._list)
+        metrics.add("/api/v1/namespaces/{namespace}/{kind}", self._list)
+        dns_metrics = Routes()
+        dns_metrics.add("/metrics", self._dns_metrics)
         servers = [("healthz", healthz, self._healthz_bind), ("metrics", metrics, self._metrics_bind)]
         if self._dns_registry is not None:
             servers.append(("dns metrics", dns_metrics, self._dns_metrics_bind))
-        for name, app, bind in servers:
+        for name, routes, bind in servers:
             if not bind:
                 log.info("%s server disabled (empty bind address)", name)
                 continue
             host, port = split_host_port(bind)
             # Go's listener on a wildcard ("0.0.0.0:10256", kube-proxy's default) takes both
             # families: an IPv6 load-balancer probe of the node must reach /healthz too.
-            host = None if host in _WILDCARDS else host
-            runner = aiohttp_web().AppRunner(app, access_log=None, handle_signals=False)
-            await runner.setup()
-            await aiohttp_web().TCPSite(runner, host, port, reuse_address=True, reuse_port=True).start()
-            self._runners.append(runner)
+            server = HttpServer(routes)
+            await server.listen(None if host in _WILDCARDS else host, port)
+            self._servers.append(server)
             log.info("serving http on %s", bind)
 
     async def stop(self) -> None:
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
+        for server in reversed(self._servers):
+            await server.close()
+        self._servers.clear()
 
-    async def _healthz(self, request: web.Request) -> web.Response:
+    async def _healthz(self, request: Request) -> Response:
         return self._health_response("healthz")
 
-    async def _livez(self, request: web.Request) -> web.Response:
+    async def _livez(self, request: Request) -> Response:
         return self._health_response("livez")
 
-    def _health_response(self, path: str) -> web.Response:
+    def _health_response(self, path: str) -> Response:
         response = self._view.proxy_health(path)
         self._on_request(path, response.status)
-        return aiohttp_web().Response(status=response.status, body=response.body, headers=dict(response.headers))
+        return Response(response.status, response.body, response.headers)
 
-    async def _readyz(self, request: web.Request) -> web.Response:
+    async def _readyz(self, request: Request) -> Response:
         pending = self._view.pending()
         body: dict[str, Any] = {"ready": not pending, "pending": pending}
-        if from_loopback(request.transport.get_extra_info("peername") if request.transport else None):
+        if from_loopback(request.peer):
             body["problems"] = self._readyz_problems.get(pending)
-        return _json(body, 503 if pending else 200)
+        return Response.json(body, 503 if pending else 200)
 
-    async def _plain_ok(self, request: web.Request) -> web.Response:
-        return aiohttp_web().Response(text="ok")
+    async def _plain_ok(self, request: Request) -> Response:
+        return Response.text("ok")
 
-    async def _proxy_mode(self, request: web.Request) -> web.Response:
-        return aiohttp_web().Response(text="userspace-splice")
+    async def _proxy_mode(self, request: Request) -> Response:
+        return Response.text("userspace-splice")
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self._registry)
-        return aiohttp_web().Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def _metrics(self, request: Request) -> Response:
+        return Response(200, generate_latest(self._registry), (("Content-Type", CONTENT_TYPE_LATEST),))
 
-    async def _dns_metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self._dns_registry)
-        return aiohttp_web().Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def _dns_metrics(self, request: Request) -> Response:
+        return Response(200, generate_latest(self._dns_registry), (("Content-Type", CONTENT_TYPE_LATEST),))
 
-    async def _list(self, request: web.Request) -> web.Response:
-        kind = request.match_info["kind"]
+    async def _list(self, request: Request) -> Response:
+        kind = request.params["kind"]
         if kind not in printers.HEADERS:
-            return _json({"kind": "Status", "status": "Failure", "reason": "NotFound",
-                          "message": f"the server doesn't have a resource type \"{kind}\""}, 404)
-        listing = printers.list_objects(self._view.snapshot(), kind, request.match_info.get("namespace"))
+            return Response.json({"kind": "Status", "status": "Failure", "reason": "NotFound",
+                                  "message": f"the server doesn't have a resource type \"{kind}\""}, 404)
+        listing = printers.list_objects(self._view.snapshot(), kind, request.params.get("namespace"))
         listing["problems"] = self._view.problems()
-        return _json(listing)
+        return Response.json(listing)
 
-    async def _status(self, request: web.Request) -> web.Response:
-        return _json(self._view.status())
+    async def _status(self, request: Request) -> Response:
+        return Response.json(self._view.status())
 
-    async def _problems(self, request: web.Request) -> web.Response:
-        return _json({"problems": self._view.problems()})
+    async def _problems(self, request: Request) -> Response:
+        return Response.json({"problems": self._view.problems()})
 
 
 def from_loopback(peername: Any) -> bool:

@@ -19,14 +19,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from kubeport.endpoints.types import ServiceInfo, ServiceName, ServiceState
+from kubeport.lib.httpserver import HttpServer, Request, Response
 from kubeport.proxy.health import JSON_HEADERS, HealthResponse
-
-if TYPE_CHECKING:
-    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +129,6 @@ def service_health_response(service: ServiceName, local_endpoints: int, proxy_he
 # --- shell --------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Listener:
-    handler: web.Server
-    server: asyncio.Server
-
-
 class HealthCheckServers:
     """One HTTP server per health-check node port, reconciled by :meth:`sync`."""
 
@@ -148,7 +139,7 @@ class HealthCheckServers:
         """
         self._proxy_healthy = proxy_healthy
         self._records: dict[int, tuple[ServiceName, int]] = {}
-        self._listeners: dict[int, _Listener] = {}
+        self._listeners: dict[int, HttpServer] = {}
         #: where ports listen: None every address (the wildcard), () nowhere.
         self._addresses: tuple[str, ...] | None = None
         self._lock = asyncio.Lock()
@@ -233,32 +224,24 @@ class HealthCheckServers:
         return service_health_response(service, count, self._proxy_healthy())
 
     async def _open(self, port: int) -> str | None:
-        from aiohttp import web  # at the first port, as kubeport/status.py's aiohttp_web says why
-
-        async def handle(_request: web.BaseRequest) -> web.Response:
+        async def handle(_request: Request) -> Response:  # any path, any method: kube-proxy's
             answer = self.response(port)
-            return web.Response(status=answer.status, body=answer.body, headers=dict(answer.headers))
+            return Response(answer.status, answer.body, answer.headers)
 
-        handler = web.Server(handle, access_log=None)
+        server = HttpServer(handle)
         try:
-            server = await asyncio.get_running_loop().create_server(
-                # SO_REUSEPORT: a successor (seamless restart) binds the same ports before we leave.
-                handler, host=list(self._addresses) if self._addresses is not None else None, port=port,
-                reuse_address=True, reuse_port=True,
-            )
+            await server.listen(list(self._addresses) if self._addresses is not None else None, port)
         except OSError as err:
+            await server.close()
             service = self._records[port][0]
             message = f"failed to start healthcheck {str(service)!r} on port {port}: {err}"
             log.warning("FailedToStartServiceHealthcheck: %s", message)
             return message
-        self._listeners[port] = _Listener(handler, server)
+        self._listeners[port] = server
         log.debug("opened health check port %d for %s", port, self._records[port][0])
         return None
 
     async def _close(self, ports: list[int]) -> None:
         for port in ports:
-            listener = self._listeners.pop(port)
-            listener.server.close()
-            await listener.handler.shutdown(SHUTDOWN_TIMEOUT)
-            await listener.server.wait_closed()
+            await self._listeners.pop(port).close(SHUTDOWN_TIMEOUT)
             log.debug("closed health check port %d", port)

@@ -3,7 +3,7 @@ DNS, reset storms, malformed DNS packets.
 
 kubeport runs in node-a; the attackers are processes in its pods' namespaces, the node's
 own sockets a test listener on 0.0.0.0:2222 (TCP) and 0.0.0.0:2223 (UDP) and the health
-server on 0.0.0.0:10256.
+server on 0.0.0.0:10256, which slow HTTP clients cannot hold.
 """
 
 from __future__ import annotations
@@ -160,6 +160,49 @@ def test_tcp_dns_trickle_from_one_pod__other_clients_answered(topology, node_a):
     result = json.loads(out.decode().strip().splitlines()[-1])
     assert result["still_open"] == 0 and result["closed"] == 1000
     assert result["latest_close"] < 8  # 2 s read deadline, plus the trickler's own rounds
+
+
+# --- the health port cannot be held by slow clients --------------------------------------------
+
+_HTTP_TRICKLE = """
+import json, socket, sys, time
+host, port, count, duration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+socks = [socket.create_connection((host, port), timeout=5) for _ in range(count)]
+for s in socks:
+    s.setblocking(False)
+print("opened", flush=True)
+open_ = set(range(count)); closed_at = {}
+start = time.monotonic(); head = b"GET /healthz HTTP/1.1\\r\\nHost: x\\r\\nX-Slow: "; sent = 0
+while time.monotonic() - start < duration and open_:
+    byte = head[sent:sent + 1] or b"a"  # a header that never ends
+    for i in list(open_):
+        try:
+            socks[i].send(byte)
+            if socks[i].recv(1) == b"":
+                raise ConnectionResetError
+        except BlockingIOError:
+            pass
+        except OSError:
+            open_.discard(i); closed_at[i] = time.monotonic() - start
+    sent += 1
+    time.sleep(1.0)  # a byte a second on every connection
+print(json.dumps({"still_open": len(open_), "closed": len(closed_at)}), flush=True)
+"""
+
+
+def test_http_trickle_to_the_health_port__closed_unanswered_and_others_answered(topology, node_a):
+    """50 connections sending a request head a byte a second: each is closed at the request
+    deadline (10 s, where kube-proxy's Go server sets none), and /healthz answers meanwhile."""
+    node_address = topology.node_spec("a").gateways[0]
+    trickler = spawn_in(topology.pod("a", 1), sys.executable, "-I", "-c", _HTTP_TRICKLE, node_address,
+                        HEALTHZ_PORT, 50, 30.0, stdout=subprocess.PIPE)
+    wait_for_output(trickler, b"opened", 20, "the trickling client")
+    probe = python_in(topology.pod("a", 2), "import sys, urllib.request; "
+                      "print(urllib.request.urlopen(f'http://{sys.argv[1]}:{sys.argv[2]}/livez', timeout=5).status)",
+                      node_address, HEALTHZ_PORT)
+    assert probe.stdout.strip() == "200"
+    out, _ = trickler.communicate(timeout=60)
+    assert json.loads(out.decode().strip().splitlines()[-1]) == {"still_open": 0, "closed": 50}
 
 
 # --- a reset storm ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The operator's surface of a real daemon: kube-proxy's flag forms, a disabled metrics server,
-process metrics without *_created series, and a busy health-check node port retried until it opens."""
+process metrics without *_created series, a busy health-check node port retried until it opens,
+and the HTTP ports as curl sees them."""
 
 from __future__ import annotations
 
@@ -95,4 +96,28 @@ def test_nodeport_addresses_matching_nothing_open_no_health_check_port(topology,
         assert refused.value.returncode == 7
     assert f"failed to start healthcheck 'demo/etp' on port {HEALTH_PORT}" not in problems(ns)
     assert kp.log_text().count(said) == 1
+    assert kp.stop() == 0
+
+
+def test_http_ports_answer_curl_as_gos_servers_and_map_no_aiohttp(topology, manifests, tmp_path):
+    """HEAD, POST, HTTP/1.0 and a kept connection on each port; the daemon serving manifests never
+    loads aiohttp (its C extensions and multidict's, yarl's would be mapped)."""
+    ns, node_ip = topology.node("a"), topology.node_spec("a").lan_ips[0]
+    kp = daemon(topology, manifests, tmp_path)
+    health = f"http://{node_ip}:{HEALTH_PORT}/any/path"
+    until_sync(lambda: curl_in(ns, health, timeout=2), "health-check node port open", 10, ignore=(CommandFailed,))
+    head = curl_in(ns, health, "-I").splitlines()  # text mode: CRLF read as newlines
+    assert head[0] == "HTTP/1.1 200 OK" and "X-Load-Balancing-Endpoint-Weight: 1" in head
+    assert [line for line in head if line.startswith("Date: ") and line.endswith(" GMT")]
+    assert [line for line in head if line.startswith("Content-Length: ")] != ["Content-Length: 0"]
+    assert '"localEndpoints": 1' in curl_in(ns, health, "-X", "POST", "-d", "ignored")
+    assert curl_in(ns, "http://127.0.0.1:10256/livez", "-0", "-o", "/dev/null", "-w", "%{http_code}") == "200"
+    # Two URLs, one connection: the second transfer connects nowhere new.
+    both = curl_in(ns, f"http://{METRICS}/proxyMode", "-w", " %{num_connects}\n", f"http://{METRICS}/healthz")
+    assert both == "ok 1\nuserspace-splice 0\n"  # curl_in puts its url last
+    assert curl_in(ns, f"http://{METRICS}/api/v1/services", "-X", "DELETE", "-o", "/dev/null",
+                   "-w", "%{http_code}") == "405"
+    assert curl_in(ns, f"http://{METRICS}/nothing", "-o", "/dev/null", "-w", "%{http_code}") == "404"
+    maps = Path(f"/proc/{kp.proc.pid}/maps").read_text()
+    assert not [line for line in maps.splitlines() if any(name in line for name in ("aiohttp", "multidict", "yarl"))]
     assert kp.stop() == 0
