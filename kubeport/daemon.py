@@ -223,8 +223,7 @@ class Daemon:
         # come before the first answer.
         source = None if restored else self._build_source()
         try:
-            if not restored:
-                await status.start()
+            await status.start()
             await proxy.start(extra_addresses=self.config.dns_addresses)
             if primary:
                 if restored:
@@ -245,7 +244,7 @@ class Daemon:
                 if source is None:
                     # The kept view first: the source's imports and connects (~0.2 s)
                     # would hold the loop before its first answer.
-                    tasks.create_task(self._after_restored_view(status), name="source")
+                    tasks.create_task(self._source_after_restored_view(), name="source")
                 else:
                     tasks.create_task(source.run(), name="source")
                 tasks.create_task(proxy.run(may_resync=self._alone), name="proxy-host")
@@ -275,18 +274,14 @@ class Daemon:
         if self._handing_over:
             log.info("exiting; node %s is served by the new instance", self.config.hostname_override)
 
-    async def _after_restored_view(self, status: StatusServer) -> None:
-        """The source and the status server, once the consumers serve the restored view (or
-        after RESTORED_VIEW_WAIT_S, should one of them fail to apply it)."""
+    async def _source_after_restored_view(self) -> None:
+        """The source, once the consumers serve the restored view (or after
+        RESTORED_VIEW_WAIT_S, should one of them fail to apply it)."""
         try:
             await asyncio.wait_for(self._restored_view_applied.wait(), RESTORED_VIEW_WAIT_S)
         except TimeoutError:
             log.warning("the last applied state is not served by every part after %ss: starting the source",
                         RESTORED_VIEW_WAIT_S)
-        try:
-            await status.start()
-        except OSError as exc:
-            raise DaemonError(f"cannot start: {exc}") from exc
         await asyncio.get_running_loop().run_in_executor(None, components.import_source_modules, self.config)
         while True:
             try:
@@ -486,10 +481,7 @@ def run(config: KubeportConfiguration, config_file: Path | None = None, flags: d
     except ExceptionGroup as group:
         # A task of the daemon failed in a way it cannot recover from (it logged the rest).
         for error in _leaves(group):
-            if isinstance(error, DaemonError):  # the source or status server of a restored start
-                log.error("%s", error)
-            else:
-                log.critical("fatal: %s", error, exc_info=error)
+            log.critical("fatal: %s", error, exc_info=error)
         return 1
     return 0
 

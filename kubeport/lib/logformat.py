@@ -37,6 +37,6 @@ def configure_logging(log_format: str = "text", verbosity: int = 0) -> None:
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS.get(verbosity, logging.DEBUG))
     # Third-party libraries are quiet below klog's request-level verbosity (6): kube-proxy
-    # manifests commonly run --v=2 or --v=4, which must not turn on asyncio's or aiohttp's debug.
-    for noisy in ("aiohttp.access", "asyncio"):
+    # manifests commonly run --v=2 or --v=4, which must not turn on asyncio's or the API client's debug.
+    for noisy in ("aiohttp", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbosity < LIBRARY_DEBUG else logging.DEBUG)
