@@ -37,8 +37,10 @@ def the_daemon(supervisor: int) -> int | None:
 def test_a_killed_daemon_refuses_no_connection_and_loses_no_query(topology, pods, manifests, tmp_path):
     daemon = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS, "--hold-sockets")
     daemon.wait_ready()
+    # A connection waits in the held listener's queue until the new daemon accepts it: under
+    # a loaded machine that start may take longer than a client's usual 2 s, which is slow, not refused.
     client = ClientLoop.start(topology.pod("a", 1), tmp_path / "client.json", "--tcp", f"{WEB_IP}:80",
-                              "--udp", f"{ECHO_IP}:9090")
+                              "--udp", f"{ECHO_IP}:9090", "--tcp-timeout", "10")
     # Queries on their own, every 5 ms: not behind a connection the restart holds up.
     resolver = ClientLoop.start(topology.pod("a", 2), tmp_path / "dns.json",
                                 "--dns", f"web.demo.svc.cluster.local@{DNS_IP}")
@@ -57,10 +59,12 @@ def test_a_killed_daemon_refuses_no_connection_and_loses_no_query(topology, pods
     resolver.wait_for("queries through the new daemon", dns_ok=resolver.count("dns_ok") + 50)
     counts, queries = client.stop(), resolver.stop()
     assert answer == [WEB_IP]
-    # Refused: none. The one connection the killed process was relaying may end with it
-    # (established connections outlive the daemon only in relay workers: test_worker_adoption).
-    assert not [e for e in counts["errors"] if "Refused" in e or "timed out" in e], counts["errors"]
-    assert counts["tcp_fail"] <= 1, counts["errors"]
+    # Refused: none. The one connection or datagram the killed process was relaying may end
+    # with it (established connections and UDP flows outlive the daemon only in relay workers:
+    # test_worker_adoption): the client loop has one request in flight at a time.
+    tcp_errors = [e for e in counts["errors"] if e.startswith("tcp:")]
+    assert not [e for e in tcp_errors if "Refused" in e or "timed out" in e], counts["errors"]
+    assert counts["tcp_fail"] + counts["udp_lost"] - before.get("udp_lost", 0) <= 1, counts["errors"]
     assert queries["dns_lost"] == 0, queries["errors"]       # each answered within DNS_TIMEOUT (3 s)
     assert daemon.running and second != first
     assert "was killed by SIGKILL; starting it again" in daemon.log_text()

@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("--udp")
     parser.add_argument("--dns", metavar="NAME@IP", help="also an A query for NAME to IP:53 each round")
     parser.add_argument("--status", required=True)
+    parser.add_argument("--tcp-timeout", type=float, default=2.0,
+                        help="seconds a connection may take, connect to the whole reply")
     args = parser.parse_args()
     running = True
 
@@ -110,7 +112,7 @@ def main() -> None:
     while running:
         if tcp:
             try:
-                tcp_once(tcp)
+                tcp_once(tcp, timeout=args.tcp_timeout)
                 record("tcp", True)
             except Exception as error:  # noqa: BLE001 - every failure is counted
                 record("tcp", False, error)
