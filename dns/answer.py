@@ -98,6 +98,8 @@ class Answerer:
         self._forwarded = self.forwarded.entries
         self._timer = timer
         self._clock = clock
+        #: the clock the relayed answers age by (the batched UDP listener reads it once per batch)
+        self.clock = clock
         self._started = 0.0
         #: the turn of address records in replies built for one query only (CoreDNS
         #: loadbalance): ExternalName chains completed from upstream, uncached relays

@@ -20,11 +20,15 @@ class CachedAnswer:
     pairs indexed by the transport: ``[False]`` UDP, ``[True]`` TCP, so the hot path picks
     one without a branch."""
 
-    __slots__ = ("replies", "hits")
+    __slots__ = ("replies", "hits", "udp_hits", "udp_iovec")
 
     def __init__(self, replies: tuple[bytes, bytes], hits: tuple[list[int], list[int]]) -> None:
         self.replies = replies
         self.hits = hits
+        #: ``hits[False]`` again, and where the UDP reply's bytes are (for the batched
+        #: listener's sendmmsg, which fills it in): a UDP hit there reads this object only
+        self.udp_hits = hits[0]
+        self.udp_iovec: bytes | None = None
 
 
 class TurningAnswer:

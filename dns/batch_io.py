@@ -43,10 +43,17 @@ SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and answered FOR
 ID_SIZE = 2
 
 _NAME = struct.Struct("=QI")  # msg_name, msg_namelen
+_RECEIVED = struct.Struct("=8xI36xI")  # msg_namelen, msg_flags of a received mmsghdr
 _REPLY = struct.Struct("=QQQQ")  # the ID's iovec, the rest's
+_IOVEC = struct.Struct("=QQ")
 #: where CPython keeps a bytes object's data, from the object's address (id): found, not assumed
 _PROBE = b"kubeport"
 BYTES_DATA = ctypes.cast(ctypes.c_char_p(_PROBE), ctypes.c_void_p).value - id(_PROBE)  # type: ignore[operator]
+
+
+def iovec_of(body: bytes) -> bytes:
+    """The iovec (address, length) of a bytes object's data: valid while the object lives."""
+    return _IOVEC.pack(id(body) + BYTES_DATA, len(body))
 
 
 class BatchIO:
@@ -74,8 +81,8 @@ class BatchIO:
         self.names_view = memoryview(self.names).cast("B")
         #: per reply: the ID's iovec, then the rest's
         self.send_iovecs_view = memoryview(self._iovecs).cast("B")[slots * IOVEC_SIZE :]
-        #: the bytes each prepared reply points into, kept alive until it is sent
-        self.bodies: list[bytes | None] = [None] * slots
+        #: what keeps the bytes each prepared reply points into alive until it is sent
+        self.bodies: list[object] = [None] * slots
         names, data, iovecs = ctypes.addressof(self.names), ctypes.addressof(self.data), ctypes.addressof(self._iovecs)
         #: address of each slot's sockaddr, for the replies' msg_name
         self.name_addresses = [names + i * SOCKADDR_SIZE for i in range(slots)]
@@ -96,7 +103,7 @@ class BatchIO:
         #: the replies as set up (reply i to query i), restored after a batch that moved them
         self._send_template = bytes(self.to_send_view), bytes(self.send_iovecs_view)
         self.moved = False
-        self._fields: dict[int, struct.Struct] = {}
+        self._lengths: dict[int, struct.Struct] = {}
         self._received_address = ctypes.addressof(self.received)
         self._to_send_address = ctypes.addressof(self.to_send)
 
@@ -126,13 +133,16 @@ class BatchIO:
             raise OSError(error, errno.errorcode.get(error, str(error)))
         return count
 
-    def received_fields(self, count: int) -> tuple[int, ...]:
-        """(msg_namelen, msg_flags, msg_len) of the first ``count`` slots, flattened: one
-        struct call for the batch."""
-        fields = self._fields.get(count)
-        if fields is None:
-            fields = self._fields[count] = struct.Struct("=" + "8xI36xI4xI4x" * count)
-        return fields.unpack_from(self.received_view, 0)
+    def received_lengths(self, count: int) -> tuple[int, ...]:
+        """msg_len of the first ``count`` slots: one struct call for the batch."""
+        lengths = self._lengths.get(count)
+        if lengths is None:
+            lengths = self._lengths[count] = struct.Struct("=" + "56xI4x" * count)
+        return lengths.unpack_from(self.received_view, 0)
+
+    def received_header(self, slot: int) -> tuple[int, int]:
+        """(msg_namelen, msg_flags) of one slot."""
+        return _RECEIVED.unpack_from(self.received_view, slot * MMSGHDR_SIZE)  # type: ignore[return-value]
 
     def send(self, count: int) -> int:
         """Send the first ``count`` prepared replies; how many the kernel refused.

@@ -28,7 +28,7 @@ class ForwardedReply:
     """One encoded reply, UDP and TCP variants without the 2-byte ID."""
 
     __slots__ = ("stored", "expires", "udp", "tcp", "offsets", "ttls", "udp_offsets", "udp_ttls", "age", "aged",
-                 "served")
+                 "served", "udp_served", "aged_from", "aged_until", "udp_iovec")
 
     def __init__(self, udp: bytes, tcp: bytes, offsets: Sequence[int], ttls: Sequence[int], *, udp_records: int,
                  stored: float, expires: float, cells: tuple[Cell, Cell]):
@@ -45,8 +45,18 @@ class ForwardedReply:
         self.udp_ttls = self.ttls[:udp_records]
         self.age = 0
         self.aged = (udp, tcp)
-        #: where a hit over UDP, over TCP counts (DnsStats.served_cells)
+        #: where a hit over UDP, over TCP counts (DnsStats.served_cells), and the UDP one again
         self.served = cells
+        self.udp_served = cells[0]
+        self._aged_window()
+
+    def _aged_window(self) -> None:
+        #: while ``aged_from <= now < aged_until`` the reply is ``aged`` as it is (the same
+        #: whole seconds of age, before the entry ends): the batched UDP listener serves it
+        #: from there, with ``udp_iovec`` (where ``aged[False]`` is; it fills that in)
+        self.aged_from = self.stored + self.age
+        self.aged_until = min(self.aged_from + 1, self.expires)
+        self.udp_iovec: bytes | None = None
 
     def reply(self, tcp: bool, now: float) -> bytes:
         """The reply without ID, TTLs aged to ``now`` (whole seconds since it was stored)."""
@@ -60,6 +70,7 @@ class ForwardedReply:
         tcp_aged = _aged(self.tcp, self.offsets, self.ttls, age)
         self.aged = (tcp_aged if self.udp is self.tcp else _aged(self.udp, self.udp_offsets, self.udp_ttls, age),
                      tcp_aged)
+        self._aged_window()
 
 
 class TurningReply(ForwardedReply):
@@ -71,6 +82,10 @@ class TurningReply(ForwardedReply):
     def __init__(self, *args: Any, turning: Rotation, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.turning = turning
+
+    def _aged_window(self) -> None:
+        super()._aged_window()
+        self.aged_until = self.aged_from  # a different reply per hit: never served as it is
 
     def reply(self, tcp: bool, now: float) -> bytes:
         age = int(now - self.stored)

@@ -1,7 +1,9 @@
 """The UDP drain loops: every queued datagram answered in one readiness event (up to the batch
 cap), malformed packets dropped or answered without stopping the loop, send failures
-counted, forwards answered later to the right client. The portable loop runs on a fake
-socket; the recvmmsg/sendmmsg loop on real sockets on 127.0.0.1 and ::1."""
+counted, forwards answered later to the right client; kept answers (cluster and relayed,
+TTLs aged) served by the batched loop as Answerer.answer serves them, counted once each.
+The portable loop runs on a fake socket; the recvmmsg/sendmmsg loop on real sockets on
+127.0.0.1 and ::1."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ import struct
 from collections import deque
 
 import pytest
+from dnslib import QTYPE, RR, A, DNSRecord
 
 from kubeport.dns import batch_io
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig
+from kubeport.dns.forward.forwarder import Forwarder, UpstreamCache, without_opt
 from kubeport.dns.records import RecordIndex
 from kubeport.dns.stats import DnsStats
 from kubeport.dns.udp import BatchedUdpListener, UdpListener, bind_udp, udp_listener
@@ -351,3 +355,134 @@ def test_batched_replies_after_a_gap_reach_their_own_clients(loopback: Loopback)
     assert loopback.listener.drain() == 4
     assert sorted(read_reply(r).id for r in loopback.replies(0, 2) + loopback.replies(1, 2)) == [10, 11, 12, 13]
     assert loopback.stats.dropped == 1 and loopback.stats.send_failed == 0
+
+
+# --- the batched listener's own serving of kept answers ---------------------------------------------
+
+
+@needs_mmsg
+def test_batched_kept_answers_are_the_replies_answer_gives_counted_once_each(loopback: Loopback) -> None:
+    plain, edns = question(WEB, query_id=1), question(WEB, query_id=2, edns=1232)
+    expected = {1: make_answerer().answer(plain), 2: make_answerer().answer(edns)}
+    for packet in (plain, edns):  # built, then kept
+        loopback.send(0, packet)
+    loopback.listener.drain()
+    loopback.replies(0, 2)
+    for i in range(3, 13):  # served kept: plain ones by the loop, EDNS ones through Answerer.cached
+        loopback.send(0, question(WEB, query_id=i, edns=1232 if i % 2 else None))
+    assert loopback.listener.drain() == 10
+    for reply in loopback.replies(0, 10):
+        query_id = header_only(reply)[0]
+        assert reply[2:] == expected[2 if query_id % 2 else 1][2:]
+    stats = loopback.stats
+    assert stats.requests == {("udp", "A"): 12} and stats.responses == {"NOERROR": 12}
+    assert stats.answer_cache_hits == 10 and stats.answer_cache_misses == 2
+    assert sum(stats.sizes.values()) == 12
+
+
+@needs_mmsg
+def test_batched_query_equal_to_a_kept_edns_key_is_not_served_its_answer(loopback: Loopback) -> None:
+    """Without its ID, a canonical EDNS query's key reads as header, question and 6 bytes of
+    its OPT: a packet of exactly those bytes has ARCOUNT 1 and a cut record, FORMERR."""
+    edns = question(WEB, query_id=1, edns=1232)
+    loopback.send(0, edns)
+    loopback.listener.drain()
+    loopback.replies(0, 1)
+    end = edns.find(b"\x00", 12) + 5
+    lookalike = b"\x00\x07" + edns[2:end] + edns[end + 3 : end + 9]
+    assert lookalike[2:] in loopback.listener.answerer.cache.entries
+    loopback.send(0, lookalike)
+    loopback.listener.drain()
+    assert header_only(loopback.replies(0, 1)[0])[::2] == (7, "FORMERR")
+
+
+@needs_mmsg
+@pytest.mark.parametrize("packet, answered", [
+    pytest.param(b"", False, id="empty_dropped"),
+    pytest.param(b"\x12\x34\x01\x00", False, id="short_header_dropped"),
+    pytest.param(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05ab", True, id="cut_question_formerr"),
+    pytest.param(b"\x12\x34\x81\x00" + bytes(8), False, id="response_dropped"),
+])
+def test_batched_malformed_packets_do_not_stop_the_batch(loopback: Loopback, packet: bytes, answered: bool) -> None:
+    loopback.send(0, question(WEB, query_id=76))  # kept: the one after the bad packet is served kept
+    loopback.listener.drain()
+    loopback.replies(0, 1)
+    loopback.send(0, packet)
+    loopback.send(0, question(WEB, query_id=77))
+    assert loopback.listener.drain() == 2
+    replies = loopback.replies(0, 1 + answered)
+    assert read_reply(replies[-1]).id == 77
+    assert loopback.stats.dropped == (not answered)
+    if answered:
+        assert header_only(replies[0])[2] == "FORMERR"
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def kept_upstream_answer(answerer: Answerer, name: str, addresses: list[str], now: float, ttl: int = 300) -> None:
+    """An upstream answer in the upstream cache, relayed once: kept encoded for the next query."""
+    forward = answerer.answer(question(name))
+    assert isinstance(forward, Forward)
+    upstream = DNSRecord.question(name, "A").reply()
+    for address in addresses:
+        upstream.add_answer(RR(name, QTYPE.A, rdata=A(address), ttl=ttl))
+    cache = UpstreamCache(10, max_ttl=3600, max_negative_ttl=1800)
+    key = Forwarder.cache_key(forward.question, do=False, cd=False)
+    cache.put(key, *without_opt(bytes(upstream.pack())), now=now)
+    stored = cache.lookup(key, now)
+    assert stored is not None
+    answerer.relay_stored(forward, stored, now)
+
+
+@needs_mmsg
+def test_batched_kept_upstream_answer_ages_by_whole_seconds_and_ends_with_its_ttl() -> None:
+    rig = Loopback()
+    clock = Clock()
+    answerer = Answerer(DnsConfig(upstreams=()), make_answerer().index, rig.stats, clock=clock)
+    rig.listener.answerer = answerer
+    try:
+        kept_upstream_answer(answerer, "www.example.com.", ["203.0.113.1"], clock.now)
+
+        def ttls(count: int) -> list[str]:
+            for i in range(count):
+                rig.send(0, question("www.example.com.", query_id=i))
+            assert rig.listener.drain() == count
+            replies = sorted(rig.replies(0, count), key=lambda reply: header_only(reply)[0])
+            return [read_reply(reply).answer[0].split()[1] for reply in replies]
+
+        assert ttls(3) == ["300"] * 3
+        clock.now += 1.5  # the next second: aged once, then served as aged
+        assert ttls(3) == ["299"] * 3
+        clock.now += 0.4
+        assert ttls(2) == ["299"] * 2
+        clock.now += 298.1  # the upstream answer's end: asked upstream again
+        rig.send(0, question("www.example.com.", query_id=9))
+        rig.listener.drain()
+        assert len(rig.forwards.calls) == 1
+        assert rig.stats.cache_hits == {"success": 8}
+    finally:
+        rig.close()
+
+
+@needs_mmsg
+def test_batched_kept_upstream_answer_with_several_addresses_turns_per_reply() -> None:
+    rig = Loopback()
+    clock = Clock()
+    answerer = Answerer(DnsConfig(upstreams=()), make_answerer().index, rig.stats, clock=clock)
+    rig.listener.answerer = answerer
+    try:
+        kept_upstream_answer(answerer, "www.example.com.", ["203.0.113.1", "203.0.113.2"], clock.now)
+        for i in range(4):
+            rig.send(0, question("www.example.com.", query_id=i))
+        assert rig.listener.drain() == 4
+        replies = sorted(rig.replies(0, 4), key=lambda reply: header_only(reply)[0])
+        firsts = [read_reply(reply).answer[0].split()[-1] for reply in replies]
+        assert sorted(set(firsts)) == ["203.0.113.1", "203.0.113.2"] and firsts[0] != firsts[1]
+    finally:
+        rig.close()
