@@ -146,7 +146,8 @@ def round_(setup: control.Setup, daemon: KubeportDaemon) -> dict[str, dict]:
 def main(args: argparse.Namespace) -> dict:
     progress = Progress()
     with tempfile.TemporaryDirectory(prefix="kpbench-restart-") as tmp:
-        workdir = Path(tmp)
+        workdir = args.keep_workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         with Topology("restart", ["client", "be"], workdir) as topo:
             for address in control.PROBE_ENDPOINTS:
                 topo.ip("be", "addr", "add", f"{address}/32", "dev", "eth0")
@@ -186,6 +187,7 @@ if __name__ == "__main__":
     parser.add_argument("--services", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write the samples here")
+    parser.add_argument("--keep-workdir", type=Path, metavar="DIR", help="run in DIR and keep its logs")
     arguments = parser.parse_args()
     outcome = main(arguments)
     if arguments.json:

@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import copyreg
+import dataclasses
+import io
 import itertools
 import logging
+import operator
 import os
 import pickle
 import struct
@@ -39,6 +42,8 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+
+from kubeport.endpoints import types as kept_types
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +56,40 @@ def _read_only(mapping: dict) -> types.MappingProxyType:
 # Read-only maps (a Pod's labels, a Service's selector) are kept as the dicts they wrap.
 copyreg.pickle(types.MappingProxyType, lambda proxy: (_read_only, (dict(proxy),)))
 
+
+def _by_constructor(cls: type) -> Callable[[Any], tuple]:
+    """Pickle an instance as ``cls(*fields)``. A frozen slotted dataclass pickles by default as
+    its state, restored by dataclasses' ``_dataclass_setstate``, which calls ``fields()`` for
+    every object: 85% of loading a 9.2 MB state of 10,000 services (0.84 of 0.99 s). Its
+    generated ``__init__`` takes the fields as they are."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = operator.attrgetter(*names)
+    if len(names) == 1:
+        return lambda obj: (cls, (values(obj),))
+    return lambda obj: (cls, values(obj))
+
+
+def _constructible(cls: Any) -> bool:
+    """A dataclass whose ``__init__`` takes every field, and does nothing more with them."""
+    return (isinstance(cls, type) and dataclasses.is_dataclass(cls) and not hasattr(cls, "__post_init__")
+            and all(f.init for f in dataclasses.fields(cls)))
+
+
+#: the kept classes, pickled by their constructors (Pickler.dispatch_table, for these pickles only)
+_DISPATCH = {**copyreg.dispatch_table,
+             **{cls: _by_constructor(cls) for cls in vars(kept_types).values() if _constructible(cls)}}
+
+
+def _dumps(value: Any) -> bytes:
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _DISPATCH
+    pickler.dump(value)
+    return out.getvalue()
+
+
 #: Bumped whenever the kept dataclasses change shape: an older state is then not served.
-FORMAT = 3
+FORMAT = 4
 BASE = "base.pickle"
 JOURNAL = "journal"
 _LENGTH = struct.Struct("!I")
@@ -242,13 +279,13 @@ class LastState:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         written = 0
         try:
-            written += _write_record(fd, pickle.dumps((_header(), generation, now)))
+            written += _write_record(fd, _dumps((_header(), generation, now)))
             pieces = iter(entries)
             while piece := list(itertools.islice(pieces, CHUNK)):
                 while (self._clock() - self._last_change < QUIET
                        and self._journal_bytes <= FORCE_FACTOR * max(self._base_bytes, MIN_FOLD_BYTES)):
                     await asyncio.sleep(QUIET)
-                written += _write_record(fd, pickle.dumps(piece, protocol=pickle.HIGHEST_PROTOCOL))
+                written += _write_record(fd, _dumps(piece))
                 await asyncio.sleep(0)
         finally:
             os.close(fd)
@@ -262,7 +299,7 @@ class LastState:
         self._base_written()
 
     def _append(self, changes: list[Entry], now: float) -> int:
-        record = pickle.dumps((now, changes), protocol=pickle.HIGHEST_PROTOCOL)
+        record = _dumps((now, changes))
         fd = os.open(self.directory / journal_name(self._generation_in_use), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                      0o600)
         try:

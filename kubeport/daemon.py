@@ -198,8 +198,11 @@ class Daemon:
         self._systemd.readiness(self.pending())
         # Beside a squatter on the name (not kubeport) this instance is the node's all the same.
         primary = await self._instance.claim() or self._instance.squatter is not None
+        previous_reported: Awaitable[None] | None = None
         if primary:
-            await loop.run_in_executor(None, report_previous_instance)
+            # On a thread while the last state is restored (~0.25 s at 10,000 services: the
+            # route dump, nft and ip): it must only be done before the proxy takes them over.
+            previous_reported = loop.run_in_executor(None, report_previous_instance)
         else:
             log.info("another kubeport instance runs on node %s in this network namespace: "
                      "starting beside it and taking over once ready", self.config.hostname_override)
@@ -224,6 +227,8 @@ class Daemon:
         source = None if restored else self._build_source()
         try:
             await status.start()
+            if previous_reported is not None:
+                await previous_reported
             await proxy.start(extra_addresses=self.config.dns_addresses)
             if primary:
                 if restored:
@@ -315,6 +320,18 @@ class Daemon:
 
     def _restore_last_state(self) -> None:
         """Serve what an earlier process last applied, unless it is too old to trust."""
+        # Without the cyclic collector: it would walk the growing heap of restored objects
+        # again and again (10,000 services from the API: load and restore 0.93 s with it,
+        # 0.23 s without). They live until the first sync, so they join the permanent
+        # generation, as everything the first sync builds does.
+        gc.disable()
+        try:
+            self._restore_last_state_now()
+        finally:
+            gc.freeze()
+            gc.enable()
+
+    def _restore_last_state_now(self) -> None:
         saved = self._last_state.load()
         if saved is None:
             return
