@@ -22,9 +22,10 @@ What the kernel does not do, measured on 6.18 and read in net/core/skmsg.c:
   not read, 850 MB were accepted in 3 s. The relay bounds it: when the bytes counted by the
   program run more than ``limit`` ahead of what the destination socket has taken
   (``tcpi_bytes_acked`` + SIOCOUTQ), the source leaves ``verdict`` (``pause``): its data
-  stays in its own receive queue, whose TCP window closes; it goes back in once the peer
-  caught up. The check is a sweep (``SockmapRelays.sweep``), so the bound is ``limit`` plus
-  what arrives in one sweep interval.
+  stays in its own receive queue, whose TCP window closes; once the peer has every counted
+  byte the direction is spliced by the relay (re-inserting the source corrupted streams,
+  see tcp.py ``KernelRelays``). The check is a sweep, so the bound is ``limit`` plus what
+  arrives in one sweep interval, and depends on the event loop running the sweep on time.
 * Data already queued when a socket enters ``verdict`` waits for the next segment
   (``sk_psock_start_verdict`` only replaces ``sk_data_ready``); SO_RCVLOWAT runs
   ``tcp_data_ready`` at once (``tcp_set_rcvlowat``), which makes the program read it.
@@ -239,7 +240,7 @@ class Sockmap:
         src.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
     def pause(self, src_cookie: int) -> None:
-        """src's input stays in its receive queue (its TCP window closes) until ``start`` again."""
+        """src's input stays in its receive queue (its TCP window closes); the program no longer reads it."""
         self._delete(self.verdict, src_cookie)
 
     def counted(self, src_cookie: int) -> int:
