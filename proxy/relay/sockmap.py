@@ -168,6 +168,13 @@ def load_program(program: list[Insn]) -> int:
         "<IIQQIIQII16sII", BPF_PROG_TYPE_SK_SKB, len(program), ctypes.addressof(insns),
         ctypes.addressof(license_), 1, len(log_buf), ctypes.addressof(log_buf), 0, 0, b"kubeport_relay", 0, 0,
     )
+    # The verifier gives up with EAGAIN when a signal is pending; libbpf retries it 5 times.
+    for _ in range(4):
+        try:
+            return _bpf(BPF_PROG_LOAD, attr)
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:
+                break
     try:
         return _bpf(BPF_PROG_LOAD, attr)
     except OSError as exc:
