@@ -19,8 +19,8 @@ import sys
 import time
 
 import pytest
-from support.netns import kubeport, python_in, spawn_in, until_sync, wait_for_output
-from support.netns.manifests import endpoint_slice, node, service, start_daemon, write
+from support.netns import KubeportDaemon, kubeport, python_in, spawn_in, until_sync, wait_for_output
+from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, start_daemon, write
 from support.netns.operating import scrape, total
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,11 @@ def read_to_eof(conn):
 def serve(conn):
     line = b""
     while not line.endswith(b"\n"):
-        line += conn.recv(1)
+        byte = conn.recv(1)
+        if not byte:  # a probe: connected and closed
+            conn.close()
+            return
+        line += byte
     cmd, size = line.split()
     size = int(size)
     if cmd == b"upload":      # the client's FIN ends its stream; the answer follows
@@ -71,6 +75,10 @@ def serve(conn):
             print("hold eof", flush=True)
         except ConnectionResetError:
             print("hold reset", flush=True)
+    elif cmd == b"echo":      # everything back, until the client's FIN
+        while data := conn.recv(1 << 20):
+            conn.sendall(data)
+        conn.close()
     elif cmd == b"push":      # as fast as the client takes it; says when it stalls
         chunk, sent, stalled = pattern(MIB, 6), 0, False
         conn.setblocking(False)
@@ -139,6 +147,16 @@ elif cmd == "hold":
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
     print("reset sent")
+elif cmd == "echo":      # a bulk round, then one more when the test says so
+    for seed in (8, 9):
+        data = pattern(size, seed)
+        sock.sendall(data)
+        assert read_exactly(size) == hashlib.sha256(data).hexdigest(), f"round {seed}"
+        print(f"round {seed}", flush=True)
+        if seed == 8:
+            sys.stdin.readline()
+    sock.shutdown(socket.SHUT_WR)
+    print("closed" if sock.recv(1) == b"" else "data after FIN", flush=True)
 elif cmd == "push":
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
     sys.stdout.write("connected\n"); sys.stdout.flush()
@@ -253,3 +271,32 @@ def _stalled_at(server: subprocess.Popen, timeout: float = 30) -> int:
             assert chunk, "the stream server exited"
             seen += chunk
     return int(re.search(rb"stalled (\d+)\n", seen).group(1))
+
+
+def test_handover_with_workers__a_connection_in_the_kernel_lives_on_in_the_old_instance(topology, cluster, tmp_path):
+    """``--workers 2``: each worker opens its own sockmap (a connection lives in one process).
+    The old instance keeps its workers, and their maps, until their connections end."""
+    daemons, _ = cluster
+    daemons["a"].stop()
+    old = KubeportDaemon(topology.node("a"), daemons["a"].manifests_dir, tmp_path / "state", *DAEMON_ARGS,
+                         "--tcp-relay", "sockmap", "--workers", "2", "--shutdown-grace-period", "60s")
+    old.wait_ready()
+    until_sync(lambda: _served(topology, "a"), "the stream service on the old instance", 15)
+    status = json.loads(kubeport(topology.node("a"), "get", "status", "-o", "json"))["proxy"]
+    assert status["tcpRelay"] == "sockmap" and status["workers"].startswith("2 relay processes")
+    client = spawn_in(topology.pod("a", 1), sys.executable, "-I", "-c", _CLIENT, STREAM_IP, str(STREAM_PORT),
+                      "echo", str(16 * MIB), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    wait_for_output(client, b"round 8\n", 30, "the first bulk round")
+    new = KubeportDaemon(topology.node("a"), daemons["a"].manifests_dir, tmp_path / "state", *DAEMON_ARGS,
+                         "--tcp-relay", "sockmap", "--healthz-bind-address", "0.0.0.0:10356",
+                         "--metrics-bind-address", "127.0.0.1:10349", log_path=tmp_path / "new.log")
+    new.wait_ready()
+    until_sync(lambda: "handing over" in old.log_text(), "the old instance handing over", 20)
+    assert old.running, "the old instance left before its connection ended"
+    client.stdin.write(b"go\n")
+    client.stdin.flush()
+    wait_for_output(client, b"round 9\n", 30, "the second round through the old instance")
+    wait_for_output(client, b"closed\n", 30, "the end of the stream")
+    assert old.proc.wait(timeout=30) == 0, old.log_tail()
+    assert _served(topology, "a"), "the new instance serves new connections"
+    new.stop()
