@@ -211,7 +211,8 @@ class Sockmap:
             _bpf(BPF_PROG_ATTACH, struct.pack("<IIII", self.verdict, self.program, BPF_SK_SKB_STREAM_VERDICT, 0))
         except OSError as exc:
             self.close()
-            raise SockmapUnavailable(f"bpf(2): {exc.strerror}") from None
+            needs = " (needs CAP_BPF and CAP_NET_ADMIN)" if exc.errno == errno.EPERM else ""
+            raise SockmapUnavailable(f"bpf(2): {exc.strerror}{needs}") from None
         self._key = ctypes.c_uint64()
         self._value32 = ctypes.c_uint32()
         self._value64 = ctypes.c_uint64()
