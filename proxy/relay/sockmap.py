@@ -53,6 +53,7 @@ _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "armv7l": 386, "p
 # bpf(2) commands, map, program and attach types (include/uapi/linux/bpf.h).
 BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM = 0, 1, 2, 3
 BPF_PROG_LOAD, BPF_PROG_ATTACH = 5, 8
+BPF_MAP_LOOKUP_BATCH = 24
 BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_SOCKHASH = 1, 18
 BPF_PROG_TYPE_SK_SKB = 14
 BPF_SK_SKB_STREAM_VERDICT = 5
@@ -142,11 +143,15 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _ATTR_SIZE = 128
 
 
-def _bpf(cmd: int, attr: bytes) -> int:
+def _bpf(cmd: int, attr: bytes, buf=None) -> int:
+    """bpf(2) with ``attr`` (in ``buf`` when given, where the kernel's answers can be read back)."""
     number = _BPF_SYSCALL.get(platform.machine())
     if number is None:
         raise OSError(errno.ENOSYS, f"bpf(2): unknown syscall number on {platform.machine()}")
-    buf = ctypes.create_string_buffer(attr, _ATTR_SIZE)
+    if buf is None:
+        buf = ctypes.create_string_buffer(attr, _ATTR_SIZE)
+    else:
+        ctypes.memmove(buf, attr, len(attr))
     result = _libc.syscall(number, cmd, buf, _ATTR_SIZE)
     if result < 0:
         err = ctypes.get_errno()
@@ -217,6 +222,11 @@ class Sockmap:
         self._value32 = ctypes.c_uint32()
         self._value64 = ctypes.c_uint64()
         self._key_p = ctypes.addressof(self._key)
+        self._capacity = capacity
+        self._batch_keys = (ctypes.c_uint64 * capacity)()
+        self._batch_values = (ctypes.c_uint64 * capacity)()
+        self._batch_token = (ctypes.c_uint32 * 2)()  # in and out: a hash map's bucket index
+        self._batch_attr = ctypes.create_string_buffer(_ATTR_SIZE)
 
     def _keep(self, fd: int) -> int:
         self._fds.append(fd)
@@ -255,6 +265,30 @@ class Sockmap:
         self._key.value = src_cookie
         _bpf(BPF_MAP_LOOKUP_ELEM, struct.pack("<IIQQ", self.counts, 0, self._key_p, ctypes.addressof(self._value64)))
         return self._value64.value
+
+    def all_counted(self) -> dict[int, int]:
+        """Every direction's count with one BPF_MAP_LOOKUP_BATCH: a sweep costs one system call,
+        however many connections the kernel relays."""
+        found: dict[int, int] = {}
+        keys, values, token = self._batch_keys, self._batch_values, self._batch_token
+        token_p = ctypes.addressof(token)
+        in_batch = 0  # NULL: from the first bucket
+        while True:
+            attr = struct.pack("<QQQQIIQQ", in_batch, token_p + 4, ctypes.addressof(keys), ctypes.addressof(values),
+                               self._capacity, self.counts, 0, 0)
+            done = False
+            try:
+                _bpf(BPF_MAP_LOOKUP_BATCH, attr, self._batch_attr)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # ENOENT: the last batch (it may still hold entries)
+                    raise
+                done = True
+            (count,) = struct.unpack_from("<I", self._batch_attr, 32)
+            found.update(zip(keys[:count], values[:count]))
+            if done or not count:
+                return found
+            token[0] = token[1]
+            in_batch = token_p
 
     def unlink(self, src_cookie: int) -> None:
         """Forget a direction's count (the sockets leave the sockhashes when they are closed)."""

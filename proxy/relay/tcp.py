@@ -377,9 +377,9 @@ class Conn:
 class KernelRelays:
     """The directions the sockmap program relays, and the sweep that bounds their queues.
 
-    Each sweep reads the program's byte count of every direction (one bpf(2) lookup); the
-    destination (TCP_INFO and SIOCOUTQ) only when the count ran ``limit`` past what it was
-    last seen to have taken. A direction more than ``limit`` behind is paused
+    Each sweep reads the program's byte counts of every direction (one batch lookup for all);
+    a destination (TCP_INFO and SIOCOUTQ) only when its count ran ``limit`` past what it was
+    last seen to have taken, or its source has sent its FIN. A direction more than ``limit`` behind is paused
     (sockmap.py) and, once its destination took every counted byte, spliced here for the
     rest of the connection: putting a source back into the verdict map while it receives
     lost and repeated whole skbs on 6.18 (a 512 MiB stream with 12 pauses and resumes came
@@ -461,12 +461,18 @@ class KernelRelays:
     def _sweep(self) -> None:
         self._timer = None
         sockmap, limit = self.sockmap, self.limit
+        try:
+            counts = sockmap.all_counted()
+        except OSError:  # a kernel without batch lookups (before 5.6): one lookup per direction
+            counts = {}
         for direction in list(self.directions):
             if direction not in self.directions:  # its connection was aborted by this sweep
                 continue
             conn = direction.conn
             try:
-                counted = sockmap.counted(direction.cookie)
+                counted = counts.get(direction.cookie)
+                if counted is None:
+                    counted = sockmap.counted(direction.cookie)
                 if direction.kernel is PAUSED or direction.peer_closed:
                     if self._behind(direction, counted) > 0:
                         continue

@@ -299,3 +299,24 @@ async def _echo(address, payload: bytes) -> bytes:
         return await asyncio.wait_for(reader.read(), DEADLINE)
     finally:
         writer.close()
+
+
+def test_one_batch_lookup_reads_every_directions_count():
+    require_sockmap()
+    maps = sockmap.Sockmap(1024)
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = []
+    try:
+        cookies = set()
+        for _ in range(300):
+            client = socket.create_connection(listener.getsockname())
+            accepted, _ = listener.accept()
+            held += [client, accepted]
+            maps.link(sockmap.cookie(client), accepted.fileno())
+            cookies.add(sockmap.cookie(client))
+        assert maps.all_counted() == dict.fromkeys(cookies, 0)
+    finally:
+        for sock in held:
+            sock.close()
+        listener.close()
+        maps.close()
