@@ -20,6 +20,7 @@ import time
 
 import pytest
 from support.netns import KubeportDaemon, kubeport, python_in, spawn_in, until_sync, wait_for_output
+from support.netns.daemon import kubeport_bin
 from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, start_daemon, write
 from support.netns.operating import scrape, total
 
@@ -271,6 +272,23 @@ def _stalled_at(server: subprocess.Popen, timeout: float = 30) -> int:
             assert chunk, "the stream server exited"
             seen += chunk
     return int(re.search(rb"stalled (\d+)\n", seen).group(1))
+
+
+def test_auto_without_cap_bpf_falls_back_to_splice_and_says_why(topology, cluster, tmp_path):
+    """A node that withholds CAP_BPF (a DaemonSet without it): ``auto`` relays by splice."""
+    daemons, _ = cluster
+    daemons["b"].stop()
+    program = ["setpriv", "--bounding-set=-bpf,-sys_admin", "--", str(kubeport_bin())]  # either allows bpf(2)
+    daemon = KubeportDaemon(topology.node("b"), daemons["b"].manifests_dir, tmp_path / "state", *DAEMON_ARGS,
+                            "--tcp-relay", "auto", program=program)
+    daemon.wait_ready()
+    line = "splice (sockmap unavailable: bpf(2): Operation not permitted (needs CAP_BPF and CAP_NET_ADMIN))"
+    assert json.loads(kubeport(topology.node("b"), "get", "status", "-o", "json"))["proxy"]["tcpRelay"] == line
+    assert f"TCP relay: {line}" in daemon.log_text()
+    until_sync(lambda: _served(topology, "b"), "the stream service on node-b", 15)
+    out = _client(topology, "b", "upload", 8 * MIB).split()
+    assert out[0] == str(8 * MIB) and out[-1] == "True", out
+    daemon.stop()
 
 
 def test_handover_with_workers__a_connection_in_the_kernel_lives_on_in_the_old_instance(topology, cluster, tmp_path):
