@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 import yaml
 from pydantic import (

@@ -6,7 +6,7 @@ import asyncio
 import ipaddress
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from typing import Callable, Iterable
 
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.relay.pipes import PipePool

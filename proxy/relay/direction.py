@@ -39,34 +39,9 @@ _KERNEL_ALIGN_READS = 16
 
 class Direction:
     __slots__ = (
-        "_bulk",
-        "base",
-        "bulk_reads",
-        "cap",
-        "checked",
-        "conn",
-        "cookie",
-        "done",
-        "dst",
-        "dst_fd",
-        "eof",
-        "fin_clean",
-        "kernel",
-        "kernel_ok",
-        "leftover",
-        "peer_closed",
-        "pending",
-        "pipe",
-        "pipe_r",
-        "pipe_w",
-        "readable",
-        "sent",
-        "splice_ok",
-        "src",
-        "src_fd",
-        "stats",
-        "up",
-        "writable",
+        "conn", "src", "src_fd", "dst", "dst_fd", "pipe", "pipe_r", "pipe_w", "cap", "leftover",
+        "pending", "readable", "writable", "eof", "done", "up", "stats", "splice_ok", "_bulk", "peer_closed",
+        "fin_clean", "sent", "kernel", "kernel_ok", "bulk_reads", "cookie", "checked", "counted", "base",
     )
 
     def __init__(self, conn, src, dst, up: bool) -> None:
@@ -103,6 +78,8 @@ class Direction:
         self.cookie = 0
         #: the program's count when dst was last seen to have taken everything but ``limit``.
         self.checked = 0
+        #: the program's count already added to the port's byte counters.
+        self.counted = 0
         #: bytes_written(dst) when the kernel took over (what this process wrote, and a SYN).
         self.base = 0
 

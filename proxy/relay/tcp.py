@@ -87,27 +87,9 @@ class Conn:
     """One client connection: connect (with retries), then two Directions, all on edge callbacks."""
 
     __slots__ = (
-        "attempt",
-        "backend",
-        "backend_fd",
-        "candidates",
-        "client",
-        "client_fd",
-        "client_ip",
-        "client_nonblocking",
-        "client_output",
-        "ctx",
-        "down",
-        "early_events",
-        "endpoint",
-        "keys",
-        "proto",
-        "route",
-        "state",
-        "stats",
-        "timeout_token",
-        "tried",
-        "up",
+        "ctx", "route", "stats", "client", "client_fd", "client_ip", "candidates", "keys", "backend",
+        "backend_fd", "endpoint", "tried", "attempt", "state", "up", "down", "proto", "early_events",
+        "timeout_token", "client_nonblocking", "client_output",
     )
 
     def __init__(self, ctx: RelayContext, route: Route, client: RawSocket, client_ip: str,
@@ -417,7 +399,7 @@ class KernelRelays:
         direction.cookie = src_cookie
         direction.base = base
         direction.kernel = KERNEL
-        direction.checked = 0
+        direction.checked = direction.counted = 0
         self.directions.add(direction)
         self.taken += 1
         if self._timer is None:
@@ -431,20 +413,27 @@ class KernelRelays:
         log.debug("sockmap refused a socket (%s): spliced instead", exc)
 
     def account(self, direction: Direction) -> None:
-        """Add the kernel's bytes of ``direction`` to the port's counters; it is no longer swept."""
+        """The kernel's last bytes of ``direction`` to the port's counters; it is no longer swept."""
         if not direction.cookie:
             return
         self.directions.discard(direction)
         try:
-            moved = self.sockmap.counted(direction.cookie)
+            self._count(direction, self.sockmap.counted(direction.cookie))
         except OSError:
-            moved = 0
+            pass
         self.sockmap.unlink(direction.cookie)
         direction.cookie = 0
-        if direction.up:
-            direction.stats.bytes_to_backend += moved
-        else:
-            direction.stats.bytes_to_client += moved
+
+    @staticmethod
+    def _count(direction: Direction, counted: int) -> None:
+        """Add what the program counted since the last sweep to the port's byte counters."""
+        moved = counted - direction.counted
+        if moved:
+            direction.counted = counted
+            if direction.up:
+                direction.stats.bytes_to_backend += moved
+            else:
+                direction.stats.bytes_to_client += moved
 
     def _give_back(self, direction: Direction) -> None:
         """The kernel relayed all it took from a paused source; this process splices the rest."""
@@ -473,6 +462,7 @@ class KernelRelays:
                 counted = counts.get(direction.cookie)
                 if counted is None:
                     counted = sockmap.counted(direction.cookie)
+                self._count(direction, counted)
                 if direction.kernel is PAUSED or direction.peer_closed:
                     if self._behind(direction, counted) > 0:
                         continue

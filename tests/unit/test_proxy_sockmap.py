@@ -320,3 +320,26 @@ def test_one_batch_lookup_reads_every_directions_count():
             sock.close()
         listener.close()
         maps.close()
+
+
+@on_uvloop
+async def test_bytes_the_kernel_relays_are_counted_while_the_connection_is_open():
+    size = 8 << 20
+    hold = asyncio.Event()
+
+    async def backend(reader, writer):
+        writer.write(pattern(size, 9))
+        await writer.drain()
+        await hold.wait()
+        writer.close()
+
+    async with sockmap_relay(backend) as relay:
+        try:
+            reader, writer = await asyncio.open_connection(*relay.address)
+            await read_exactly(reader, size)
+            assert relay.ctx.kernel.taken >= 1
+            await until(lambda: relay.stats.bytes_to_client == size, "the counter to catch up (one sweep)")
+            assert relay.stats.active == 1
+            writer.close()
+        finally:
+            hold.set()
