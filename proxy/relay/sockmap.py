@@ -32,7 +32,12 @@ What the kernel does not do, measured on 6.18 and read in net/core/skmsg.c:
 * FIN: the source's FIN wakes its poll waiters (EPOLLRDHUP) while redirected bytes may
   still wait in the peer's psock queue; the relay passes the FIN on
   (``shutdown(SHUT_WR)``) only once the destination has taken every counted byte.
-  A reset is an error on either socket and is passed on as today (SO_LINGER 0).
+  A FIN without data reaches the program as an empty skb, which it drops (see
+  ``verdict_program``). A reset is an error on either socket, passed on with SO_LINGER 0.
+* Partly read skbs. ``tcp_read_skb`` hands the program whole skbs from the head of the
+  receive queue, whatever an earlier ``recv`` took of the first one (measured: the 56 bytes
+  already relayed were sent again). The relay inserts a source only right after a read that
+  emptied its queue (direction.py).
 """
 
 from __future__ import annotations

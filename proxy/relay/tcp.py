@@ -359,15 +359,15 @@ class Conn:
 class KernelRelays:
     """The directions the sockmap program relays, and the sweep that bounds their queues.
 
-    Each sweep reads the program's byte counts of every direction (one batch lookup for all);
-    a destination (TCP_INFO and SIOCOUTQ) only when its count ran ``limit`` past what it was
-    last seen to have taken, or its source has sent its FIN. A direction more than ``limit`` behind is paused
-    (sockmap.py) and, once its destination took every counted byte, spliced here for the
-    rest of the connection: putting a source back into the verdict map while it receives
-    lost and repeated whole skbs on 6.18 (a 512 MiB stream with 12 pauses and resumes came
-    through 196 449 bytes short, 196 bytes repeated at 245 MiB), splicing after the pause
-    lost nothing in the same test. A direction whose
-    source sent its FIN ends once its destination took every counted byte.
+    Each sweep (every ``interval`` while any is left) reads the program's byte counts of every
+    direction with one batch lookup, and a destination (TCP_INFO and SIOCOUTQ) only when its
+    count ran ``limit`` past what it was last seen to have taken, or its source sent its FIN.
+    A direction more than ``limit`` behind is paused (sockmap.py) and, once its destination
+    took every counted byte, spliced here for the rest of the connection: putting a source
+    back into the verdict map while it receives lost and repeated whole skbs on 6.18 (a
+    512 MiB stream with 12 pauses and resumes came through 196,449 bytes short, 196 bytes
+    repeated at 245 MiB); splicing after the pause lost nothing in the same test. A direction
+    whose source sent its FIN ends once its destination took every counted byte.
     """
 
     def __init__(self, ctx: RelayContext, sockmap, limit: int, interval: float) -> None:
