@@ -60,6 +60,7 @@ BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM = 
 BPF_PROG_LOAD, BPF_PROG_ATTACH = 5, 8
 BPF_MAP_LOOKUP_BATCH = 24
 BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_SOCKHASH = 1, 18
+BPF_F_NO_PREALLOC = 1
 BPF_PROG_TYPE_SK_SKB = 14
 BPF_SK_SKB_STREAM_VERDICT = 5
 BPF_FUNC_map_lookup_elem, BPF_FUNC_get_socket_cookie, BPF_FUNC_sk_redirect_hash = 1, 46, 72
@@ -164,8 +165,8 @@ def _bpf(cmd: int, attr: bytes, buf=None) -> int:
     return result
 
 
-def _map_create(map_type: int, key_size: int, value_size: int, entries: int) -> int:
-    return _bpf(BPF_MAP_CREATE, struct.pack("<IIIII", map_type, key_size, value_size, entries, 0))
+def _map_create(map_type: int, key_size: int, value_size: int, entries: int, flags: int = 0) -> int:
+    return _bpf(BPF_MAP_CREATE, struct.pack("<IIIII", map_type, key_size, value_size, entries, flags))
 
 
 def load_program(program: list[Insn]) -> int:
@@ -216,7 +217,8 @@ class Sockmap:
         try:
             self.peers = self._keep(_map_create(BPF_MAP_TYPE_SOCKHASH, 8, 4, capacity))
             self.verdict = self._keep(_map_create(BPF_MAP_TYPE_SOCKHASH, 8, 4, capacity))
-            self.counts = self._keep(_map_create(BPF_MAP_TYPE_HASH, 8, 8, capacity))
+            # Not preallocated: a hash map would otherwise hold all ``capacity`` entries from the start.
+            self.counts = self._keep(_map_create(BPF_MAP_TYPE_HASH, 8, 8, capacity, BPF_F_NO_PREALLOC))
             self.program = self._keep(load_program(verdict_program(self.peers, self.counts)))
             _bpf(BPF_PROG_ATTACH, struct.pack("<IIII", self.verdict, self.program, BPF_SK_SKB_STREAM_VERDICT, 0))
         except OSError as exc:
