@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from .procinfo import CpuMeter, MachineMeter
 
 KUBEPORT = "kubeport"
+#: kubeport with --tcp-relay sockmap, beside "kubeport" in the proxy benchmark (bench/proxy.py)
+KUBEPORT_SOCKMAP = "kubeport-sockmap"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import backends, dnspeers, generate, probes, tools
-from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, run_plan, run_rounds
+from .harness import KUBEPORT, KUBEPORT_SOCKMAP, Bench, Figure, Progress, Sample, Target, run_plan, run_rounds
 from .kubeport_daemon import KubeportDaemon
 from .procinfo import rss_bytes
 from .profiles import Profiler, furthest_from_target, profile_name
@@ -121,6 +121,8 @@ class HAProxy(Subject):
 
 class Kubeport(Subject):
     name = KUBEPORT
+    #: --tcp-relay of this subject: both paths are subjects of one run (run.py --tcp-relay)
+    tcp_relay = "splice"
     daemon: KubeportDaemon | None = None
 
     def start(self) -> None:
@@ -135,7 +137,7 @@ class Kubeport(Subject):
         ])
         self.daemon = KubeportDaemon(setup.topo, "node", setup.workdir / "kubeport", manifests,
                                      dns_address=DNS_VIP, upstream=f"{setup.topo.addr('be')}:53",
-                                     extra_args=["--workers", str(setup.workers)])
+                                     extra_args=["--workers", str(setup.workers), "--tcp-relay", self.tcp_relay])
         self.daemon.start()
         self.daemon.wait_ready(60)
 
@@ -145,6 +147,22 @@ class Kubeport(Subject):
     def stop(self) -> None:
         if self.daemon is not None:
             self.daemon.stop()
+
+
+class KubeportSockmap(Kubeport):
+    """kubeport with bulk TCP directions relayed in the kernel (a BPF sockhash, sockmap.py)."""
+
+    name = KUBEPORT_SOCKMAP
+    tcp_relay = "sockmap"
+
+
+def kubeport_subjects(tcp_relays: tuple[str, ...]) -> dict[str, type[Kubeport]]:
+    """The kubeport subjects for ``--tcp-relay``: "kubeport" is the first path named."""
+    first = type("KubeportFirst", (Kubeport,), {"tcp_relay": tcp_relays[0]})
+    makers: dict[str, type[Kubeport]] = {KUBEPORT: first}
+    if "sockmap" in tcp_relays[1:]:
+        makers[KUBEPORT_SOCKMAP] = KubeportSockmap
+    return makers
 
 
 def build(topo: Topology, workdir: Path, progress: Progress) -> None:
@@ -266,8 +284,10 @@ def workers_note(workers: int) -> str:
 
 
 def run(workdir: Path, rounds: int, seconds: float, idle_connections: int, workers: int,
-        with_kubeport: bool, progress: Progress, profiler: Profiler | None = None) -> Bench:
-    subjects = ["direct", "nft-dnat", "haproxy"] + ([KUBEPORT] if with_kubeport else [])
+        with_kubeport: bool, progress: Progress, profiler: Profiler | None = None,
+        tcp_relays: tuple[str, ...] = ("splice", "sockmap")) -> Bench:
+    kubeports = kubeport_subjects(tcp_relays) if with_kubeport else {}
+    subjects = ["direct", "nft-dnat", "haproxy", *kubeports]
     bench = Bench("proxy", "Service proxy: client -> ClusterIP -> backend", subjects, FIGURES, TARGETS,
                   workers=workers, workers_note=workers_note(workers))
     forwards = [backends.Forward("http", "TCP", HTTP, "10.77.2.2", HTTP),
@@ -291,23 +311,30 @@ def run(workdir: Path, rounds: int, seconds: float, idle_connections: int, worke
             f"process tree / connections. Kernel paths have no process RSS.",
             "CPU seconds: user+system of the process tree under test during each run (/proc/<pid>/stat).",
         ]
-        makers = {"direct": Direct, "nft-dnat": NftDnat, "haproxy": HAProxy, KUBEPORT: Kubeport}
+        if kubeports:
+            bench.notes.append(
+                f"kubeport: --tcp-relay {kubeports[KUBEPORT].tcp_relay}"
+                + (f"; {KUBEPORT_SOCKMAP}: --tcp-relay sockmap (bulk directions relayed in the kernel; its CPU is "
+                   "softirq and kworker time outside the process tree, so its CPU per GB reads low)"
+                   if KUBEPORT_SOCKMAP in kubeports else "") + ".")
+        makers = {"direct": Direct, "nft-dnat": NftDnat, "haproxy": HAProxy, **kubeports}
         throughput = {f.key for f in FIGURES} - {"p99_half"}
         run_rounds(bench, rounds, lambda name, r: measure_subject(setup, makers[name](setup), r, progress,
                                                                   only=throughput), progress)
         latency_rounds(setup, bench, rounds, makers, progress)
         if profiler is not None and with_kubeport:
-            profile_pass(setup, bench, profiler, progress)
+            profile_pass(setup, bench, profiler, progress, kubeports)
     return bench
 
 
-def profile_pass(setup: Setup, bench: Bench, profiler: Profiler, progress: Progress) -> None:
+def profile_pass(setup: Setup, bench: Bench, profiler: Profiler, progress: Progress,
+                 kubeports: dict[str, type[Kubeport]]) -> None:
     """Rerun kubeport's worst-missed figures under py-spy; the numbers are not kept."""
     for figure, how_far in furthest_from_target(bench):
         progress.context = f"{bench.label} profile {figure}"
         first = len(profiler.profiles)
         try:
-            measure_subject(setup, Kubeport(setup), 0, progress, only={figure},
+            measure_subject(setup, kubeports[KUBEPORT](setup), 0, progress, only={figure},
                             profile=lambda key, pid: profiler.record(profile_name(bench), key, how_far, pid,
                                                                      setup.seconds))
         except Exception as exc:  # a failed profile run is reported, not fatal

@@ -127,6 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the proxy and DNS benchmarks run once per count: kubeport --workers N = HAProxy "
                              "nbthread N = the DNS peers' workers (default 1,2; --workers 1 for one worker only)")
     parser.add_argument("--no-kubeport", action="store_true", help="measure the peers only")
+    parser.add_argument("--tcp-relay", choices=["both", "splice", "sockmap"], default="both",
+                        help="kubeport's TCP relay path in the proxy benchmark: both (two subjects, "
+                             "kubeport = splice and kubeport-sockmap), or one of them as kubeport")
     parser.add_argument("--no-install", action="store_true", help="do not apt-get install missing peers")
     parser.add_argument("--results", type=Path, default=BENCH_DIR / "results", help="results directory")
     parser.add_argument("--no-profile", action="store_true",
@@ -159,8 +162,9 @@ def run_one(name: str, args: argparse.Namespace, workdir: Path, with_kubeport: b
     try:
         if name == "proxy":
             from kubeport_bench import proxy
+            relays = ("splice", "sockmap") if args.tcp_relay == "both" else (args.tcp_relay,)
             return proxy.run(workdir, args.rounds, args.seconds, idle_connection_count(args.quick),
-                             workers, with_kubeport, progress, profiler)
+                             workers, with_kubeport, progress, profiler, tcp_relays=relays)
         if name == "dns":
             from kubeport_bench import dns
             return dns.run(workdir, args.rounds, args.seconds, workers, with_kubeport, progress, profiler)

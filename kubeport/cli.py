@@ -126,6 +126,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                      help="idle timeout of a UDP flow the endpoint answered, in use past 2 s (default 2m)")
     run.add_argument("--shutdown-grace-period", metavar="DURATION", help="connection drain time on SIGTERM")
     run.add_argument("--workers", type=int, metavar="N", help="relay processes sharing the listeners (default 1)")
+    run.add_argument("--tcp-relay", choices=["auto", "sockmap", "splice"],
+                     help="bulk TCP bytes: in the kernel through a BPF sockmap, or spliced (default auto: "
+                          "sockmap when it loads)")
     run.add_argument("--after-handover", choices=["exit", "wait"],
                      help="once a new instance took over: exit (default), or wait for SIGTERM (a DaemonSet pod)")
     run.add_argument("--handover-generation", metavar="N",
@@ -167,6 +170,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "shutdownGracePeriod": ("--shutdown-grace-period",),
     "logFormat": ("--log-format",),
     "workers": ("--workers",),
+    "tcpRelay": ("--tcp-relay",),
     "afterHandover": ("--after-handover",),
     "readyFile": ("--ready-file",),
     "liveFile": ("--live-file",),

@@ -167,6 +167,7 @@ def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry) -> P
         udp_stream_timeout=config.conntrack.udp_stream_timeout,
         reserved_frontends=frozenset(reserved),
         workers=config.workers,
+        tcp_relay=config.tcp_relay,
     )
     # Manifest mode may have no Node object at all: then the node counts as eligible.
     from kubeport.proxy.host.address_events import AddressEvents

@@ -49,6 +49,14 @@ class ProxyConfig:
     pipe_size: int = 1 << 20
     #: idle pipes kept for reuse.
     pipe_pool_size: int = 256
+    #: --tcp-relay: how bulk TCP bytes move. "sockmap": a BPF sockhash redirects them in the kernel
+    #: (relay/sockmap.py; the start fails without it); "splice": through pipes in this process;
+    #: "auto": sockmap when the kernel and the privileges (CAP_BPF, CAP_NET_ADMIN) allow it, else splice.
+    tcp_relay: str = "auto"
+    #: bytes a kernel-relayed direction may run ahead of its destination before its source pauses.
+    sockmap_queue_limit: int = 1 << 20
+    #: seconds between the sweeps that enforce ``sockmap_queue_limit`` and pass FINs on.
+    sockmap_sweep_interval: float = 0.005
     #: listen(2) backlog.
     backlog: int = 4096
     #: relay processes sharing the listeners through SO_REUSEPORT: above 1, ``workers`` children fed
@@ -94,6 +102,7 @@ class ProxyConfig:
             "eject_base_seconds": self.eject_base_seconds,
             "worker_stats_interval": self.worker_stats_interval,
             "affinity_sweep_interval": self.affinity_sweep_interval,
+            "sockmap_sweep_interval": self.sockmap_sweep_interval,
         }
         for name, value in positive.items():
             if not value > 0:
@@ -107,6 +116,7 @@ class ProxyConfig:
             "workers": self.workers,
             "pipe_size": self.pipe_size,
             "affinity_sweep_budget": self.affinity_sweep_budget,
+            "sockmap_queue_limit": self.sockmap_queue_limit,
         }
         for name, value in at_least_one.items():
             if not isinstance(value, int) or value < 1:
@@ -124,6 +134,8 @@ class ProxyConfig:
                 len(entry) != 3 or not isinstance(entry[1], int) or entry[2] not in ("TCP", "UDP", "SCTP")
             ):
                 raise ProxyConfigError(f"reserved_frontends: {entry!r} is not (ip, port, TCP|UDP|SCTP)")
+        if self.tcp_relay not in ("auto", "sockmap", "splice"):
+            raise ProxyConfigError(f"tcp_relay: must be auto, sockmap or splice, got {self.tcp_relay!r}")
         if not self.vip_interface:
             raise ProxyConfigError("vip_interface: must not be empty")
 

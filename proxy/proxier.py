@@ -101,6 +101,7 @@ class Proxier:
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
         self._ctx = RelayContext(loop, self.config, on_fatal=self._on_fatal)
+        log.info("TCP relay: %s", self._ctx.tcp_relay)
         config = self.config
         self._sweeper = AffinitySweeper(loop, self._ctx.clock, config.affinity_sweep_interval,
                                         config.affinity_sweep_budget)
@@ -201,6 +202,10 @@ class Proxier:
     def listener(self, frontend: Frontend):
         """The live listener of ``frontend`` (TcpListener or UdpListener), None without one."""
         return self._listeners.listener(frontend) if self._listeners else None
+
+    @property
+    def tcp_relay(self) -> str:  # how bulk TCP bytes move: sockmap or splice, and why
+        return self._ctx.tcp_relay if self._ctx is not None else self.config.tcp_relay
 
     @property
     def open_connections(self) -> int:  # TCP and SCTP connections relayed now

@@ -140,7 +140,7 @@ class ProxyService:
         return self.health.healthz(now) if path == "healthz" else self.health.livez(now)
 
     def status(self) -> dict[str, int | str]:
-        found: dict[str, int | str] = {"listeners": len(self.relays.listening)}
+        found: dict[str, int | str] = {"listeners": len(self.relays.listening), "tcpRelay": self.relays.tcp_relay}
         if isinstance(self.relays, ProxyWorkers):
             found["workers"] = self.relays.worker_status
         return found

@@ -355,6 +355,10 @@ class ProxyWorkers:
     # --- snapshots --------------------------------------------------------------------------
 
     @property
+    def tcp_relay(self) -> str:  # each worker opens its own sockmap, as this process did
+        return self._local.tcp_relay
+
+    @property
     def worker_status(self) -> str:
         """One line for `kubeport get status`: the relay processes and those adopted."""
         live = [c for c in self._children if not c.stopped.done()]

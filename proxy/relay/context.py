@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.relay.pipes import PipePool
 from kubeport.proxy.relay.poller import EdgePoller
+from kubeport.proxy.relay.sockmap import open_sockmap
 
 
 class LocalClients:
@@ -142,6 +143,13 @@ class RelayContext:
         self.track_endpoint_conns = config.endpoint_grace_period is not None
         self.on_fatal = on_fatal
         self._idle: asyncio.Event | None = None
+        sockmap, self.tcp_relay = open_sockmap(config.tcp_relay)
+        #: the directions the sockmap program relays (None: every TCP byte is spliced here).
+        self.kernel = None
+        if sockmap is not None:
+            from kubeport.proxy.relay.tcp import KernelRelays  # tcp.py imports this module
+
+            self.kernel = KernelRelays(self, sockmap, config.sockmap_queue_limit, config.sockmap_sweep_interval)
 
     def conn_closed(self, conn) -> None:
         self.conns.discard(conn)
@@ -172,6 +180,8 @@ class RelayContext:
                 waiter.cancel()
 
     def close(self) -> None:
+        if self.kernel is not None:
+            self.kernel.close()
         self.timeouts.close()
         self.pipes.close()
         self.poller.close()

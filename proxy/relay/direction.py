@@ -31,13 +31,17 @@ _FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _SHUT_WR = socket.SHUT_WR
 #: the client socket may still be blocking (see tcp.py): copy mode never waits.
 _DONTWAIT = socket.MSG_DONTWAIT
+#: full reads copied while waiting for one that empties the source's queue, before splicing.
+#: The sockmap program reads whole skbs (tcp_read_skb ignores a partly read one, whose read
+#: bytes it would send again), so a direction goes to the kernel only after such a read.
+_KERNEL_ALIGN_READS = 16
 
 
 class Direction:
     __slots__ = (
         "conn", "src", "src_fd", "dst", "dst_fd", "pipe", "pipe_r", "pipe_w", "cap", "leftover",
         "pending", "readable", "writable", "eof", "done", "up", "stats", "splice_ok", "_bulk", "peer_closed",
-        "fin_clean",
+        "fin_clean", "sent", "kernel", "kernel_ok", "bulk_reads", "cookie", "checked", "counted", "base",
     )
 
     def __init__(self, conn, src, dst, up: bool) -> None:
@@ -63,16 +67,32 @@ class Direction:
         self.splice_ok = True
         #: the last read filled the whole shared buffer: more is likely to follow (bulk).
         self._bulk = False
+        #: bytes this process wrote into dst (the kernel's share is counted by the sockmap program).
+        self.sent = 0
+        #: None: relayed here; KERNEL or PAUSED: by the sockmap program (tcp.py, sockmap.py).
+        self.kernel = None
+        #: the sockmap may relay this direction (False once the kernel gave it back: spliced).
+        self.kernel_ok = conn.ctx.kernel is not None and not conn.proto
+        #: consecutive reads that filled the buffer (the last may have left an skb partly read).
+        self.bulk_reads = 0
+        self.cookie = 0
+        #: the program's count when dst was last seen to have taken everything but ``limit``.
+        self.checked = 0
+        #: the program's count already added to the port's byte counters.
+        self.counted = 0
+        #: bytes_written(dst) when the kernel took over (what this process wrote, and a SYN).
+        self.base = 0
 
     def pump(self) -> None:
         moved = self._splice() if self.pipe is not None else self._copy()
         if moved:
+            self.sent += moved
             if self.up:
                 self.stats.bytes_to_backend += moved
             else:
                 self.stats.bytes_to_client += moved
         if self.eof and not self.pending and not self.done:
-            self._finish()
+            self.finish()
 
     def _full(self) -> None:
         """The destination refused more: wait for its output edge (asked for on the client
@@ -111,12 +131,15 @@ class Direction:
                 self.pending = 0
             if not self.readable:
                 return moved
-            if self.splice_ok and self.pipe is None and self._bulk:
+            if self.splice_ok and self.pipe is None and self._bulk and (
+                    not self.kernel_ok or self.bulk_reads > _KERNEL_ALIGN_READS):
                 return moved + self._start_splicing()
             try:
                 n = self.src.recv_into(buffer, 0, _DONTWAIT)
             except BlockingIOError:
                 self.readable = False
+                if self.bulk_reads and self.leftover is None:
+                    self.conn.to_kernel(self)
                 return moved
             except OSError as exc:
                 self.conn.abort(exc)
@@ -148,6 +171,9 @@ class Direction:
                 self.leftover = bytes(view[sent:n])
                 self.pending = n - sent
                 self._full()
+            elif n < size and self.bulk_reads and self.conn.to_kernel(self):
+                return moved
+            self.bulk_reads = self.bulk_reads + 1 if n == size else 0
 
     def _start_splicing(self) -> int:
         conn = self.conn
@@ -208,7 +234,7 @@ class Direction:
 
     # --- the end ------------------------------------------------------------------------
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
         self.done = True
         if self.conn.direction_done(self):
             return  # both directions ended: closing the sockets sends the last FIN

@@ -66,7 +66,7 @@ def test_daemonset_runs_on_every_node_with_host_networking_and_probes():
     assert pod["dnsPolicy"] in ("Default", "ClusterFirstWithHostNet")
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"operator": "Exists"} in pod["tolerations"]  # tolerates every taint
-    assert set(container["securityContext"]["capabilities"]["add"]) == {"NET_ADMIN", "NET_BIND_SERVICE"}
+    assert set(container["securityContext"]["capabilities"]["add"]) == {"NET_ADMIN", "NET_BIND_SERVICE", "BPF"}
     assert container["livenessProbe"]["exec"]["command"][:2] == ["sh", "-c"]
     assert container["readinessProbe"]["exec"] == {"command": ["cat", "/tmp/ready"]}
     command = container["command"]

@@ -17,10 +17,12 @@ def unit() -> configparser.ConfigParser:
     return parser
 
 
-def test_only_the_two_capabilities():
+def test_only_the_three_capabilities():
+    """CAP_BPF for the sockmap relay (--tcp-relay); the other two for addresses, rules, low ports."""
     service = unit()["Service"]
-    assert set(service["CapabilityBoundingSet"].split()) == {"CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"}
-    assert set(service["AmbientCapabilities"].split()) == {"CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"}
+    wanted = {"CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_BPF"}
+    assert set(service["CapabilityBoundingSet"].split()) == wanted
+    assert set(service["AmbientCapabilities"].split()) == wanted
 
 
 def test_hardening_with_a_writable_state_directory():

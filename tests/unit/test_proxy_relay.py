@@ -1,6 +1,8 @@
 """The TCP relay's data path on loopback with real sockets: bytes, half-close, resets, backpressure.
 
 Runs on uvloop, as the daemon does. No sleeps: every wait is on a condition with a deadline.
+The behaviours hold on both paths of bulk bytes (``tcp_relay``): spliced here, or relayed by
+the kernel through the sockmap.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import socket
 import struct
 
 import pytest
-
 from support.proxy_loopback import LoopbackRelay, on_uvloop, read_all, relay_to
+from support.sockmap import RELAY_PATHS, relay_path
 from support.wait import DEADLINE, until
 
 
@@ -42,8 +44,9 @@ async def send_and_digest(reader: asyncio.StreamReader, writer: asyncio.StreamWr
     return digest.digest()
 
 
+@RELAY_PATHS
 @on_uvloop
-async def test_bulk_both_directions_arrive_byte_exact():
+async def test_bulk_both_directions_arrive_byte_exact(tcp_relay):
     size = 32 << 20
     up, down = pattern(size, 1), pattern(size, 2)
 
@@ -51,7 +54,7 @@ async def test_bulk_both_directions_arrive_byte_exact():
         results.append(await send_and_digest(reader, writer, down))
 
     results: list[bytes] = []
-    async with relay_to(backend) as relay:
+    async with relay_to(backend, tcp_relay=relay_path(tcp_relay)) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
         got = await send_and_digest(reader, writer, up)
         await until(lambda: results, "the backend's digest")
@@ -61,20 +64,22 @@ async def test_bulk_both_directions_arrive_byte_exact():
         assert (relay.stats.bytes_to_backend, relay.stats.bytes_to_client) == (size, size)
 
 
+@RELAY_PATHS
 @on_uvloop
-async def test_half_close__client_fin_keeps_the_response_direction_open():
+async def test_half_close__client_fin_keeps_the_response_direction_open(tcp_relay):
     async def backend(reader, writer):
         request = await reader.read()  # until the client's FIN
         writer.write(b"got " + request)
         await writer.drain()
         writer.close()
 
-    async with relay_to(backend) as relay:
+    async with relay_to(backend, tcp_relay=relay_path(tcp_relay)) as relay:
         assert await read_all(relay.address, b"request") == b"got request"
 
 
+@RELAY_PATHS
 @on_uvloop
-async def test_half_close__backend_fin_keeps_the_request_direction_open():
+async def test_half_close__backend_fin_keeps_the_request_direction_open(tcp_relay):
     received = asyncio.get_running_loop().create_future()
 
     async def backend(reader, writer):
@@ -83,7 +88,7 @@ async def test_half_close__backend_fin_keeps_the_request_direction_open():
         received.set_result(await reader.read())
         writer.close()
 
-    async with relay_to(backend) as relay:
+    async with relay_to(backend, tcp_relay=relay_path(tcp_relay)) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
         assert await asyncio.wait_for(reader.read(), DEADLINE) == b"greeting"  # EOF seen
         writer.write(b"after your FIN")
@@ -98,15 +103,16 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+@RELAY_PATHS
 @on_uvloop
-async def test_backend_reset_mid_stream__client_gets_a_reset():
+async def test_backend_reset_mid_stream__client_gets_a_reset(tcp_relay):
     async def backend(reader, writer):
         writer.write(b"partial")
         await writer.drain()
         await reader.readexactly(4)
         _reset(writer)
 
-    async with relay_to(backend) as relay:
+    async with relay_to(backend, tcp_relay=relay_path(tcp_relay)) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
         assert await read_exactly(reader, 7) == b"partial"
         writer.write(b"kill")
@@ -116,8 +122,9 @@ async def test_backend_reset_mid_stream__client_gets_a_reset():
         await until(lambda: relay.stats.active == 0, "the relay to close")
 
 
+@RELAY_PATHS
 @on_uvloop
-async def test_client_reset__backend_gets_a_reset():
+async def test_client_reset__backend_gets_a_reset(tcp_relay):
     outcome = asyncio.get_running_loop().create_future()
 
     async def backend(reader, writer):
@@ -128,7 +135,7 @@ async def test_client_reset__backend_gets_a_reset():
         except ConnectionResetError:
             outcome.set_result("reset")
 
-    async with relay_to(backend) as relay:
+    async with relay_to(backend, tcp_relay=relay_path(tcp_relay)) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
         assert await read_exactly(reader, 5) == b"hello"
         _reset(writer)
@@ -136,7 +143,7 @@ async def test_client_reset__backend_gets_a_reset():
 
 
 @on_uvloop
-async def test_backpressure__a_client_that_does_not_read_stalls_the_backend():
+async def test_backpressure__a_client_that_does_not_read_stalls_the_backend__splice():
     total = 64 << 20
     chunk = pattern(1 << 20, 3)
 
@@ -146,7 +153,7 @@ async def test_backpressure__a_client_that_does_not_read_stalls_the_backend():
             await writer.drain()
         writer.close()
 
-    async with relay_to(backend) as relay:
+    async with relay_to(backend, tcp_relay="splice") as relay:
         client = socket.create_connection(relay.address)
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
         client.setblocking(False)
@@ -178,7 +185,7 @@ async def test_small_exchanges_are_copied__bulk_ones_spliced_through_reused_pipe
         writer.write(await reader.read())
         writer.close()
 
-    async with relay_to(backend) as relay:
+    async with relay_to(backend, tcp_relay="splice") as relay:
         for size in (10, 1000, 60_000):  # fits the copy buffer
             await _echo_once(relay, pattern(size, size))
         assert relay.ctx.pipes.created == 0
@@ -192,8 +199,9 @@ async def _echo_once(relay: LoopbackRelay, payload: bytes) -> None:
     await until(lambda: relay.stats.active == 0, "the relay to close")
 
 
+@RELAY_PATHS
 @on_uvloop
-async def test_nagle_is_off_on_both_relayed_sockets():
+async def test_nagle_is_off_on_both_relayed_sockets(tcp_relay):
     """Relayed bytes must not wait for ACKs of earlier ones (the client chose its own Nagle)."""
     hold = asyncio.Event()
 
@@ -202,7 +210,7 @@ async def test_nagle_is_off_on_both_relayed_sockets():
         await hold.wait()
         writer.close()
 
-    async with relay_to(backend) as relay:
+    async with relay_to(backend, tcp_relay=relay_path(tcp_relay)) as relay:
         try:
             reader, writer = await asyncio.open_connection(*relay.address)
             assert await read_exactly(reader, 2) == b"hi"
