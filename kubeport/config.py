@@ -252,7 +252,7 @@ class KubeportConfiguration(_Section):
         1, ge=1, le=64, description="Relay processes sharing the service listeners (SO_REUSEPORT)."
     )
     tcp_relay: Literal["auto", "sockmap", "splice"] = Field(
-        "auto", description="How bulk TCP bytes move: `sockmap` (a BPF sockhash redirects them in the kernel; "
+        "splice", description="How bulk TCP bytes move: `sockmap` (a BPF sockhash redirects them in the kernel; "
         "the start fails without CAP_BPF and CAP_NET_ADMIN or kernel support), `splice` (through pipes in "
         "the relay process), `auto` (sockmap when it can be loaded, else splice).")
     after_handover: Literal["exit", "wait"] = Field(

@@ -52,7 +52,8 @@ class ProxyConfig:
     #: --tcp-relay: how bulk TCP bytes move. "sockmap": a BPF sockhash redirects them in the kernel
     #: (relay/sockmap.py; the start fails without it); "splice": through pipes in this process;
     #: "auto": sockmap when the kernel and the privileges (CAP_BPF, CAP_NET_ADMIN) allow it, else splice.
-    tcp_relay: str = "auto"
+    #: splice by default: in the benchmark the sockmap was no faster on any figure (bench/RESULTS.md).
+    tcp_relay: str = "splice"
     #: bytes a kernel-relayed direction may run ahead of its destination before its source pauses.
     sockmap_queue_limit: int = 1 << 20
     #: seconds between the sweeps that enforce ``sockmap_queue_limit`` and pass FINs on.
