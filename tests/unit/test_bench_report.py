@@ -179,14 +179,20 @@ LATEST = sorted(p for p in (BENCH_DIR / "latest").glob("*.json")
                 if isinstance(json.loads(p.read_text()), dict) and "benchmarks" in json.loads(p.read_text()))
 
 
+def worker_counts_of(path) -> set:
+    """The worker counts a results file ran (older files have none: one count)."""
+    return {bench.get("workers") or 1 for bench in json.loads(path.read_text())["benchmarks"]}
+
+
 @pytest.mark.parametrize("path", LATEST, ids=[p.name for p in LATEST])
-def test_render_of_results_of_one_worker_count(run_module, tmp_path, path, capsys):
+def test_render_of_results_in_latest(run_module, tmp_path, path, capsys):
+    """Every kept run renders; side by side exactly when it ran several worker counts."""
     copy = tmp_path / path.name
     shutil.copy(path, copy)
     assert run_module.render([copy]) == 0
     text = copy.with_suffix(".md").read_text()
     assert "## Performance" in text and "### Targets" in text
-    assert "side by side" not in text
+    assert ("side by side" in text) == (len(worker_counts_of(path)) > 1)
 
 
 def test_render_merges_one_count_results_with_two_count_ones(run_module, tmp_path, capsys):
