@@ -13,6 +13,7 @@ import contextlib
 import functools
 import random
 import socket
+import struct
 from typing import AsyncIterator, Awaitable, Callable, NamedTuple
 
 import uvloop
@@ -36,6 +37,13 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 
 # --- on uvloop, on loopback -------------------------------------------------------------------
+
+def reset_connection(writer: asyncio.StreamWriter) -> None:
+    """Close a stream with an RST (SO_LINGER 0), as a client or backend that aborts does."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
 
 def on_uvloop(test):
     """Run an async test on uvloop, as the daemon runs (to pytest-asyncio it is a sync test)."""

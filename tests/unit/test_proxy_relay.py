@@ -11,10 +11,9 @@ import asyncio
 import hashlib
 import random
 import socket
-import struct
 
 import pytest
-from support.proxy_loopback import LoopbackRelay, on_uvloop, read_all, relay_to
+from support.proxy_loopback import LoopbackRelay, on_uvloop, read_all, relay_to, reset_connection
 from support.sockmap import RELAY_PATHS, relay_path
 from support.wait import DEADLINE, until
 
@@ -97,12 +96,6 @@ async def test_half_close__backend_fin_keeps_the_request_direction_open(tcp_rela
         writer.close()
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
-
-
 @RELAY_PATHS
 @on_uvloop
 async def test_backend_reset_mid_stream__client_gets_a_reset(tcp_relay):
@@ -110,7 +103,7 @@ async def test_backend_reset_mid_stream__client_gets_a_reset(tcp_relay):
         writer.write(b"partial")
         await writer.drain()
         await reader.readexactly(4)
-        _reset(writer)
+        reset_connection(writer)
 
     async with relay_to(backend, tcp_relay=relay_path(tcp_relay)) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
@@ -138,7 +131,7 @@ async def test_client_reset__backend_gets_a_reset(tcp_relay):
     async with relay_to(backend, tcp_relay=relay_path(tcp_relay)) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
         assert await read_exactly(reader, 5) == b"hello"
-        _reset(writer)
+        reset_connection(writer)
         assert await asyncio.wait_for(outcome, DEADLINE) == "reset"
 
 

@@ -14,7 +14,7 @@ import socket
 import struct
 
 import pytest
-from support.proxy_loopback import on_uvloop, relay_to
+from support.proxy_loopback import on_uvloop, relay_to, reset_connection
 from support.sockmap import require_sockmap
 from support.wait import DEADLINE, until
 
@@ -189,19 +189,13 @@ async def test_half_close__backend_fin_after_bulk__the_request_still_arrives():
         writer.close()
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
-
-
 @on_uvloop
 async def test_backend_reset_after_bulk__the_client_gets_a_reset():
     async def backend(reader, writer):
         writer.write(pattern(BULK, 5))
         await writer.drain()
         await reader.readexactly(4)
-        _reset(writer)
+        reset_connection(writer)
 
     async with sockmap_relay(backend) as relay:
         reader, writer = await asyncio.open_connection(*relay.address)
@@ -230,7 +224,7 @@ async def test_client_reset_after_bulk__the_backend_gets_a_reset():
         reader, writer = await asyncio.open_connection(*relay.address)
         await read_exactly(reader, BULK)
         assert relay.ctx.kernel.taken >= 1
-        _reset(writer)
+        reset_connection(writer)
         assert await asyncio.wait_for(outcome, DEADLINE) == "reset"
 
 
