@@ -42,6 +42,7 @@ class Direction:
         "conn", "src", "src_fd", "dst", "dst_fd", "pipe", "pipe_r", "pipe_w", "cap", "leftover",
         "pending", "readable", "writable", "eof", "done", "up", "stats", "splice_ok", "_bulk", "peer_closed",
         "fin_clean", "sent", "kernel", "kernel_ok", "bulk_reads", "cookie", "checked", "counted", "base",
+        "waiting",
     )
 
     def __init__(self, conn, src, dst, up: bool) -> None:
@@ -82,6 +83,9 @@ class Direction:
         self.counted = 0
         #: bytes_written(dst) when the kernel took over (what this process wrote, and a SYN).
         self.base = 0
+        #: (written, since): a paused or finished direction whose destination still lacks
+        #: counted bytes, what it had taken and since when (KernelRelays._lost).
+        self.waiting: tuple[int, float] | None = None
 
     def pump(self) -> None:
         moved = self._splice() if self.pipe is not None else self._copy()

@@ -203,10 +203,17 @@ _TCP_INFO_SIZE = 128
 
 def bytes_written(sock) -> int:
     """Bytes written into ``sock`` so far, SYN included for an active open: acked + still queued."""
+    return bytes_acked(sock) + send_queue(sock)
+
+
+def bytes_acked(sock) -> int:
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-    (acked,) = struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)
-    queued = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-    return acked + queued
+    return struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]
+
+
+def send_queue(sock) -> int:
+    """SIOCOUTQ: bytes written into ``sock`` that its peer has not acknowledged."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
 
 
 class Sockmap:

@@ -30,7 +30,7 @@ from kubeport.proxy.host import capture
 from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.relay.direction import Direction
 from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
-from kubeport.proxy.relay.sockmap import bytes_written, cookie
+from kubeport.proxy.relay.sockmap import bytes_written, cookie, send_queue
 from kubeport.proxy.table import Frontend
 
 log = logging.getLogger(__name__)
@@ -368,13 +368,21 @@ class KernelRelays:
     512 MiB stream with 12 pauses and resumes came through 196,449 bytes short, 196 bytes
     repeated at 245 MiB); splicing after the pause lost nothing in the same test. A direction
     whose source sent its FIN ends once its destination took every counted byte.
+
+    Bytes the program counted but the destination never gets would leave such a direction
+    waiting forever, its client hanging on a stream that cannot complete. A direction still
+    short of its count after ``lost_after`` seconds in which its destination's send queue
+    stayed empty (so nothing blocked the psock from sending: ``sk_psock_backlog`` retries
+    every jiffy) and took nothing more is taken as a kernel loss: its connection is reset,
+    so both ends see an error instead of a hang, and ``lost`` counts it.
     """
 
-    def __init__(self, ctx: RelayContext, sockmap, limit: int, interval: float) -> None:
+    def __init__(self, ctx: RelayContext, sockmap, limit: int, interval: float, lost_after: float = 5.0) -> None:
         self.ctx = ctx
         self.sockmap = sockmap
         self.limit = limit
         self.interval = interval
+        self.lost_after = lost_after
         self.directions: set[Direction] = set()
         self._timer = None
         #: sockets the kernel refused (map full, socket type): those directions were spliced.
@@ -382,6 +390,8 @@ class KernelRelays:
         #: directions the program has relayed; those paused as their destination fell behind.
         self.taken = 0
         self.pauses = 0
+        #: connections reset because counted bytes never reached their destination.
+        self.lost = 0
 
     def take(self, direction: Direction) -> bool:
         """Start relaying ``direction`` in the kernel (False: the kernel refused, nothing changed)."""
@@ -447,6 +457,20 @@ class KernelRelays:
     def _behind(self, direction: Direction, counted: int) -> int:
         return counted - (bytes_written(direction.dst) - direction.base)
 
+    def _lost(self, direction: Direction, behind: int, counted: int, now: float) -> bool:
+        """``direction`` waits for ``behind`` counted bytes: have they been lost (see the class)?"""
+        written = counted - behind
+        waiting = direction.waiting
+        if waiting is None or waiting[0] != written or send_queue(direction.dst):
+            direction.waiting = (written, now)
+            return False
+        if now - waiting[1] < self.lost_after:
+            return False
+        self.lost += 1
+        log.warning("sockmap: %d bytes the kernel took for %s never reached it in %.0fs; the connection is reset",
+                    behind, "the backend" if direction.up else "the client", now - waiting[1])
+        return True
+
     def _sweep(self) -> None:
         self._timer = None
         sockmap, limit = self.sockmap, self.limit
@@ -454,6 +478,7 @@ class KernelRelays:
             counts = sockmap.all_counted()
         except OSError:  # a kernel without batch lookups (before 5.6): one lookup per direction
             counts = {}
+        now = self.ctx.loop.time()
         for direction in list(self.directions):
             if direction not in self.directions:  # its connection was aborted by this sweep
                 continue
@@ -464,7 +489,10 @@ class KernelRelays:
                     counted = sockmap.counted(direction.cookie)
                 self._count(direction, counted)
                 if direction.kernel is PAUSED or direction.peer_closed:
-                    if self._behind(direction, counted) > 0:
+                    behind = self._behind(direction, counted)
+                    if behind > 0:
+                        if self._lost(direction, behind, counted, now):
+                            conn.abort()
                         continue
                     if direction.kernel is PAUSED:
                         self._give_back(direction)

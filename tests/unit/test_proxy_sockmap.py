@@ -269,6 +269,45 @@ async def test_slow_reader__the_kernel_queue_stays_bounded_and_nothing_is_lost()
         assert relay.stats.bytes_to_client == total
 
 
+class _Overcounting:
+    """The relay's sockmap, reporting 100 bytes more for each direction than its program
+    counted: bytes the kernel took and then lost on the way to the destination."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def counted(self, src_cookie: int) -> int:
+        return self.real.counted(src_cookie) + 100
+
+    def all_counted(self) -> dict[int, int]:
+        return {key: count + 100 for key, count in self.real.all_counted().items()}
+
+
+@on_uvloop
+async def test_counted_bytes_that_never_arrive__the_connection_is_reset_not_hung():
+    async def backend(reader, writer):
+        writer.write(pattern(BULK, 10))
+        await writer.drain()
+        writer.close()  # the FIN: the direction ends once its destination has every counted byte
+
+    async with sockmap_relay(backend) as relay:
+        kernel = relay.ctx.kernel
+        kernel.sockmap = _Overcounting(kernel.sockmap)
+        kernel.lost_after = 0.2
+        reader, writer = await asyncio.open_connection(*relay.address)
+        received = 0
+        with pytest.raises(ConnectionResetError):
+            while data := await asyncio.wait_for(reader.read(1 << 20), DEADLINE):
+                received += len(data)
+        assert received <= BULK
+        assert kernel.lost == 1
+        writer.close()
+        await until(lambda: relay.stats.active == 0, "the relay to close")
+
+
 @on_uvloop
 async def test_small_exchanges_stay_here__only_bulk_goes_to_the_kernel():
     async def backend(reader, writer):
