@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,9 +136,16 @@ def reap_all() -> None:
     _reap(lambda entry: True)
 
 
+#: what a process printed past the line the last wait_for_output was waiting for: a
+#: pipe read returns what is there, and the next line may have come in the same read.
+_unread: weakref.WeakKeyDictionary[subprocess.Popen, bytes] = weakref.WeakKeyDictionary()
+
+
 def wait_for_output(proc: subprocess.Popen, expected: bytes, timeout: float, what: str) -> None:
-    """Read proc.stdout (a binary pipe) until `expected` shows up, the process exits, or the deadline."""
-    fd, seen = proc.stdout.fileno(), b""
+    """Read proc.stdout (a binary pipe) until `expected` shows up, the process exits, or the deadline.
+
+    What follows `expected` in the same read is kept for the next call on the same process."""
+    fd, seen = proc.stdout.fileno(), _unread.pop(proc, b"")
     deadline = time.monotonic() + timeout
     while expected not in seen:
         remaining = deadline - time.monotonic()
@@ -148,5 +156,8 @@ def wait_for_output(proc: subprocess.Popen, expected: bytes, timeout: float, wha
             if not chunk:
                 raise RuntimeError(f"{what}: exited ({proc.wait()}) before printing {expected!r}; got {seen!r}")
             seen += chunk
+    rest = seen[seen.index(expected) + len(expected):]
+    if rest:
+        _unread[proc] = rest
 
 
