@@ -42,7 +42,7 @@ class Direction:
         "conn", "src", "src_fd", "dst", "dst_fd", "pipe", "pipe_r", "pipe_w", "cap", "leftover",
         "pending", "readable", "writable", "eof", "done", "up", "stats", "splice_ok", "_bulk", "peer_closed",
         "fin_clean", "sent", "kernel", "kernel_ok", "bulk_reads", "cookie", "checked", "counted", "base",
-        "waiting",
+        "waiting", "src_base",
     )
 
     def __init__(self, conn, src, dst, up: bool) -> None:
@@ -86,6 +86,8 @@ class Direction:
         #: (written, since): a paused or finished direction whose destination still lacks
         #: counted bytes, what it had taken and since when (KernelRelays._lost).
         self.waiting: tuple[int, float] | None = None
+        #: bytes_consumed(src) when the kernel took over (None: not known exactly).
+        self.src_base: int | None = None
 
     def pump(self) -> None:
         moved = self._splice() if self.pipe is not None else self._copy()

@@ -49,6 +49,7 @@ import os
 import platform
 import socket
 import struct
+import sys
 import termios
 from typing import NamedTuple
 
@@ -198,7 +199,7 @@ def cookie(sock) -> int:
 
 
 _TCP_INFO_BYTES_ACKED = 120  # offsetof(struct tcp_info, tcpi_bytes_acked)
-_TCP_INFO_SIZE = 128
+_TCP_INFO_SIZE = 136  # through tcpi_bytes_received
 
 
 def bytes_written(sock) -> int:
@@ -209,6 +210,48 @@ def bytes_written(sock) -> int:
 def bytes_acked(sock) -> int:
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
     return struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]
+
+
+_TCP_INFO_BYTES_RECEIVED = 128  # offsetof(struct tcp_info, tcpi_bytes_received)
+
+
+def bytes_consumed(sock) -> int | None:
+    """Bytes taken off ``sock``'s receive queue so far (``copied_seq``): received in order less
+    what is still queued. None when data kept arriving between the reads.
+
+    ``tcp_eat_skb`` advances copied_seq for every skb the verdict path takes, whatever the
+    verdict, so this less the program's count is what the kernel took without running the
+    program on it. tcpi_bytes_received counts a received FIN too, the queue does not: one more.
+    """
+    for _ in range(4):
+        before = _bytes_received(sock)
+        queued = _queued(sock)
+        if _bytes_received(sock) == before:
+            return before - queued
+    return None
+
+
+def _queued(sock) -> int:
+    """``rcv_nxt - copied_seq`` from a 1-byte MSG_PEEK's TCP_INQ message: SIOCINQ will not do, for
+    ``tcp_bpf_ioctl`` answers it with the psock's queue once the socket is in a sockmap."""
+    sock.setsockopt(socket.IPPROTO_TCP, TCP_INQ, 1)
+    try:
+        _, ancillary, _, _ = sock.recvmsg(1, _INQ_SPACE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return 0
+    for level, kind, data in ancillary:
+        if level == socket.IPPROTO_TCP and kind == TCP_INQ:
+            return int.from_bytes(data[:4], sys.byteorder)
+    return 0
+
+
+TCP_INQ = 36  # also TCP_CM_INQ, the control message's type
+_INQ_SPACE = socket.CMSG_SPACE(4)
+
+
+def _bytes_received(sock) -> int:
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+    return struct.unpack_from("Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
 
 
 def send_queue(sock) -> int:

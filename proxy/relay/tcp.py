@@ -30,7 +30,7 @@ from kubeport.proxy.host import capture
 from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.relay.direction import Direction
 from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
-from kubeport.proxy.relay.sockmap import bytes_written, cookie, send_queue
+from kubeport.proxy.relay.sockmap import bytes_consumed, bytes_written, cookie, send_queue
 from kubeport.proxy.table import Frontend
 
 log = logging.getLogger(__name__)
@@ -369,6 +369,15 @@ class KernelRelays:
     repeated at 245 MiB); splicing after the pause lost nothing in the same test. A direction
     whose source sent its FIN ends once its destination took every counted byte.
 
+    A pause can drop bytes: it deletes the source from ``verdict``, and ``sock_map_del_link``
+    -> ``sk_psock_stop_verdict`` clears the psock's program while ``sk_psock_verdict_data_ready``
+    may be running ``tcp_read_skb`` on the socket on another CPU; ``sk_psock_verdict_recv``
+    then finds no program and drops each skb it still takes (net/core/skmsg.c). The program
+    never counts those, so the destination does not wait for them and the stream would go on
+    with a hole. Before a paused direction is spliced, what its source's receive queue gave
+    up (``bytes_consumed``) is checked against the program's count; a difference is a hole,
+    and the connection is reset instead (counted in ``lost``).
+
     Bytes the program counted but the destination never gets would leave such a direction
     waiting forever, its client hanging on a stream that cannot complete. A direction still
     short of its count after ``lost_after`` seconds in which its destination's send queue
@@ -402,12 +411,14 @@ class KernelRelays:
             sockmap.link(src_cookie, direction.dst_fd)
             # All this process wrote is in dst (nothing is pending); a SYN counts there too.
             base = bytes_written(direction.dst)
+            src_base = bytes_consumed(direction.src)
             sockmap.start(src_cookie, direction.src)
         except OSError as exc:
             self._refused(src_cookie, exc)
             return False
         direction.cookie = src_cookie
         direction.base = base
+        direction.src_base = src_base
         direction.kernel = KERNEL
         direction.checked = direction.counted = 0
         self.directions.add(direction)
@@ -471,6 +482,19 @@ class KernelRelays:
                     behind, "the backend" if direction.up else "the client", now - waiting[1])
         return True
 
+    def _dropped_at_pause(self, direction: Direction, counted: int) -> bool:
+        """Did the pause drop bytes the program never saw (see the class)? Then the stream has a hole."""
+        consumed = bytes_consumed(direction.src)
+        if consumed is None or direction.src_base is None:
+            return False
+        dropped = consumed - direction.src_base - counted
+        if dropped <= 1:  # a FIN's sequence number (bytes_consumed)
+            return False
+        self.lost += 1
+        log.warning("sockmap: pausing %s dropped %d bytes (net/core/skmsg.c sk_psock_verdict_recv without a "
+                    "program); the connection is reset", "the client" if direction.up else "the backend", dropped)
+        return True
+
     def _sweep(self) -> None:
         self._timer = None
         sockmap, limit = self.sockmap, self.limit
@@ -495,7 +519,10 @@ class KernelRelays:
                             conn.abort()
                         continue
                     if direction.kernel is PAUSED:
-                        self._give_back(direction)
+                        if self._dropped_at_pause(direction, counted):
+                            conn.abort()
+                        else:
+                            self._give_back(direction)
                         continue
                     conn.kernel_finished(direction)
                 elif counted - direction.checked > limit:

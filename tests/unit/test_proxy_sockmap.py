@@ -12,6 +12,7 @@ import hashlib
 import random
 import socket
 import struct
+import time
 
 import pytest
 from support.proxy_loopback import on_uvloop, relay_to, reset_connection
@@ -306,6 +307,72 @@ async def test_counted_bytes_that_never_arrive__the_connection_is_reset_not_hung
         assert kernel.lost == 1
         writer.close()
         await until(lambda: relay.stats.active == 0, "the relay to close")
+
+
+class _Undercounting(_Overcounting):
+    """Reports 100 bytes fewer than the program counted: bytes the kernel took off the source
+    without running the program on them, as a pause can (KernelRelays)."""
+
+    def counted(self, src_cookie: int) -> int:
+        return self.real.counted(src_cookie) - 100
+
+    def all_counted(self) -> dict[int, int]:
+        return {key: count - 100 for key, count in self.real.all_counted().items()}
+
+
+@on_uvloop
+async def test_a_pause_that_dropped_bytes__the_connection_is_reset_not_spliced_with_a_hole():
+    chunk = pattern(1 << 20, 11)
+
+    async def backend(reader, writer):
+        for _ in range(64):
+            writer.write(chunk)
+            await writer.drain()
+            await asyncio.sleep(0)
+        writer.close()
+
+    async with sockmap_relay(backend) as relay:
+        kernel = relay.ctx.kernel
+        kernel.sockmap = _Undercounting(kernel.sockmap)
+        client = socket.create_connection(relay.address)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        client.setblocking(False)
+        await until(lambda: kernel.pauses, "the kernel relay to pause the backend")
+        loop = asyncio.get_running_loop()
+        with pytest.raises(ConnectionResetError):
+            while await asyncio.wait_for(loop.sock_recv(client, 1 << 20), DEADLINE):
+                pass
+        assert kernel.lost == 1
+        client.close()
+        await until(lambda: relay.stats.active == 0, "the relay to close")
+
+
+@pytest.mark.parametrize("in_sockmap", [False, True])
+def test_bytes_consumed_is_what_left_the_receive_queue(in_sockmap):
+    """copied_seq, read even where SIOCINQ answers for the psock (a socket in a sockmap)."""
+    if in_sockmap:
+        require_sockmap()
+    server = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(server.getsockname())
+    receiver, _ = server.accept()
+    maps = sockmap.Sockmap(16) if in_sockmap else None
+    try:
+        if maps:
+            maps.link(sockmap.cookie(sender), receiver.fileno())  # receiver: a peer, as a destination is
+        sender.sendall(b"x" * 5000)
+        assert receiver.recv(1000, socket.MSG_WAITALL) == b"x" * 1000
+        deadline = time.monotonic() + DEADLINE
+        while sockmap._queued(receiver) < 4000:  # loopback: the rest is there, or about to be
+            assert time.monotonic() < deadline, "the rest of the bytes to arrive"
+        assert sockmap.bytes_consumed(receiver) == 1000
+        sender.shutdown(socket.SHUT_WR)
+        assert receiver.recv(8192, socket.MSG_WAITALL) == b"x" * 4000
+        assert sockmap.bytes_consumed(receiver) in (5000, 5001)  # the FIN: see bytes_consumed
+    finally:
+        if maps:
+            maps.close()
+        for sock in (sender, receiver, server):
+            sock.close()
 
 
 @on_uvloop
