@@ -259,6 +259,12 @@ def send_queue(sock) -> int:
     return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
 
 
+#: SO_RCVLOWAT while a pause waits for the program's runs to end: large against what arrives
+#: meanwhile, small enough that ``tcp_set_rcvlowat`` does not grow the receive buffer
+#: much for it (it makes room for the low-water mark).
+HOLD_LOWAT = 4 << 20
+
+
 class Sockmap:
     """The three maps and the program of one relay process (a connection lives in one process)."""
 
@@ -314,9 +320,16 @@ class Sockmap:
         self._update(self.verdict, src_cookie, self._value32)
         src.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
-    def pause(self, src_cookie: int) -> None:
+    def hold(self, src) -> None:
+        """The first step of a pause: new data no longer wakes the program (``tcp_data_ready``
+        calls ``sk_data_ready`` only once SO_RCVLOWAT bytes wait, or under memory pressure, or
+        at the FIN), so that a moment later none of its runs overlaps ``pause``."""
+        src.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, HOLD_LOWAT)
+
+    def pause(self, src_cookie: int, src) -> None:
         """src's input stays in its receive queue (its TCP window closes); the program no longer reads it."""
         self._delete(self.verdict, src_cookie)
+        src.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # the relay's own reads wake at once
 
     def counted(self, src_cookie: int) -> int:
         self._key.value = src_cookie

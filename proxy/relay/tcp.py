@@ -69,9 +69,13 @@ CONNECTING, RELAYING, CLOSED = ConnState.CONNECTING, ConnState.RELAYING, ConnSta
 _INPUT = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP
 _CLOSED = EPOLLERR | EPOLLHUP | EPOLLRDHUP
 _OUTPUT = EPOLLOUT | EPOLLERR | EPOLLHUP
-#: Direction.kernel: the program relays the direction, or its source is out of the verdict map
+#: Direction.kernel: the program relays the direction; it is about to leave the verdict map
+#: (HOLDING, see KernelRelays); or its source is out of the verdict map
 #: until the destination has every byte the program took (then it is spliced).
-KERNEL, PAUSED = "kernel", "paused"
+KERNEL, HOLDING, PAUSED = "kernel", "holding", "paused"
+#: how long a held source waits to leave the verdict map: longer than a run of the program
+#: over a receive queue (microseconds) takes, short against the sweep interval.
+_HOLD_S = 0.001
 
 
 def reset(sock: RawSocket) -> None:
@@ -495,6 +499,17 @@ class KernelRelays:
                     "program); the connection is reset", "the client" if direction.up else "the backend", dropped)
         return True
 
+    def _pause_held(self, direction: Direction) -> None:
+        if direction.kernel is not HOLDING or direction not in self.directions:
+            return  # the connection ended meanwhile
+        try:
+            self.sockmap.pause(direction.cookie, direction.src)
+        except OSError as exc:
+            direction.conn.abort(exc)
+            return
+        direction.kernel = PAUSED
+        self.pauses += 1
+
     def _sweep(self) -> None:
         self._timer = None
         sockmap, limit = self.sockmap, self.limit
@@ -512,6 +527,8 @@ class KernelRelays:
                 if counted is None:
                     counted = sockmap.counted(direction.cookie)
                 self._count(direction, counted)
+                if direction.kernel is HOLDING:
+                    continue
                 if direction.kernel is PAUSED or direction.peer_closed:
                     behind = self._behind(direction, counted)
                     if behind > 0:
@@ -529,9 +546,9 @@ class KernelRelays:
                     behind = self._behind(direction, counted)
                     direction.checked = counted - behind
                     if behind > limit:
-                        sockmap.pause(direction.cookie)
-                        direction.kernel = PAUSED
-                        self.pauses += 1
+                        sockmap.hold(direction.src)
+                        direction.kernel = HOLDING
+                        self.ctx.loop.call_later(_HOLD_S, self._pause_held, direction)
             except OSError as exc:
                 conn.abort(exc)
         if self.directions:
