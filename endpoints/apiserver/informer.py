@@ -344,17 +344,26 @@ class Informer:
             if b"\n" not in chunk:
                 pending += chunk
                 continue
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
             received = True
-            changed = False
-            try:
-                for line in lines:
-                    if line.strip():
-                        changed |= self._handle(line)
-            finally:
-                if changed:  # one commit per batch, also when a later line ends the stream
-                    self._sink.commit()
+            # Neither the chunk nor its lines stay in this frame while it awaits the next one:
+            # after the initial events they are the last MiBs read (at 10,000 services, ~6 MiB
+            # of RSS held by the Services' and EndpointSlices' watches).
+            pending = self._handle_batch(pending + chunk)
+            chunk = b""
+
+    def _handle_batch(self, data: bytes) -> bytes:
+        """Apply the complete lines of ``data``; the incomplete last one, to be continued."""
+        lines = data.split(b"\n")
+        pending = lines.pop()
+        changed = False
+        try:
+            for line in lines:
+                if line.strip():
+                    changed |= self._handle(line)
+        finally:
+            if changed:  # one commit per batch, also when a later line ends the stream
+                self._sink.commit()
+        return pending
 
     def _handle(self, line: bytes) -> bool:
         """Apply one event; True when it may have changed the state."""
