@@ -102,11 +102,16 @@ def service_info(svc: model.Service) -> ServiceInfo:
         headless_label=model.LABEL_HEADLESS in meta.labels,
         created=_rfc3339(meta.creation_timestamp),
         selector=",".join(f"{k}={v}" for k, v in sorted((spec.selector or {}).items())),
-        selector_labels=tuple(sorted(spec.selector.items())) if spec.selector else None,
+        # interned and shared: a selector is most often the Service's own labels (app=name)
+        selector_labels=_label_pairs(spec.selector) if spec.selector else None,
         ip_families=tuple(spec.ip_families or ()),
         # interned and shared: Services of one app carry the same keys, often the same set
-        labels=_share(tuple(sorted((_intern(k), _intern(v)) for k, v in meta.labels.items()))),
+        labels=_label_pairs(meta.labels),
     )
+
+
+def _label_pairs(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return _share(tuple(sorted((_intern(k), _intern(v)) for k, v in labels.items())))
 
 
 @functools.lru_cache(maxsize=16)
@@ -160,6 +165,7 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
             endpoints.append(info)
             more.append(_more_addresses(endpoint.addresses, eps.address_type))
     labels = eps.metadata.labels
+    managed_by = labels.get(model.LABEL_MANAGED_BY)
     return SliceInfo(
         name=eps.metadata.name,
         address_type=_intern(eps.address_type),
@@ -168,7 +174,7 @@ def slice_info(eps: model.EndpointSlice) -> SliceInfo:
         proxied=model.LABEL_HEADLESS not in labels and model.LABEL_SERVICE_PROXY_NAME not in labels,
         more_addresses=tuple(more) if any(more) else None,
         trigger_time=_trigger_time(eps.metadata.annotations.get(TRIGGER_TIME_ANNOTATION)),
-        managed_by=labels.get(model.LABEL_MANAGED_BY),
+        managed_by=_intern(managed_by) if managed_by else managed_by,  # one controller's name for all
     )
 
 
