@@ -106,6 +106,17 @@ def auth_modules() -> types.SimpleNamespace:
                                  kube_config=kube_config, incluster_config=incluster_config)
 
 
+class _ApiClientOnDemand:
+    """The ``ApiClient`` that kube_config imports by name: it builds one only in
+    ``new_client_from_config*``, which nothing here calls. The real class costs dateutil and
+    multiprocessing.pool (~1 MiB of RSS), so it is imported when one is built, if ever."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes_asyncio.client.api_client import ApiClient
+
+        return ApiClient(*args, **kwargs)
+
+
 def _import_bare() -> None:
     spec = importlib.util.find_spec("kubernetes_asyncio")
     if spec is None or not spec.submodule_search_locations:
@@ -118,7 +129,7 @@ def _import_bare() -> None:
         sys.modules[name] = package
     client = sys.modules["kubernetes_asyncio.client"]
     client.Configuration = importlib.import_module("kubernetes_asyncio.client.configuration").Configuration
-    client.ApiClient = importlib.import_module("kubernetes_asyncio.client.api_client").ApiClient
+    client.ApiClient = _ApiClientOnDemand
     client.rest = importlib.import_module("kubernetes_asyncio.client.rest")
     importlib.import_module("kubernetes_asyncio.config")
 

@@ -20,6 +20,7 @@ print(json.dumps({{
     "modules": len(loaded),
     "models": any(name.startswith("kubernetes_asyncio.client.models.") for name in loaded),
     "api_classes": any(name.startswith("kubernetes_asyncio.client.api.") for name in loaded),
+    "api_client": "kubernetes_asyncio.client.api_client" in sys.modules,
     "usable": all(callable(x) for x in (library.Configuration, library.RESTClientObject,
                                          library.kube_config.load_kube_config,
                                          library.incluster_config.InClusterConfigLoader)),
@@ -44,6 +45,21 @@ def test_auth_modules(what: str, prepare: str, models: bool) -> None:
     assert found["models"] is models and found["api_classes"] is models, (what, found)
     if not models:
         assert found["modules"] < 40, found
+        assert not found["api_client"], found  # its imports (dateutil, multiprocessing.pool) too
+
+
+def test_the_api_client_stand_in_builds_the_real_one() -> None:
+    probe = """
+import asyncio, kubeport.endpoints.apiserver.client as apiclient
+library = apiclient.auth_modules()
+async def main():
+    client = library.kube_config.ApiClient(configuration=library.Configuration())
+    print(type(client).__module__)
+    await client.close()
+asyncio.run(main())
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "kubernetes_asyncio.client.api_client"
 
 
 SOURCE_PROBE = """
