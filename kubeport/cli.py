@@ -127,8 +127,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--shutdown-grace-period", metavar="DURATION", help="connection drain time on SIGTERM")
     run.add_argument("--workers", type=int, metavar="N", help="relay processes sharing the listeners (default 1)")
     run.add_argument("--tcp-relay", choices=["auto", "sockmap", "splice"],
-                     help="bulk TCP bytes: in the kernel through a BPF sockmap, or spliced (default auto: "
-                          "sockmap when it loads)")
+                     help="bulk TCP bytes: spliced through pipes (default splice), in the kernel through a BPF "
+                          "sockmap (experimental), or auto: the sockmap when it loads")
     run.add_argument("--after-handover", choices=["exit", "wait"],
                      help="once a new instance took over: exit (default), or wait for SIGTERM (a DaemonSet pod)")
     run.add_argument("--handover-generation", metavar="N",
