@@ -208,8 +208,12 @@ def bytes_written(sock) -> int:
 
 
 def bytes_acked(sock) -> int:
+    return _tcp_info_u64(sock, _TCP_INFO_BYTES_ACKED)
+
+
+def _tcp_info_u64(sock, offset: int) -> int:
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-    return struct.unpack_from("Q", info, _TCP_INFO_BYTES_ACKED)[0]
+    return struct.unpack_from("Q", info, offset)[0]
 
 
 _TCP_INFO_BYTES_RECEIVED = 128  # offsetof(struct tcp_info, tcpi_bytes_received)
@@ -224,9 +228,9 @@ def bytes_consumed(sock) -> int | None:
     program on it. tcpi_bytes_received counts a received FIN too, the queue does not: one more.
     """
     for _ in range(4):
-        before = _bytes_received(sock)
+        before = _tcp_info_u64(sock, _TCP_INFO_BYTES_RECEIVED)
         queued = _queued(sock)
-        if _bytes_received(sock) == before:
+        if _tcp_info_u64(sock, _TCP_INFO_BYTES_RECEIVED) == before:
             return before - queued
     return None
 
@@ -247,11 +251,6 @@ def _queued(sock) -> int:
 
 TCP_INQ = 36  # also TCP_CM_INQ, the control message's type
 _INQ_SPACE = socket.CMSG_SPACE(4)
-
-
-def _bytes_received(sock) -> int:
-    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-    return struct.unpack_from("Q", info, _TCP_INFO_BYTES_RECEIVED)[0]
 
 
 def send_queue(sock) -> int:

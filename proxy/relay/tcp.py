@@ -30,7 +30,7 @@ from kubeport.proxy.host import capture
 from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.relay.direction import Direction
 from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
-from kubeport.proxy.relay.sockmap import bytes_consumed, bytes_written, cookie, send_queue
+from kubeport.proxy.relay.sockmap import bytes_acked, bytes_consumed, bytes_written, cookie, send_queue
 from kubeport.proxy.table import Frontend
 
 log = logging.getLogger(__name__)
@@ -472,11 +472,11 @@ class KernelRelays:
     def _behind(self, direction: Direction, counted: int) -> int:
         return counted - (bytes_written(direction.dst) - direction.base)
 
-    def _lost(self, direction: Direction, behind: int, counted: int, now: float) -> bool:
-        """``direction`` waits for ``behind`` counted bytes: have they been lost (see the class)?"""
-        written = counted - behind
+    def _lost(self, direction: Direction, behind: int, written: int, queued: int, now: float) -> bool:
+        """``direction`` waits for ``behind`` counted bytes, its destination has taken ``written``
+        and holds ``queued`` unacknowledged: have the rest been lost (see the class)?"""
         waiting = direction.waiting
-        if waiting is None or waiting[0] != written or send_queue(direction.dst):
+        if waiting is None or waiting[0] != written or queued:
             direction.waiting = (written, now)
             return False
         if now - waiting[1] < self.lost_after:
@@ -530,9 +530,11 @@ class KernelRelays:
                 if direction.kernel is HOLDING:
                     continue
                 if direction.kernel is PAUSED or direction.peer_closed:
-                    behind = self._behind(direction, counted)
+                    queued = send_queue(direction.dst)
+                    written = bytes_acked(direction.dst) + queued - direction.base
+                    behind = counted - written
                     if behind > 0:
-                        if self._lost(direction, behind, counted, now):
+                        if self._lost(direction, behind, written, queued, now):
                             conn.abort()
                         continue
                     if direction.kernel is PAUSED:
