@@ -20,6 +20,14 @@ becomes the supervisor's. SIGTERM, SIGINT and SIGHUP are forwarded. Crashes with
 ``QUICK_CRASH`` seconds of a start are retried after a doubling pause (0.1 s to 10 s);
 after ``CRASH_LOOP`` of them in a row the supervisor exits 1 and leaves it to its own
 supervisor (systemd, the kubelet).
+
+Under systemd the supervisor also puts every socket it holds in the unit's file descriptor
+store (kubeport/lib/sdnotify.py), so that the sockets outlive the supervisor too: killed
+itself, it is started again by ``Restart=`` with the sockets passed back as
+``$LISTEN_FDS``, and hands them to its daemon as it does after a crash of the daemon.
+Connections and queries wait in their queues meanwhile, as they do while the daemon alone
+restarts. A container has nothing of the kind: a container's first process that dies takes
+its sockets with it, and the kubelet starts the container again without them.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ import subprocess
 import sys
 import time
 
-from kubeport.lib.sockethold import BATCH, ENV, receive, send
+from kubeport.lib import sdnotify
+from kubeport.lib.sockethold import BATCH, ENV, receive, send, worker_prefix, worker_slot
 
 log = logging.getLogger("kubeport.supervisor")
 
@@ -50,11 +59,17 @@ class Supervisor:
         self.held: dict[str, socket.socket] = {}
         self.child: subprocess.Popen | None = None
         self.chan: socket.socket | None = None
+        #: relay workers' own channels (sockethold.channel_for_worker) -> their slot: they
+        #: outlive the daemon that made them, as the workers do
+        self.worker_chans: dict[socket.socket, int] = {}
         self.stopping = False
         self.restarts = 0
+        #: systemd's descriptor store for the held sockets (None: not under systemd, or no store)
+        self.store: sdnotify.Notifier | None = None
 
     def run(self) -> int:
         _become_subreaper()
+        self._take_stored_sockets()
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         for signum in (*FORWARDED, signal.SIGCHLD):
@@ -83,6 +98,38 @@ class Supervisor:
             if delay:
                 time.sleep(delay)  # a crash loop: not spun on
 
+    def _take_stored_sockets(self) -> None:
+        """The sockets a killed supervisor put in systemd's store, passed back at this start."""
+        address = sdnotify.socket_address(os.environ.get("NOTIFY_SOCKET", ""))
+        if address is not None and sdnotify.fd_store_size(os.environ) > 0:
+            self.store = sdnotify.Notifier(address)
+        for name, fd in sdnotify.listen_fds(os.environ, os.getpid()):
+            try:
+                self.held[sdnotify.label_of(name)] = socket.socket(fileno=fd)
+            except OSError as exc:  # not a socket: nothing of ours
+                log.warning("descriptor %d (%s) from systemd is not a socket (%s): closed", fd, name, exc)
+                os.close(fd)
+        if self.held:
+            log.info("%d sockets held across a restart of the supervisor, from systemd's descriptor store",
+                     len(self.held))
+
+    def _hold(self, label: str, sock: socket.socket) -> None:
+        previous = self.held.pop(label, None)
+        if previous is not None:
+            previous.close()
+            if self.store is not None:
+                self.store.remove_fds(sdnotify.fd_name(label))
+        self.held[label] = sock
+        if self.store is not None and not self.store.store_fds(sdnotify.fd_name(label), [sock.fileno()]):
+            log.warning("cannot put %s in systemd's descriptor store: held only while this process lives", label)
+
+    def _release(self, label: str) -> None:
+        held = self.held.pop(label, None)
+        if held is not None:
+            held.close()
+            if self.store is not None:
+                self.store.remove_fds(sdnotify.fd_name(label))
+
     def _start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ, **{ENV: str(child.fileno())})
@@ -101,14 +148,18 @@ class Supervisor:
             if status is not None:
                 self.chan.close()
                 return status
-            readable, _, _ = select.select([self.chan, wake_r], [], [])
+            readable, _, _ = select.select([self.chan, wake_r, *self.worker_chans], [], [])
             if wake_r in readable:
                 for signum in os.read(wake_r, 64):
                     if signum in FORWARDED:
                         if signum != signal.SIGHUP:
                             self.stopping = True
                         self._signal_child(signum)
-            if self.chan in readable and not self._message():
+            # The workers' first: a worker's end comes before the daemon asks for its successor.
+            for chan in [c for c in readable if c in self.worker_chans]:
+                if not self._message(chan, worker_prefix(self.worker_chans[chan])):
+                    self._drop_worker_chan(chan)  # the worker exited; what it held stays held
+            if self.chan in readable and not self._message(self.chan, ""):
                 # The child closed its end: it is exiting (or gone), and says no more.
                 status = self._reap(block=True)
                 self.chan.close()
@@ -141,40 +192,85 @@ class Supervisor:
         except ProcessLookupError:
             pass
 
-    def _message(self) -> bool:
-        """Handle one message of the child; False once its end is closed."""
+    def _message(self, chan: socket.socket, prefix: str) -> bool:
+        """Handle one message of the daemon (``prefix`` "") or of a relay worker (its slot's
+        prefix); False once its end is closed."""
         try:
-            message, fds = receive(self.chan)
+            message, fds = receive(chan)
         except OSError:
             message, fds = None, []
         if message is None:
             return False
         op = message.get("op")
+        kept = False
         if op == "hello":
-            labels = list(self.held)
+            labels = self._offer(chan, prefix)
             for start in range(0, len(labels), BATCH):
                 batch = labels[start:start + BATCH]
-                send(self.chan, {"op": "held", "labels": batch}, [self.held[label].fileno() for label in batch])
-            send(self.chan, {"op": "end"})
+                send(chan, {"op": "held", "labels": [label[len(prefix):] for label in batch]},
+                     [self.held[label].fileno() for label in batch])
+            send(chan, {"op": "end"})
         elif op == "hold" and fds:
-            previous = self.held.pop(message["label"], None)
-            if previous is not None:
-                previous.close()
-            self.held[message["label"]] = socket.socket(fileno=fds[0])
-            for extra in fds[1:]:
-                os.close(extra)
+            self._hold(prefix + message["label"], socket.socket(fileno=fds[0]))
+            kept = True
         elif op == "release":
-            held = self.held.pop(message.get("label", ""), None)
-            if held is not None:
-                held.close()
-        for fd in fds if op != "hold" else ():
+            self._release(prefix + message.get("label", ""))
+        elif op == "worker" and fds and not prefix:
+            self.worker_chans[socket.socket(fileno=fds[0])] = int(message["slot"])
+            kept = True
+        elif op == "settled" and not prefix:
+            self._settle(set(message.get("slots", ())))
+        for fd in fds[1:] if kept else fds:
             os.close(fd)
         return True
+
+    def _offer(self, chan: socket.socket, prefix: str) -> list[str]:
+        """What a process asking for its held sockets gets: the daemon its own; a worker its
+        slot's, unless a live worker of the same slot serves them (an orphan of a killed
+        daemon, adopted by the next one in another slot)."""
+        if not prefix:
+            return [label for label in self.held if worker_slot(label) is None]
+        slot = self.worker_chans[chan]
+        for other, other_slot in list(self.worker_chans.items()):
+            if other is not chan and other_slot == slot and not self._gone(other):
+                return []
+        return [label for label in self.held if label.startswith(prefix)]
+
+    def _settle(self, slots: set[int]) -> None:
+        """The daemon served its first view with workers in ``slots``: the sockets of any
+        other slot (fewer workers than before, or none) that no live worker holds are closed."""
+        live = {slot for chan, slot in list(self.worker_chans.items()) if not self._gone(chan)}
+        unserved = [label for label in self.held
+                    if (slot := worker_slot(label)) is not None and slot not in slots and slot not in live]
+        for label in unserved:
+            self._release(label)
+        if unserved:
+            log.info("%d held sockets of relay workers no longer started, closed", len(unserved))
+
+    def _gone(self, chan: socket.socket) -> bool:
+        """A worker's channel whose other end is closed (dropped here if so)."""
+        try:
+            readable, _, _ = select.select([chan], [], [], 0)
+            if readable and not chan.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                self._drop_worker_chan(chan)
+                return True
+        except BlockingIOError:
+            return False
+        except OSError:
+            self._drop_worker_chan(chan)
+            return True
+        return False
+
+    def _drop_worker_chan(self, chan: socket.socket) -> None:
+        self.worker_chans.pop(chan, None)
+        chan.close()
 
     def _close_held(self) -> None:
         for sock in self.held.values():
             sock.close()
         self.held.clear()
+        for chan in list(self.worker_chans):
+            self._drop_worker_chan(chan)
 
 
 def _become_subreaper() -> None:

@@ -29,6 +29,9 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v nft >/dev/null || need_apt+=(nftables)
 command -v getent >/dev/null || need_apt+=(libc-bin)
 command -v pkill >/dev/null || need_apt+=(procps)
+command -v nsenter >/dev/null || need_apt+=(util-linux)
+# deploy/kubeport.service is tested under a real systemd, PID 1 of a namespace of the test's.
+[ -x /lib/systemd/systemd ] || need_apt+=(systemd)
 "$python" -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]}" >&2

@@ -26,6 +26,7 @@ from types import MappingProxyType
 import uvloop
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, ServiceState, Snapshot
+from kubeport.lib import sockethold
 from kubeport.proxy.host.addresses import SharedAddresses
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.worker_messages import (
@@ -152,6 +153,7 @@ async def serve(fd: int, adoption_grace: float = ADOPTION_GRACE_S, orphan_drain:
         asyncio.create_task(_report_failure(proxier, link)),
     ]
     stopping: asyncio.Task | None = None
+    held_settled = False
     try:
         while True:
             while (message := await receive(link.reader)) is not None:
@@ -160,7 +162,13 @@ async def serve(fd: int, adoption_grace: float = ADOPTION_GRACE_S, orphan_drain:
                         if addresses is not None:
                             shared.node_addresses = tuple(addresses)
                             proxier.invalidate_node_addresses()
-                        await proxier.apply(mirror.update(synced, node, states, whole=whole))
+                        snapshot = mirror.update(synced, node, states, whole=whole)
+                        await proxier.apply(snapshot)
+                        if snapshot.servable and not held_settled:
+                            # Every listener of this view is open: what the holder kept for
+                            # this slot's previous worker and nobody serves now is closed.
+                            held_settled = True
+                            sockethold.hold().release_unadopted()
                         await link.send(Applied(seq, proxier.problems))
                     case Start(index=index, log_json=log_json, log_level=log_level):  # an adoption
                         _configure_logging(index, log_json, log_level)

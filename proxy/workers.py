@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServicePortName, Snapshot
+from kubeport.lib import sockethold
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.stats import ServicePortStats
@@ -197,13 +198,19 @@ class ProxyWorkers:
 
     async def _spawn(self, index: int) -> _Child:
         parent_end, child_end = socket.socketpair()
+        # Its listeners held across a crash under the worker's slot, as this process's are.
+        holder = sockethold.hold().channel_for_worker(index)
+        passed = (child_end.fileno(),) if holder is None else (child_end.fileno(), holder.fileno())
+        env = None if holder is None else {**os.environ, sockethold.ENV: str(holder.fileno())}
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "kubeport.proxy.worker", str(child_end.fileno()),
-                pass_fds=(child_end.fileno(),),
+                pass_fds=passed, env=env,
             )
         finally:
             child_end.close()
+            if holder is not None:
+                holder.close()
         reader, writer = await asyncio.open_connection(sock=parent_end)
         child = _Child(index, process, reader, writer)
         child.reading = asyncio.create_task(self._read(child), name=f"proxy-worker-{index}")

@@ -12,6 +12,14 @@ take connections of its SO_REUSEPORT group and never answer them).
 A socket the daemon closes for good is released first: the supervisor's copy would keep it
 open otherwise (a closed listener must reset its queue, or hand it to a successor).
 
+Relay workers (``--workers N``) bind listeners of their own (SO_REUSEPORT): each gets a
+channel of its own to the supervisor, made by the daemon (``channel_for_worker``), and its
+sockets are held under its slot (``worker-<slot>/<label>``). A worker that crashes leaves
+its sockets held, so the connections the kernel gives them wait for the worker started in
+its slot, which adopts them, instead of being reset with the closed socket; after a restart
+of the whole unit each new worker adopts its slot's. The daemon's first view settled, the
+sockets of slots no worker serves any more are closed (``settled``).
+
 Without the supervisor (no ``KUBEPORT_SOCKET_HOLDER_FD`` in the environment) every call is a
 no-op. Messages are one JSON object each, with the descriptors of a ``hold`` or of a batch of
 held sockets attached.
@@ -32,6 +40,19 @@ ENV = "KUBEPORT_SOCKET_HOLDER_FD"
 #: descriptors per message: the kernel's SCM_MAX_FD is 253
 BATCH = 250
 MESSAGE_BYTES = 1 << 20
+
+
+def worker_prefix(slot: int) -> str:
+    """How the holder names the sockets of relay worker ``slot``."""
+    return f"worker-{slot}/"
+
+
+def worker_slot(label: str) -> int | None:
+    """The worker slot a held label belongs to; None for the daemon's own sockets."""
+    if not label.startswith("worker-"):
+        return None
+    slot, _, _ = label[len("worker-"):].partition("/")
+    return int(slot) if slot.isdigit() else None
 
 
 def send(chan: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> None:
@@ -61,6 +82,8 @@ class SocketHold:
         self._offered: dict[str, socket.socket] = {}
         self._broken = False
         self.adopted = 0
+        #: the relay worker slots given a channel of their own
+        self._worker_slots: set[int] = set()
         if chan is not None:
             self._receive_offer()
 
@@ -109,14 +132,32 @@ class SocketHold:
         self._send({"op": "release", "label": label})
 
     def release_unadopted(self) -> int:
-        """Close what was held for the previous daemon and is not served now."""
+        """Close what was held for the previous process and is not served now; the holder
+        then closes the sockets of worker slots nobody serves."""
         left, self._offered = self._offered, {}
         for label, sock in left.items():
             self._send({"op": "release", "label": label})
             sock.close()
         if left:
             log.info("socket holder: %d held sockets no longer served, closed", len(left))
+        self._send({"op": "settled", "slots": sorted(self._worker_slots)})
         return len(left)
+
+    def channel_for_worker(self, slot: int) -> socket.socket | None:
+        """The end of a new channel to the holder that relay worker ``slot`` is started
+        with (as ``ENV``); None without a holder. The caller closes it once passed."""
+        if not self.active:
+            return None
+        holders_end, workers_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._send({"op": "worker", "slot": slot}, [holders_end.fileno()])
+        finally:
+            holders_end.close()
+        if not self.active:
+            workers_end.close()
+            return None
+        self._worker_slots.add(slot)
+        return workers_end
 
     def _send(self, message: dict[str, Any], fds: list[int] = ()) -> None:
         if not self.active:

@@ -53,3 +53,16 @@ def test_notify_with_a_watchdog_and_always_restarted():
     assert "--hold-sockets" in service["ExecStart"]
     assert int(service["WatchdogSec"]) >= 10  # pings every WatchdogSec/2 from the event loop
     assert "AF_UNIX" in service["RestrictAddressFamilies"]  # $NOTIFY_SOCKET
+
+
+def test_the_held_sockets_outlive_the_main_process_in_systemds_store():
+    """A killed supervisor (the unit's main process): KillMode=mixed ends the rest at once
+    instead of a drain, and FileDescriptorStoreMax keeps the sockets it stored for the
+    restart; $FDSTORE (systemd 254 sets it itself) tells kubeport the store is there."""
+    service = unit()["Service"]
+    assert service["KillMode"] == "mixed"
+    store = int(service["FileDescriptorStoreMax"])
+    assert store >= 10000 * 3  # a few ports per service at 10,000 services
+    assert f"FDSTORE={store}" in service["Environment"].split()
+    seconds = float(service["RestartSec"].removesuffix("ms")) / (1000 if service["RestartSec"].endswith("ms") else 1)
+    assert seconds < 1  # queries wait in the stored sockets meanwhile

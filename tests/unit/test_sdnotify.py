@@ -1,18 +1,25 @@
 """systemd notifications over a real NOTIFY_SOCKET datagram socket: the address forms, the
-watchdog's period, the order of READY/STATUS/STOPPING, and no pings from a blocked loop."""
+watchdog's period, the order of READY/STATUS/STOPPING, no pings from a blocked loop, and the
+file descriptor store (FDSTORE=1 with the descriptors attached; $LISTEN_FDS at the next start,
+as sd_listen_fds(3) reads it)."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from kubeport.lib.sdnotify import Notifier, socket_address, watchdog_period
+from kubeport.lib.sdnotify import Notifier, fd_name, fd_store_size, label_of, socket_address, watchdog_period
+from kubeport.supervisor import Supervisor
 from kubeport.systemd import SystemdNotifications
 
 
@@ -156,3 +163,87 @@ def test_no_pings_while_not_live(listener):
     sock.settimeout(0.05)
     with pytest.raises(TimeoutError):
         sock.recv(64)
+
+
+def received_with_fds(sock: socket.socket) -> tuple[str, list[int]]:
+    fds = array.array("i")
+    data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(16 * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data.decode(), list(fds)
+
+
+@pytest.mark.parametrize("label", ["tcp/0/10.96.0.1/80", "udp/fd00::10/53", "worker-2/tcp/1/[fd00::1]/8080",
+                                   "dns-udp/10.96.0.10/53"])
+def test_an_fdname_is_valid_for_systemd_and_gives_the_label_back(label):
+    """fdname_is_valid (src/basic/fd-util.c): printable ASCII, no ':', at most 255."""
+    name = fd_name(label)
+    assert ":" not in name and name.isprintable() and len(name) <= 255
+    assert label_of(name) == label
+
+
+@pytest.mark.parametrize("environ, size", [({}, 0), ({"FDSTORE": "65536"}, 65536), ({"FDSTORE": "0"}, 0),
+                                           ({"FDSTORE": "many"}, 0)])
+def test_the_store_is_used_only_when_the_unit_says_it_has_one(environ, size):
+    assert fd_store_size(environ) == size
+
+
+def test_held_sockets_go_to_the_store_and_leave_it_when_released(listener):
+    sock, path = listener
+    supervisor = Supervisor([])
+    supervisor.store = Notifier(path)
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    supervisor._hold("tcp/0/10.96.0.1/80", socket.socket(fileno=os.dup(held.fileno())))
+    message, fds = received_with_fds(sock)
+    assert message == "FDSTORE=1\nFDNAME=tcp/0/10.96.0.1/80" and len(fds) == 1
+    # The same kernel socket as the one held: what systemd keeps is the listener itself.
+    stored = socket.socket(fileno=fds[0])
+    assert stored.getsockname() == held.getsockname()
+    # Held again (the next daemon adopted it and kept it): the old entry goes first.
+    supervisor._hold("tcp/0/10.96.0.1/80", socket.socket(fileno=os.dup(held.fileno())))
+    assert received_with_fds(sock) == ("FDSTOREREMOVE=1\nFDNAME=tcp/0/10.96.0.1/80", [])
+    message, fds = received_with_fds(sock)
+    assert message.startswith("FDSTORE=1") and len(fds) == 1
+    os.close(fds[0])
+    supervisor._release("tcp/0/10.96.0.1/80")
+    assert received_with_fds(sock) == ("FDSTOREREMOVE=1\nFDNAME=tcp/0/10.96.0.1/80", [])
+    for s in (stored, held):
+        s.close()
+
+
+LISTEN_CHILD = """
+import json, os, socket, sys
+from kubeport.lib.sdnotify import listen_fds
+first, second = (os.dup(int(fd)) for fd in sys.argv[1:3])  # above 4 before 3 and 4 are taken
+os.dup2(first, 3)
+os.dup2(second, 4)
+os.environ.update(LISTEN_PID=sys.argv[3] or str(os.getpid()), LISTEN_FDS="2",
+                  LISTEN_FDNAMES="tcp/0/127.0.0.1/80:udp/127.0.0.1/53")
+passed = listen_fds(os.environ, os.getpid())
+inheritable = [os.get_inheritable(fd) for _, fd in passed]
+kinds = [socket.socket(fileno=fd).type == socket.SOCK_STREAM for _, fd in passed]
+print(json.dumps({"passed": [[name, fd, kind, inherit] for (name, fd), kind, inherit in zip(passed, kinds, inheritable)],
+                  "left": sorted(k for k in os.environ if k.startswith("LISTEN_"))}))
+"""
+
+
+@pytest.mark.parametrize("owner", ["", "1"])
+def test_listen_fds_as_systemd_passes_them__sd_listen_fds(owner):
+    """Descriptors from 3 on with their names, meant for $LISTEN_PID only (another pid: a
+    parent's, inherited by mistake, is not taken), the variables unset either way."""
+    tcp, udp = socket.socket(), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    done = subprocess.run([sys.executable, "-c", LISTEN_CHILD, str(tcp.fileno()), str(udp.fileno()), owner],
+                          pass_fds=(tcp.fileno(), udp.fileno()), capture_output=True, text=True, timeout=30,
+                          cwd="/")
+    tcp.close()
+    udp.close()
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["left"] == []
+    if owner:
+        assert result["passed"] == []
+    else:
+        assert result["passed"] == [["tcp/0/127.0.0.1/80", 3, True, False], ["udp/127.0.0.1/53", 4, False, False]]

@@ -1,27 +1,33 @@
 """The socket hold's channel: what the daemon sends its supervisor (hold, release), what it
 gets back at its next start (every held socket, in batches under SCM_MAX_FD), and that a
-socket handed back is the same kernel socket (its queued connection is still there)."""
+socket handed back is the same kernel socket (its queued connection is still there); relay
+workers' channels of their own, their slots, and what is closed once the daemon settled."""
 
 from __future__ import annotations
 
 import socket
 import threading
 
-from kubeport.lib.sockethold import BATCH, SocketHold
+from kubeport.lib.sockethold import BATCH, SocketHold, worker_prefix
 from kubeport.supervisor import Supervisor
 
 
-def serve_supervisor(supervisor: Supervisor, chan: socket.socket, messages: int) -> threading.Thread:
-    supervisor.chan = chan
-
+def pump(supervisor: Supervisor, chan: socket.socket, prefix: str, messages: int) -> threading.Thread:
+    """The supervisor's side of one channel, for ``messages`` messages, on a thread (the
+    other side blocks on the replies to its hello)."""
     def run():
         for _ in range(messages):
-            if not supervisor._message():
+            if not supervisor._message(chan, prefix):
                 return
 
     thread = threading.Thread(target=run)
     thread.start()
     return thread
+
+
+def serve_supervisor(supervisor: Supervisor, chan: socket.socket, messages: int) -> threading.Thread:
+    supervisor.chan = chan
+    return pump(supervisor, chan, "", messages)
 
 
 def start_daemon(supervisor: Supervisor, messages: int) -> tuple[SocketHold, threading.Thread]:
@@ -87,3 +93,90 @@ def test_without_a_supervisor_every_call_is_a_no_op():
     hold.release("tcp/0/127.0.0.1/1")
     assert hold.adopt("tcp/0/127.0.0.1/1") is None and not hold.active
     sock.close()
+
+
+def start_worker(supervisor: Supervisor, daemon: SocketHold, daemon_chan: socket.socket, slot: int,
+                 messages: int) -> tuple[SocketHold, threading.Thread]:
+    """What ProxyWorkers._spawn does: a channel for the worker's slot made over the daemon's."""
+    before = set(supervisor.worker_chans)
+    thread = pump(supervisor, daemon_chan, "", 1)
+    workers_end = daemon.channel_for_worker(slot)
+    thread.join(5)
+    (holders_end,) = set(supervisor.worker_chans) - before
+    thread = pump(supervisor, holders_end, worker_prefix(slot), messages)
+    return SocketHold(workers_end), thread
+
+
+def test_a_workers_listeners_are_held_under_its_slot_for_the_worker_started_in_its_place():
+    supervisor = Supervisor([])
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    supervisor.chan = ours
+    hello = pump(supervisor, ours, "", 1)
+    daemon = SocketHold(theirs)
+    hello.join(5)
+    worker, thread = start_worker(supervisor, daemon, ours, slot=1, messages=1 + 1)  # hello, hold
+    sock = listener()
+    port = sock.getsockname()[1]
+    worker.keep(f"tcp/0/127.0.0.1/{port}", sock)
+    thread.join(5)
+    assert set(supervisor.held) == {f"worker-1/tcp/0/127.0.0.1/{port}"}
+    # The worker crashes: its socket stays held, and a connection waits in its queue.
+    sock.close()
+    worker._chan.close()
+    client = socket.create_connection(("127.0.0.1", port), timeout=2)
+    # The daemon's own sockets never include a worker's...
+    again, thread = start_daemon(supervisor, messages=1)
+    thread.join(5)
+    assert again.adopt(f"tcp/0/127.0.0.1/{port}") is None
+    # ...the worker started in slot 1 gets it, with the connection queued.
+    successor, thread = start_worker(supervisor, daemon, ours, slot=1, messages=1)
+    thread.join(5)
+    adopted = successor.adopt(f"tcp/0/127.0.0.1/{port}")
+    assert adopted is not None
+    accepted, _ = adopted.accept()
+    client.sendall(b"x")
+    assert accepted.recv(1) == b"x"
+    for s in (client, accepted, adopted, ours, theirs):
+        s.close()
+
+
+def test_settled_closes_the_sockets_of_slots_no_worker_serves_any_more():
+    """From two workers to one across a restart: slot 2's sockets would take their share of
+    the SO_REUSEPORT group's connections with nobody accepting them."""
+    supervisor = Supervisor([])
+    for slot in (1, 2):
+        supervisor.held[f"worker-{slot}/udp/127.0.0.1/53"] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    supervisor.chan = ours
+    hello = pump(supervisor, ours, "", 1)
+    daemon = SocketHold(theirs)
+    hello.join(5)
+    _worker, thread = start_worker(supervisor, daemon, ours, slot=1, messages=1)
+    thread.join(5)
+    settled = pump(supervisor, ours, "", 1)
+    assert daemon.release_unadopted() == 0
+    settled.join(5)
+    assert set(supervisor.held) == {"worker-1/udp/127.0.0.1/53"}
+    for s in (ours, theirs):
+        s.close()
+
+
+def test_a_worker_of_a_slot_still_served_by_a_live_one_is_offered_nothing():
+    """An orphan of a killed daemon adopted by the next in another slot keeps its channel and
+    its sockets; a new worker in the orphan's old slot must not take them."""
+    supervisor = Supervisor([])
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    supervisor.chan = ours
+    hello = pump(supervisor, ours, "", 1)
+    daemon = SocketHold(theirs)
+    hello.join(5)
+    orphan, thread = start_worker(supervisor, daemon, ours, slot=1, messages=2)
+    sock = listener()
+    orphan.keep("tcp/0/127.0.0.1/1", sock)
+    thread.join(5)
+    newcomer, thread = start_worker(supervisor, daemon, ours, slot=1, messages=1)
+    thread.join(5)
+    assert newcomer.adopt("tcp/0/127.0.0.1/1") is None
+    assert "worker-1/tcp/0/127.0.0.1/1" in supervisor.held
+    for s in (sock, ours, theirs):
+        s.close()
