@@ -106,6 +106,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--state-dir", metavar="DIR")
     run.add_argument("--hold-sockets", action="store_const", const=True, default=None,
                      help="a supervisor holds the listening sockets and restarts a killed daemon at once")
+    run.add_argument("--fd-store", metavar="DIR",
+                     help="with --hold-sockets: the directory of a `kubeport fd-store` sidecar that keeps the "
+                          "held sockets while this container restarts")
     run.add_argument("--last-state-max-age", metavar="DURATION",
                      help="serve the last applied state kept in the state dir at start, until the source has "
                           "synced, if it is younger than this (default 1h; 0: never)")
@@ -157,6 +160,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "stateDir": ("--state-dir",),
     "lastStateMaxAge": ("--last-state-max-age",),
     "holdSockets": ("--hold-sockets",),
+    "fdStore": ("--fd-store",),
     "healthzBindAddress": ("--healthz-bind-address",),
     "metricsBindAddress": ("--metrics-bind-address",),
     "dnsMetricsBindAddress": ("--dns-metrics-bind-address",),
@@ -232,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("directory")
     check.add_argument("--service-cluster-ip-range", default="10.96.0.0/12")
     check.add_argument("--service-node-port-range", default="30000-32767")
+    store = sub.add_parser("fd-store", help="keep the held sockets of a pod's kubeport container while it "
+                                            "restarts (a sidecar; see --fd-store)")
+    store.add_argument("directory", help="shared with the kubeport container (an emptyDir)")
+    store.add_argument("--max", type=int, default=65536, help="descriptors kept at most (65536)")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -302,7 +310,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.hold_sockets and SUPERVISED not in os.environ:
         from kubeport.supervisor import supervise
 
-        return supervise([sys.executable, "-m", "kubeport", *sys.argv[1:]])
+        return supervise([sys.executable, "-m", "kubeport", *sys.argv[1:]], config.fd_store)
     from kubeport.daemon import DaemonError, run
 
     try:
@@ -364,6 +372,12 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return cmd_env(args)
 
 
+def _cmd_fd_store(args: argparse.Namespace) -> int:
+    from kubeport.fdstore import run
+
+    return run(Path(args.directory), args.max)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--version"]:
@@ -374,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "version":
         print(f"kubeport {__version__}")
         return 0
-    handler = {"run": cmd_run, "get": _cmd_get, "env": _cmd_env, "check": cmd_check}[args.command]
+    handler = {"run": cmd_run, "get": _cmd_get, "env": _cmd_env, "check": cmd_check, "fd-store": _cmd_fd_store}[
+        args.command]
     try:
         return handler(args)
     except BrokenPipeError:

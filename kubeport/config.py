@@ -227,6 +227,10 @@ class KubeportConfiguration(_Section):
         False, description="Run the daemon under a small supervisor that holds its listening sockets and "
                            "starts it again at once when it is killed: connections and queries arriving "
                            "meanwhile wait in the kernel's queues instead of being refused.")
+    fd_store: Path | None = Field(
+        None, description="With holdSockets: the directory of a `kubeport fd-store` process (a sidecar "
+                          "container of the pod) that keeps the held sockets too, so that they outlive a "
+                          "restart of this container. Under systemd the unit's descriptor store does it.")
     last_state_max_age: Duration = Field(
         3600.0, ge=0, description="A restarted daemon serves the last applied state kept in the state "
                                   "directory until its source has synced, if it is younger than this; 0: neither kept nor served.")

@@ -26,8 +26,10 @@ store (kubeport/lib/sdnotify.py), so that the sockets outlive the supervisor too
 itself, it is started again by ``Restart=`` with the sockets passed back as
 ``$LISTEN_FDS``, and hands them to its daemon as it does after a crash of the daemon.
 Connections and queries wait in their queues meanwhile, as they do while the daemon alone
-restarts. A container has nothing of the kind: a container's first process that dies takes
-its sockets with it, and the kubelet starts the container again without them.
+restarts. A container has nothing of the kind (it ends with its first process, and the
+kubelet starts it again): there ``--fd-store DIR`` names the directory of a ``kubeport
+fd-store`` sidecar (kubeport/fdstore.py), which keeps them in systemd's stead and hands them
+to the next supervisor when asked.
 """
 
 from __future__ import annotations
@@ -41,9 +43,14 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from kubeport.lib import sdnotify
 from kubeport.lib.sockethold import BATCH, ENV, receive, send, worker_prefix, worker_slot
+
+#: the fd-store sidecar's sockets in its directory (kubeport/fdstore.py; not imported: the
+#: supervisor stays small)
+FD_STORE_NOTIFY, FD_STORE_FETCH = "notify", "fetch"
 
 log = logging.getLogger("kubeport.supervisor")
 
@@ -54,8 +61,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 
 class Supervisor:
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], fd_store: Path | None = None) -> None:
         self.argv = argv
+        #: a ``kubeport fd-store`` sidecar's directory, in place of systemd's store
+        self.fd_store = fd_store
         self.held: dict[str, socket.socket] = {}
         self.child: subprocess.Popen | None = None
         self.chan: socket.socket | None = None
@@ -99,19 +108,43 @@ class Supervisor:
                 time.sleep(delay)  # a crash loop: not spun on
 
     def _take_stored_sockets(self) -> None:
-        """The sockets a killed supervisor put in systemd's store, passed back at this start."""
-        address = sdnotify.socket_address(os.environ.get("NOTIFY_SOCKET", ""))
-        if address is not None and sdnotify.fd_store_size(os.environ) > 0:
-            self.store = sdnotify.Notifier(address)
-        for name, fd in sdnotify.listen_fds(os.environ, os.getpid()):
+        """The sockets a killed supervisor put in the store (systemd's, or the fd-store
+        sidecar's), given back at this start."""
+        passed = sdnotify.listen_fds(os.environ, os.getpid())
+        if self.fd_store is not None:
+            self.store = sdnotify.Notifier(str(self.fd_store / FD_STORE_NOTIFY))
+            passed, where = self._fetch_from_sidecar(), f"the fd store in {self.fd_store}"
+        else:
+            address = sdnotify.socket_address(os.environ.get("NOTIFY_SOCKET", ""))
+            if address is not None and sdnotify.fd_store_size(os.environ) > 0:
+                self.store = sdnotify.Notifier(address)
+            where = "systemd's descriptor store"
+        for name, fd in passed:
             try:
                 self.held[sdnotify.label_of(name)] = socket.socket(fileno=fd)
             except OSError as exc:  # not a socket: nothing of ours
-                log.warning("descriptor %d (%s) from systemd is not a socket (%s): closed", fd, name, exc)
+                log.warning("descriptor %d (%s) from %s is not a socket (%s): closed", fd, name, where, exc)
                 os.close(fd)
         if self.held:
-            log.info("%d sockets held across a restart of the supervisor, from systemd's descriptor store",
-                     len(self.held))
+            log.info("%d sockets held across a restart of the supervisor, from %s", len(self.held), where)
+
+    def _fetch_from_sidecar(self) -> list[tuple[str, int]]:
+        assert self.fd_store is not None
+        path = self.fd_store / FD_STORE_FETCH
+        passed: list[tuple[str, int]] = []
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as chan:
+                chan.settimeout(5.0)
+                chan.connect(str(path))
+                while True:
+                    message, fds = receive(chan)
+                    if message is None or message.get("op") == "end":
+                        break
+                    passed += zip(message["labels"], fds)
+        except OSError as exc:
+            # A sidecar not started yet, or none: held from now on by this process alone.
+            log.warning("the fd store at %s cannot be read (%s): no socket comes back from it", path, exc)
+        return passed
 
     def _hold(self, label: str, sock: socket.socket) -> None:
         previous = self.held.pop(label, None)
@@ -284,8 +317,8 @@ def _become_subreaper() -> None:
         log.warning("cannot become the daemon's orphans' subreaper (%s): init reaps them", exc)
 
 
-def supervise(argv: list[str]) -> int:
+def supervise(argv: list[str], fd_store: Path | None = None) -> int:
     """Run ``argv`` (this very command line) as the supervised daemon."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return Supervisor(argv).run()
+    return Supervisor(argv, fd_store).run()

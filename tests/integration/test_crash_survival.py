@@ -1,8 +1,10 @@
 """A daemon killed with SIGKILL under load (`--hold-sockets`): its supervisor holds the
 listening sockets and starts it again at once, so connections and queries that arrive in
 between wait in the kernel's queues and are served by the new process, which serves the last
-applied state before its source has synced. Driven in network namespaces with a client loop
-and dig from a pod."""
+applied state before its source has synced. And a whole container killed (its PID 1, the
+supervisor, in a PID namespace of its own as a container runtime makes it) and started again
+as the kubelet would: the `kubeport fd-store` sidecar kept the sockets meanwhile. Driven in
+network namespaces with a client loop and dig from a pod."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import signal
 
 import pytest
 
-from support.netns import CommandFailed, KubeportDaemon, dig_in, until_sync
+from support.netns import CommandFailed, KubeportDaemon, dig_in, spawn_in, stop_process, until_sync
+from support.netns.daemon import kubeport_bin
 from support.netns.apiserver import status
 from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import ECHO_IP, WEB_IP, ClientLoop, manifests  # noqa: F401 (fixture)
@@ -100,3 +103,43 @@ def test_a_restart_without_its_manifests_serves_the_kept_state_until_they_come(t
     daemon.wait_ready(timeout=20)
     assert "serving the last applied state meanwhile, trying again" in daemon.log_text()
     assert dig_in(topology.pod("a", 2), "+short", key, server=DNS_IP).split() == [WEB_IP]
+
+
+#: a container's processes as a runtime starts them: a PID namespace of their own, whose first
+#: process ends them all when it dies (pid_namespaces(7)), and a /proc that shows it
+CONTAINER = ("unshare", "--pid", "--fork", "--mount", "--mount-proc")
+
+
+def test_a_killed_container_started_again_refuses_nothing_with_the_fd_store_sidecar(
+        topology, pods, manifests, tmp_path):
+    node = topology.node("a")
+    store = tmp_path / "fd-store"
+    with open(tmp_path / "fd-store.log", "wb") as log:
+        sidecar = spawn_in(node, *CONTAINER, kubeport_bin(), "fd-store", str(store), stdout=log, stderr=log)
+    until_sync(lambda: (store / "fetch").exists(), "the fd store listening", 10)
+    daemon = KubeportDaemon(node, manifests, tmp_path / "state", *DAEMON_ARGS, "--hold-sockets",
+                            "--fd-store", str(store), program=(*CONTAINER, kubeport_bin()))
+    daemon.wait_ready()
+    client = ClientLoop.start(topology.pod("a", 1), tmp_path / "client.json", "--tcp", f"{WEB_IP}:80",
+                              "--tcp-timeout", "10")
+    resolver = ClientLoop.start(topology.pod("a", 2), tmp_path / "dns.json",
+                                "--dns", f"web.demo.svc.cluster.local@{DNS_IP}")
+    client.wait_for("the client loop running", tcp_ok=30)
+    resolver.wait_for("the DNS loop running", dns_ok=30)
+    first = until_sync(lambda: the_daemon(daemon.proc.pid), "the container's first process", 5)
+    os.kill(first, signal.SIGKILL)  # the supervisor: every process of the container ends with it
+    daemon.proc.wait(10)
+    daemon.start()  # the kubelet starts the container again
+    until_sync(lambda: "from the fd store in" in daemon.log_text(), "the new supervisor took the stored sockets", 20)
+    client.wait_for("connections through the new container", tcp_ok=client.count("tcp_ok") + 100)
+    resolver.wait_for("queries through the new container", dns_ok=resolver.count("dns_ok") + 50)
+    counts, queries = client.stop(), resolver.stop()
+    tcp_errors = [e for e in counts["errors"] if e.startswith("tcp:")]
+    assert not [e for e in tcp_errors if "Refused" in e or "timed out" in e], counts["errors"]
+    assert counts["tcp_fail"] <= 1, counts["errors"]  # the one the killed container was relaying
+    assert queries["dns_lost"] == 0, queries["errors"]
+    assert daemon.stop() == 0
+    assert stop_process(sidecar, 5) == 0
+    print(f"\nacross the container's restart: {counts['tcp_ok']} connections, none refused "
+          f"({counts['tcp_fail']} cut in flight); {queries['dns_ok']} queries answered, the longest after "
+          f"{queries['dns_longest_ms']} ms")

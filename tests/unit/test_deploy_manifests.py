@@ -168,6 +168,23 @@ def test_daemonset_holds_its_sockets_across_a_crash_of_the_daemon():
     assert "--hold-sockets" in the_container()["command"]
 
 
+def test_daemonset_keeps_the_held_sockets_in_a_sidecar_across_a_restart_of_the_container():
+    """A native sidecar (KEP-753: an init container with restartPolicy Always, started before
+    the containers and kept while the pod lives) runs `kubeport fd-store` on the directory
+    kubeport's --fd-store names, an emptyDir both mount."""
+    [sidecar] = pod_spec()["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["command"][:2] == ["kubeport", "fd-store"] and sidecar["image"] == the_container()["image"]
+    command = the_container()["command"]
+    directory = command[command.index("--fd-store") + 1]
+    assert sidecar["command"][2] == directory
+    for container in (sidecar, the_container()):
+        [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+        volume = next(v for v in pod_spec()["volumes"] if v["name"] == mount["name"])
+        assert "emptyDir" in volume
+    assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 def test_configmap_holds_a_valid_kubeport_configuration():
     data = one("configmap.yaml", "ConfigMap")["data"]
     config = KubeportConfiguration.model_validate(yaml.safe_load(data["config.yaml"]))
@@ -213,6 +230,8 @@ def test_kustomize_renders_the_manifests_with_the_image_and_api_server_set(tmp_p
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         [daemonset] = [doc for doc in rendered if doc["kind"] == "DaemonSet"]
         [container] = daemonset["spec"]["template"]["spec"]["containers"]
+        [sidecar] = daemonset["spec"]["template"]["spec"]["initContainers"]
+        assert sidecar["image"] == image
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert (container["image"], env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
             image, host, "6443")
