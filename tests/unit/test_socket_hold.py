@@ -107,13 +107,19 @@ def start_worker(supervisor: Supervisor, daemon: SocketHold, daemon_chan: socket
     return SocketHold(workers_end), thread
 
 
-def test_a_workers_listeners_are_held_under_its_slot_for_the_worker_started_in_its_place():
-    supervisor = Supervisor([])
+def daemon_of(supervisor: Supervisor) -> tuple[socket.socket, socket.socket, SocketHold]:
+    """A daemon started by ``supervisor``: its channel's two ends, and its side of the hold."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     supervisor.chan = ours
     hello = pump(supervisor, ours, "", 1)
     daemon = SocketHold(theirs)
     hello.join(5)
+    return ours, theirs, daemon
+
+
+def test_a_workers_listeners_are_held_under_its_slot_for_the_worker_started_in_its_place():
+    supervisor = Supervisor([])
+    ours, theirs, daemon = daemon_of(supervisor)
     worker, thread = start_worker(supervisor, daemon, ours, slot=1, messages=1 + 1)  # hello, hold
     sock = listener()
     port = sock.getsockname()[1]
@@ -146,11 +152,7 @@ def test_settled_closes_the_sockets_of_slots_no_worker_serves_any_more():
     supervisor = Supervisor([])
     for slot in (1, 2):
         supervisor.held[f"worker-{slot}/udp/127.0.0.1/53"] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    supervisor.chan = ours
-    hello = pump(supervisor, ours, "", 1)
-    daemon = SocketHold(theirs)
-    hello.join(5)
+    ours, theirs, daemon = daemon_of(supervisor)
     _worker, thread = start_worker(supervisor, daemon, ours, slot=1, messages=1)
     thread.join(5)
     settled = pump(supervisor, ours, "", 1)
@@ -165,11 +167,7 @@ def test_a_worker_of_a_slot_still_served_by_a_live_one_is_offered_nothing():
     """An orphan of a killed daemon adopted by the next in another slot keeps its channel and
     its sockets; a new worker in the orphan's old slot must not take them."""
     supervisor = Supervisor([])
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    supervisor.chan = ours
-    hello = pump(supervisor, ours, "", 1)
-    daemon = SocketHold(theirs)
-    hello.join(5)
+    ours, theirs, daemon = daemon_of(supervisor)
     orphan, thread = start_worker(supervisor, daemon, ours, slot=1, messages=2)
     sock = listener()
     orphan.keep("tcp/0/127.0.0.1/1", sock)
