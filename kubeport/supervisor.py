@@ -51,6 +51,8 @@ from kubeport.lib.sockethold import BATCH, ENV, receive, send, worker_prefix, wo
 #: the fd-store sidecar's sockets in its directory (kubeport/fdstore.py; not imported: the
 #: supervisor stays small)
 FD_STORE_NOTIFY, FD_STORE_FETCH = "notify", "fetch"
+#: how often the sidecar's socket is checked for a restart of the sidecar (it then starts empty)
+STORE_CHECK_S = 2.0
 
 log = logging.getLogger("kubeport.supervisor")
 
@@ -75,6 +77,8 @@ class Supervisor:
         self.restarts = 0
         #: systemd's descriptor store for the held sockets (None: not under systemd, or no store)
         self.store: sdnotify.Notifier | None = None
+        self.store_failures = 0
+        self._store_identity: tuple[int, int] | None = None
 
     def run(self) -> int:
         _become_subreaper()
@@ -106,6 +110,24 @@ class Supervisor:
                       len(self.held))
             if delay:
                 time.sleep(delay)  # a crash loop: not spun on
+
+    def _store_again_if_restarted(self) -> None:
+        """A restarted fd-store sidecar (its own crash) starts empty: everything held goes to
+        it again. Told by its socket: a new process binds a new one (a new inode, or the
+        same number reused with a new ctime)."""
+        if self.fd_store is None or self.store is None:
+            return
+        try:
+            found = os.stat(self.fd_store / FD_STORE_NOTIFY)
+            identity = (found.st_ino, found.st_ctime_ns)
+        except OSError:
+            return  # gone for now: stored again once it is back
+        if self._store_identity is not None and identity != self._store_identity and self.held:
+            log.info("the fd store at %s was restarted: storing the %d held sockets again", self.fd_store,
+                     len(self.held))
+            for label, sock in self.held.items():
+                self.store.store_fds(sdnotify.fd_name(label), [sock.fileno()])
+        self._store_identity = identity
 
     def _take_stored_sockets(self) -> None:
         """The sockets a killed supervisor put in the store (systemd's, or the fd-store
@@ -154,7 +176,10 @@ class Supervisor:
                 self.store.remove_fds(sdnotify.fd_name(label))
         self.held[label] = sock
         if self.store is not None and not self.store.store_fds(sdnotify.fd_name(label), [sock.fileno()]):
-            log.warning("cannot put %s in systemd's descriptor store: held only while this process lives", label)
+            self.store_failures += 1
+            if self.store_failures == 1:  # once: a store that is gone refuses every socket
+                log.warning("cannot put %s in the descriptor store at %s: held only while this process lives "
+                            "(and so every socket after it that cannot be stored either)", label, self.store.address)
 
     def _release(self, label: str) -> None:
         held = self.held.pop(label, None)
@@ -181,7 +206,9 @@ class Supervisor:
             if status is not None:
                 self.chan.close()
                 return status
-            readable, _, _ = select.select([self.chan, wake_r, *self.worker_chans], [], [])
+            readable, _, _ = select.select([self.chan, wake_r, *self.worker_chans], [], [],
+                                           STORE_CHECK_S if self.fd_store is not None else None)
+            self._store_again_if_restarted()
             if wake_r in readable:
                 for signum in os.read(wake_r, 64):
                     if signum in FORWARDED:

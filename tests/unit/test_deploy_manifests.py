@@ -183,6 +183,8 @@ def test_daemonset_keeps_the_held_sockets_in_a_sidecar_across_a_restart_of_the_c
         volume = next(v for v in pod_spec()["volumes"] if v["name"] == mount["name"])
         assert "emptyDir" in volume
     assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # kubeport's container starts only once the store listens (its supervisor fetches at start).
+    assert sidecar["startupProbe"]["exec"]["command"] == ["test", "-S", f"{directory}/fetch"]
 
 
 def test_configmap_holds_a_valid_kubeport_configuration():

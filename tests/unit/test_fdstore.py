@@ -107,6 +107,37 @@ def test_a_supervisor_without_its_sidecar_holds_on_alone(tmp_path):
     supervisor._take_stored_sockets()
     assert supervisor.held == {}
     held = listener()
+    other = listener()
     supervisor._hold("tcp/0/127.0.0.1/80", socket.socket(fileno=held.detach()))  # the store is gone: logged
-    assert set(supervisor.held) == {"tcp/0/127.0.0.1/80"}
+    supervisor._hold("tcp/0/127.0.0.1/81", socket.socket(fileno=other.detach()))  # ...once
+    assert set(supervisor.held) == {"tcp/0/127.0.0.1/80", "tcp/0/127.0.0.1/81"}
+    assert supervisor.store_failures == 2
     supervisor._close_held()
+
+
+def test_a_restarted_sidecar_gets_every_held_socket_again(tmp_path):
+    """The sidecar crashed and was started again by the kubelet: it starts empty, and the
+    supervisor, seeing a new socket in the directory, stores what it holds once more."""
+    first = FdStore(tmp_path / "fd-store")
+    supervisor = started(first)
+    supervisor._store_again_if_restarted()  # its store as it found it
+    socks = [listener() for _ in range(2)]
+    for index, sock in enumerate(socks):
+        supervisor._hold(f"tcp/0/127.0.0.1/{index}", socket.socket(fileno=sock.detach()))
+        first.handle_notify()
+    assert first.count == 2
+    for sock in (first.notify, first.fetch, *(s for socks in first.stored.values() for s in socks)):
+        sock.close()
+    again = FdStore(tmp_path / "fd-store")
+    again.notify.settimeout(5)  # a failure, not a hang
+    supervisor._store_again_if_restarted()
+    for _ in range(2):
+        again.handle_notify()
+    assert set(again.stored) == {"tcp/0/127.0.0.1/0", "tcp/0/127.0.0.1/1"}
+    supervisor._store_again_if_restarted()  # the same store: nothing sent twice
+    again.notify.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        again.notify.recv(1)
+    supervisor._close_held()
+    for sock in (again.notify, again.fetch, *(s for socks in again.stored.values() for s in socks)):
+        sock.close()
