@@ -179,3 +179,15 @@ def test_with_workers_a_killed_daemon_keeps_every_stream_and_a_killed_main_proce
     assert counts["tcp_fail"] <= 2, counts["errors"]
     print(f"\ndaemon killed: {OPEN_STREAMS} of {OPEN_STREAMS} streams kept; main process killed: all ended, "
           f"{counts['tcp_ok']} connections, none refused ({counts['tcp_fail']} cut in flight)")
+
+
+@pytest.mark.parametrize("systemd", [("--service-node-port-range", "30000-")], indirect=True)
+def test_a_configuration_that_cannot_start_fails_the_unit_at_its_start_limit_naming_the_flag(systemd):
+    """Exit 2 (a bad configuration) is restarted like any exit, RestartSec=200ms apart, until
+    systemd's start limit (5 in 10 s) fails the unit: failed, not a restart loop forever,
+    and the journal says which flag is wrong."""
+    systemd.systemctl("start", UNIT, check=False)  # the start job fails with the first exit
+    until_sync(lambda: "Start request repeated too quickly" in systemd.journal(), "the start limit hit", 30)
+    assert systemd.show(UNIT, "ActiveState") == "failed"
+    assert int(systemd.show(UNIT, "NRestarts")) >= 4
+    assert "invalid configuration: --service-node-port-range: '30000-' is not LOW-HIGH" in systemd.journal()
