@@ -154,6 +154,7 @@ class Daemon:
             "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
             "heap": {"trimmedGeneration": self._heap_trimmed_generation},
             "handover": self._instance.status(),
+            "socketHold": sockethold.hold().status(),
             "lastState": {"restoredFrom": _iso(self._restored_at) if self._restored_at is not None else None,
                           "servingIt": snapshot.restored_at is not None,
                           "keptAt": _iso(self._last_state.saved_at) if self._last_state.saved_at else None},

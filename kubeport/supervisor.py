@@ -269,7 +269,7 @@ class Supervisor:
                 batch = labels[start:start + BATCH]
                 send(chan, {"op": "held", "labels": [label[len(prefix):] for label in batch]},
                      [self.held[label].fileno() for label in batch])
-            send(chan, {"op": "end"})
+            send(chan, {"op": "end", "store": self._store_name()})
         elif op == "hold" and fds:
             self._hold(prefix + message["label"], socket.socket(fileno=fds[0]))
             kept = True
@@ -283,6 +283,12 @@ class Supervisor:
         for fd in fds[1:] if kept else fds:
             os.close(fd)
         return True
+
+    def _store_name(self) -> str | None:
+        """Where the held sockets are kept beyond this process (`kubeport get status`)."""
+        if self.store is None:
+            return None
+        return f"the fd store in {self.fd_store}" if self.fd_store is not None else "systemd's descriptor store"
 
     def _offer(self, chan: socket.socket, prefix: str) -> list[str]:
         """What a process asking for its held sockets gets: the daemon its own; a worker its

@@ -84,6 +84,9 @@ class SocketHold:
         self.adopted = 0
         #: the relay worker slots given a channel of their own
         self._worker_slots: set[int] = set()
+        #: where the holder keeps the sockets beyond itself (systemd's store, a sidecar's), if anywhere
+        self.store: str | None = None
+        self.held_at_start = 0
         if chan is not None:
             self._receive_offer()
 
@@ -110,11 +113,18 @@ class SocketHold:
         while True:
             message, fds = receive(self._chan)
             if message is None or message["op"] == "end":
+                self.store = (message or {}).get("store")
                 break
             for label, fd in zip(message["labels"], fds):
                 self._offered[label] = socket.socket(fileno=fd)
+        self.held_at_start = len(self._offered)
         if self._offered:
             log.info("socket holder: %d sockets held across the restart", len(self._offered))
+
+    def status(self) -> dict[str, Any]:
+        """`kubeport get status`'s socketHold."""
+        return {"active": self.active, "store": self.store, "heldAtStart": self.held_at_start,
+                "adopted": self.adopted}
 
     def adopt(self, label: str) -> socket.socket | None:
         """The held socket for ``label`` (still held for the next restart), or None."""

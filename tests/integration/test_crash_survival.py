@@ -8,12 +8,13 @@ network namespaces with a client loop and dig from a pod."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
 import pytest
 
-from support.netns import CommandFailed, KubeportDaemon, dig_in, spawn_in, stop_process, until_sync
+from support.netns import CommandFailed, KubeportDaemon, dig_in, kubeport, spawn_in, stop_process, until_sync
 from support.netns.daemon import kubeport_bin
 from support.netns.apiserver import status
 from support.netns.manifests import DAEMON_ARGS
@@ -138,6 +139,8 @@ def test_a_killed_container_started_again_refuses_nothing_with_the_fd_store_side
     assert not [e for e in tcp_errors if "Refused" in e or "timed out" in e], counts["errors"]
     assert counts["tcp_fail"] <= 1, counts["errors"]  # the one the killed container was relaying
     assert queries["dns_lost"] == 0, queries["errors"]
+    held = json.loads(kubeport(node, "get", "status", "-o", "json"))["socketHold"]
+    assert held["store"] == f"the fd store in {store}" and held["adopted"] == held["heldAtStart"] >= 3, held
     assert daemon.stop() == 0
     assert stop_process(sidecar, 5) == 0
     print(f"\nacross the container's restart: {counts['tcp_ok']} connections, none refused "

@@ -113,6 +113,9 @@ def test_kill_9_of_the_daemon_and_of_the_units_main_process_refuses_nothing(syst
     counts, queries = client.stop(), resolver.stop()
     journal = systemd.journal()
     assert "sockets held across a restart of the supervisor, from systemd's descriptor store" in journal
+    held = json.loads(kubeport(topology.node("a"), "get", "status", "-o", "json"))["socketHold"]
+    assert held["active"] and held["store"] == "systemd's descriptor store", held
+    assert held["heldAtStart"] == stored and held["adopted"] == stored, held
     # Refused or timed out: none. The one request each killed process was relaying may end
     # with it (the loop has one in flight at a time).
     assert not refused(counts["errors"]), counts["errors"]

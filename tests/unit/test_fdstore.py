@@ -78,6 +78,12 @@ def test_stored_sockets_come_back_to_the_next_supervisor_with_their_queued_conne
         sock.close()
 
 
+def test_the_daemon_is_told_where_its_sockets_are_kept(store):
+    supervisor = started(store)
+    assert supervisor._store_name() == f"the fd store in {store.directory}"
+    assert Supervisor([])._store_name() is None
+
+
 def test_a_full_store_keeps_what_it_has_and_refuses_the_rest(store, tmp_path):
     notifier = Notifier(str(store.directory / "notify"))
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(6)]

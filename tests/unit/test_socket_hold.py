@@ -67,6 +67,8 @@ def test_held_listeners_come_back_to_the_next_daemon_with_their_queued_connectio
     client.sendall(b"x")
     assert accepted.recv(1) == b"x"
     assert nxt.release_unadopted() == 1                   # the third one: nobody serves it now
+    # kubeport get status: held by the supervisor alone (no store beyond it)
+    assert nxt.status() == {"active": True, "store": None, "heldAtStart": 2, "adopted": 1}
     for s in (client, accepted, adopted):
         s.close()
 
