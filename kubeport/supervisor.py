@@ -75,7 +75,8 @@ class Supervisor:
         self.worker_chans: dict[socket.socket, int] = {}
         self.stopping = False
         self.restarts = 0
-        #: systemd's descriptor store for the held sockets (None: not under systemd, or no store)
+        #: where the held sockets are also kept: systemd's descriptor store, or the fd-store
+        #: sidecar's (None: neither, the sockets live as long as this process)
         self.store: sdnotify.Notifier | None = None
         self.store_failures = 0
         self._store_identity: tuple[int, int] | None = None
@@ -134,6 +135,8 @@ class Supervisor:
         sidecar's), given back at this start."""
         passed = sdnotify.listen_fds(os.environ, os.getpid())
         if self.fd_store is not None:
+            for _, fd in passed:  # the sidecar is the store: nothing of systemd's is ours
+                os.close(fd)
             self.store = sdnotify.Notifier(str(self.fd_store / FD_STORE_NOTIFY))
             passed, where = self._fetch_from_sidecar(), f"the fd store in {self.fd_store}"
         else:
