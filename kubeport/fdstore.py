@@ -23,7 +23,6 @@ what crashes. DIR is created mode 0700; only what may write there may store.
 
 from __future__ import annotations
 
-import array
 import logging
 import os
 import select
@@ -32,7 +31,7 @@ import socket
 import sys
 from pathlib import Path
 
-from kubeport.lib.sockethold import BATCH, send
+from kubeport.lib.sockethold import BATCH, receive_with_fds, send
 
 log = logging.getLogger("kubeport.fdstore")
 
@@ -73,11 +72,7 @@ class FdStore:
 
     def handle_notify(self) -> None:
         """One datagram: store or remove, as systemd's service_add_fd_store / FDSTOREREMOVE."""
-        fds = array.array("i")
-        data, ancillary, _flags, _addr = self.notify.recvmsg(_MESSAGE, socket.CMSG_SPACE(BATCH * fds.itemsize))
-        for level, kind, payload in ancillary:
-            if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        data, fds = receive_with_fds(self.notify, _MESSAGE)
         fields = dict(line.partition("=")[::2] for line in data.decode(errors="replace").splitlines())
         name = fields.get("FDNAME", "stored")
         if not fd_name_valid(name):
@@ -87,14 +82,13 @@ class FdStore:
                 sock.close()
         elif fields.get("FDSTORE") == "1":
             kept = self.stored.setdefault(name, [])
-            for fd in fds:
-                if self.count >= self.maximum:
-                    log.warning("the store is full (%d descriptors): %s not kept", self.maximum, name)
-                    break
-                kept.append(socket.socket(fileno=os.dup(fd)))
+            while fds and self.count < self.maximum:
+                kept.append(socket.socket(fileno=fds.pop(0)))
+            if fds:
+                log.warning("the store is full (%d descriptors): %s not kept", self.maximum, name)
             if not kept:
                 del self.stored[name]
-        for fd in fds:
+        for fd in fds:  # not kept
             os.close(fd)
 
     def handle_fetch(self) -> None:

@@ -80,6 +80,7 @@ class Supervisor:
         self.store: sdnotify.Notifier | None = None
         self.store_failures = 0
         self._store_identity: tuple[int, int] | None = None
+        self._store_checked_at = float("-inf")
 
     def run(self) -> int:
         _become_subreaper()
@@ -118,6 +119,10 @@ class Supervisor:
         same number reused with a new ctime)."""
         if self.fd_store is None or self.store is None:
             return
+        now = time.monotonic()
+        if now - self._store_checked_at < STORE_CHECK_S:
+            return  # not per message: a cold start holds 10,000 sockets in a burst
+        self._store_checked_at = now
         try:
             found = os.stat(self.fd_store / FD_STORE_NOTIFY)
             identity = (found.st_ino, found.st_ctime_ns)

@@ -61,18 +61,24 @@ def send(chan: socket.socket, message: dict[str, Any], fds: list[int] = ()) -> N
     chan.sendmsg([data], ancillary)
 
 
-def receive(chan: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """One message and its descriptors; (None, []) at the end of the channel."""
+def receive_with_fds(sock: socket.socket, size: int) -> tuple[bytes, list[int]]:
+    """One message of up to ``size`` bytes and the descriptors attached to it (SCM_RIGHTS)."""
     fds = array.array("i")
-    data, ancillary, _flags, _addr = chan.recvmsg(MESSAGE_BYTES, socket.CMSG_SPACE(BATCH * fds.itemsize))
+    data, ancillary, _flags, _addr = sock.recvmsg(size, socket.CMSG_SPACE(BATCH * fds.itemsize))
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds)
+
+
+def receive(chan: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message and its descriptors; (None, []) at the end of the channel."""
+    data, fds = receive_with_fds(chan, MESSAGE_BYTES)
     if not data:
         for fd in fds:
             os.close(fd)
         return None, []
-    return json.loads(data), list(fds)
+    return json.loads(data), fds
 
 
 class SocketHold:

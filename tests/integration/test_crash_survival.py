@@ -15,8 +15,8 @@ import signal
 import pytest
 
 from support.netns import CommandFailed, KubeportDaemon, dig_in, kubeport, spawn_in, stop_process, until_sync
-from support.netns.daemon import kubeport_bin
 from support.netns.apiserver import status
+from support.netns.daemon import kubeport_bin
 from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import ECHO_IP, WEB_IP, ClientLoop, manifests  # noqa: F401 (fixture)
 

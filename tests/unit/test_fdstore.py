@@ -12,7 +12,7 @@ import pytest
 
 from kubeport.fdstore import FdStore, fd_name_valid
 from kubeport.lib.sdnotify import Notifier
-from kubeport.supervisor import Supervisor
+from kubeport.supervisor import STORE_CHECK_S, Supervisor
 
 
 @pytest.fixture
@@ -127,6 +127,7 @@ def test_a_restarted_sidecar_gets_every_held_socket_again(tmp_path):
     first = FdStore(tmp_path / "fd-store")
     supervisor = started(first)
     supervisor._store_again_if_restarted()  # its store as it found it
+    assert supervisor._store_identity is not None
     socks = [listener() for _ in range(2)]
     for index, sock in enumerate(socks):
         supervisor._hold(f"tcp/0/127.0.0.1/{index}", socket.socket(fileno=sock.detach()))
@@ -136,10 +137,17 @@ def test_a_restarted_sidecar_gets_every_held_socket_again(tmp_path):
         sock.close()
     again = FdStore(tmp_path / "fd-store")
     again.notify.settimeout(5)  # a failure, not a hang
+    supervisor._store_again_if_restarted()  # within STORE_CHECK_S of the last look: not yet
+    again.notify.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        again.notify.recv(1)
+    again.notify.settimeout(5)
+    supervisor._store_checked_at -= STORE_CHECK_S  # the next look, STORE_CHECK_S later
     supervisor._store_again_if_restarted()
     for _ in range(2):
         again.handle_notify()
     assert set(again.stored) == {"tcp/0/127.0.0.1/0", "tcp/0/127.0.0.1/1"}
+    supervisor._store_checked_at -= STORE_CHECK_S
     supervisor._store_again_if_restarted()  # the same store: nothing sent twice
     again.notify.setblocking(False)
     with pytest.raises(BlockingIOError):

@@ -5,7 +5,6 @@ as sd_listen_fds(3) reads it)."""
 
 from __future__ import annotations
 
-import array
 import asyncio
 import json
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kubeport.lib.sdnotify import Notifier, fd_name, fd_store_size, label_of, socket_address, watchdog_period
+from kubeport.lib.sockethold import receive_with_fds
 from kubeport.supervisor import Supervisor
 from kubeport.systemd import SystemdNotifications
 
@@ -166,12 +166,8 @@ def test_no_pings_while_not_live(listener):
 
 
 def received_with_fds(sock: socket.socket) -> tuple[str, list[int]]:
-    fds = array.array("i")
-    data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(16 * fds.itemsize))
-    for level, kind, payload in ancillary:
-        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
-            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    return data.decode(), list(fds)
+    data, fds = receive_with_fds(sock, 4096)
+    return data.decode(), fds
 
 
 @pytest.mark.parametrize("label", ["tcp/0/10.96.0.1/80", "udp/fd00::10/53", "worker-2/tcp/1/[fd00::1]/8080",
