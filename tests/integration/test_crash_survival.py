@@ -130,7 +130,9 @@ def test_a_killed_container_started_again_refuses_nothing_with_the_fd_store_side
     first = until_sync(lambda: the_daemon(daemon.proc.pid), "the container's first process", 5)
     os.kill(first, signal.SIGKILL)  # the supervisor: every process of the container ends with it
     daemon.proc.wait(10)
-    daemon.start()  # the kubelet starts the container again
+    # The kubelet starts the container again, at once after a first crash (its restart backoff,
+    # 10 s doubling to 5 min, applies to the ones after: the pod lifecycle's restart policy).
+    daemon.start()
     until_sync(lambda: "from the fd store in" in daemon.log_text(), "the new supervisor took the stored sockets", 20)
     client.wait_for("connections through the new container", tcp_ok=client.count("tcp_ok") + 100)
     resolver.wait_for("queries through the new container", dns_ok=resolver.count("dns_ok") + 50)
