@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
-from pathlib import Path
-
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-if "kubeport_bench" not in sys.modules:
-    _package = types.ModuleType("kubeport_bench")
-    _package.__path__ = [str(BENCH_DIR)]  # type: ignore[attr-defined]
-    sys.modules["kubeport_bench"] = _package
+from support.bench import bench_module
 
-bulk_cpu = importlib.import_module("kubeport_bench.bulk_cpu")
+bulk_cpu = bench_module("bulk_cpu")
 
 # What `perf report --no-children --sort comm,sym -g none -q --stdio` (perf 6.1) printed for a
 # 4-stream iperf3 transfer through kubeport: its first rows and one of each kind, then a

@@ -4,25 +4,16 @@ rows, bench/run.py's --workers and --render (results of one count, in bench/late
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import shutil
 import sys
-import types
-from pathlib import Path
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-# The bench folder is the package kubeport_bench (as bench/run.py loads it): its dns.py and
-# proxy.py must not become top-level modules.
-if "kubeport_bench" not in sys.modules:
-    _package = types.ModuleType("kubeport_bench")
-    _package.__path__ = [str(BENCH_DIR)]  # type: ignore[attr-defined]
-    sys.modules["kubeport_bench"] = _package
+from support.bench import BENCH_DIR, bench_module
 
-report = importlib.import_module("kubeport_bench.report")
-harness = importlib.import_module("kubeport_bench.harness")
+report = bench_module("report")
+harness = bench_module("harness")
 Bench, Figure, Sample, Target = harness.Bench, harness.Figure, harness.Sample, harness.Target
 
 FIGURES = [Figure("rate", "requests/s", "req/s", digits=0), Figure("rss", "RSS per connection", "KiB",
@@ -125,7 +116,7 @@ def test_markdown_by_worker_count(benches, present, absent):
 
 
 def test_the_2_worker_dns_note_says_the_daemon_answers_alone():
-    dns = importlib.import_module("kubeport_bench.dns")
+    dns = bench_module("dns")
     note = dns.workers_note(2)
     assert "2 relay processes besides the daemon (3 processes)" in note
     assert "DNS is answered by the daemon's one process" in note
@@ -153,7 +144,7 @@ def test_bench_json_keeps_its_worker_count():
 def run_module():
     saved = sys.path[:]
     try:
-        return importlib.import_module("kubeport_bench.run")
+        return bench_module("run")
     finally:
         sys.path[:] = saved  # run.py drops the repo and bench folders from the path
 
