@@ -310,7 +310,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.hold_sockets and SUPERVISED not in os.environ:
         from kubeport.supervisor import supervise
 
-        return supervise([sys.executable, "-m", "kubeport", *sys.argv[1:]], config.fd_store)
+        # -P: the daemon's modules are the installed ones, never a kubeport/ folder that
+        # happens to be in the working directory (a checkout's, beside an installed wheel).
+        return supervise([sys.executable, "-P", "-m", "kubeport", *sys.argv[1:]], config.fd_store)
     from kubeport.daemon import DaemonError, run
 
     try:

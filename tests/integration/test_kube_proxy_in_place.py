@@ -4,13 +4,12 @@ and `--cleanup` after a `kill -9` under load leaving the host as before kubeport
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
 from support.netns import KubeportDaemon, curl_in, http_url, kubeport, run_in, spawn_in, until_sync
+from support.netns.daemon import kubeport_bin
 from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
     ECHO_IP,
@@ -89,7 +88,7 @@ def test_cleanup_refuses_while_an_instance_serves_the_node(topology, pods, manif
     node_ns = topology.node("a")
     daemon = KubeportDaemon(node_ns, manifests, tmp_path / "state", *DAEMON_ARGS)
     daemon.wait_ready()
-    done = run_in(node_ns, str(Path(sys.executable).parent / "kubeport"), "--cleanup", "--hostname-override",
+    done = run_in(node_ns, str(kubeport_bin()), "--cleanup", "--hostname-override",
                   "node-a", check=False)
     assert done.returncode == 1 and "stop it first" in done.stderr
     assert vip_present(topology, WEB_IP)
@@ -128,7 +127,7 @@ def test_kubeadms_daemonset_command_line_serves_from_the_api_server(topology, po
             "kubeconfig: /var/lib/kube-proxy/kubeconfig.conf", f"kubeconfig: {kubeconfig}"))
         log_path = tmp_path / "kubeport.log"
         with open(log_path, "wb") as log:
-            daemon = spawn_in(node_ns, str(Path(sys.executable).parent / "kubeport"), f"--config={config_conf}",
+            daemon = spawn_in(node_ns, str(kubeport_bin()), f"--config={config_conf}",
                               "--hostname-override=node-b", stdout=log, stderr=subprocess.STDOUT)
 
         def ready() -> bool:

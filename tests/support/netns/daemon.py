@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from typing import Any
 from ..wait import WaitTimeout, until_sync
 from .proc import CommandFailed, current_scope, run_in, spawn_in, stop_process
 
-KUBEPORT_BIN = Path(sys.executable).parent / "kubeport"
+# The kubeport command under test: $KUBEPORT_BIN (an installed wheel's console script, a
+# wrapper that runs it in an image), else the console script of the venv running the tests.
+KUBEPORT_BIN = Path(os.environ.get("KUBEPORT_BIN") or Path(sys.executable).parent / "kubeport")
 DEFAULT_HEALTHZ = "127.0.0.1:10256"
 
 # Every daemon made in this process, for the failure report (conftest prints their log tails).
@@ -36,8 +39,9 @@ class Readyz:
 
 def kubeport_bin() -> Path:
     if not KUBEPORT_BIN.exists():
-        raise FileNotFoundError(f"kubeport console script not found at {KUBEPORT_BIN}; "
-                                f"install the project into this venv (pip install -e .)")
+        where = "$KUBEPORT_BIN" if os.environ.get("KUBEPORT_BIN") else "the tests' venv"
+        raise FileNotFoundError(f"kubeport command not found at {KUBEPORT_BIN} ({where}); install the project "
+                                f"into this venv (pip install -e .) or set KUBEPORT_BIN to an installed kubeport")
     return KUBEPORT_BIN
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..wait import until_sync
 from . import REPO
+from .daemon import kubeport_bin
 from .proc import CommandFailed, run_in, spawn_in, stop_process
 
 SYSTEMD = Path("/lib/systemd/systemd")
@@ -117,7 +118,7 @@ class Systemd:
         self.write("/run/systemd/system/kubeport.service", UNIT.read_text())
         self.write("/etc/kubeport/config.yaml", CONFIG.read_text())
         shipped = shlex.split(_unit_value(UNIT.read_text(), "ExecStart"))
-        command = [str(REPO / ".venv" / "bin" / "kubeport"), *shipped[1:], *extra_args]
+        command = [str(kubeport_bin()), *shipped[1:], *extra_args]
         self.write("/run/systemd/system/kubeport.service.d/test.conf", textwrap.dedent(f"""\
             [Service]
             ExecStart=
