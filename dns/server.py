@@ -399,22 +399,30 @@ class TcpConnections:
         return iter(self._open)
 
     def admit(self, connection: "_TcpConnection") -> bool:
-        """Count ``connection`` in, closing the one idle longest at the cap; False: refused."""
+        """Count ``connection`` in, closing the one idle longest at a cap; False: refused.
+
+        At the per-client cap the client's own connection idle longest makes room, as at the
+        global cap any client's does: a client that opened many connections and left them
+        idle (a pod's resolver that never closes) still gets its next query answered."""
         client = connection.client
         if self._per_client.get(client, 0) >= self.per_client:
-            self._stats.tcp_rejected += 1
-            return False
-        if len(self._open) >= self.limit:
-            idle = [c for c in self._open if c.idle]
-            if not idle:
-                self._stats.tcp_rejected += 1
+            if not self._evict_idle_longest([c for c in self._open if c.client == client and c.idle]):
                 return False
-            self._stats.tcp_evicted += 1
-            oldest = min(idle, key=_last_activity)
-            oldest.close()
-            self.discard(oldest)  # its connection_lost comes later; the place is free now
+        elif len(self._open) >= self.limit:
+            if not self._evict_idle_longest([c for c in self._open if c.idle]):
+                return False
         self._open.add(connection)
         self._per_client[client] = self._per_client.get(client, 0) + 1
+        return True
+
+    def _evict_idle_longest(self, idle: list["_TcpConnection"]) -> bool:
+        if not idle:
+            self._stats.tcp_rejected += 1
+            return False
+        self._stats.tcp_evicted += 1
+        oldest = min(idle, key=_last_activity)
+        oldest.close()
+        self.discard(oldest)  # its connection_lost comes later; the place is free now
         return True
 
     def discard(self, connection: "_TcpConnection") -> None:

@@ -106,9 +106,10 @@ class DnsStats:
     #: UDP replies the kernel refused to send (a full send buffer): the client retries
     send_failed: int = 0
     #: TCP connections closed at once: max_tcp_connections were open and none idle, or
-    #: max_tcp_connections_per_client from the same address
+    #: max_tcp_connections_per_client from the same address and none of them idle
     tcp_rejected: int = 0
-    #: idle TCP connections closed to make room for a new one at max_tcp_connections
+    #: idle TCP connections closed to make room for a new one at max_tcp_connections (any
+    #: client's) or at max_tcp_connections_per_client (the same client's)
     tcp_evicted: int = 0
     #: TCP connections closed because a message did not arrive whole within tcp_read_timeout
     tcp_read_timeouts: int = 0

@@ -320,16 +320,41 @@ async def test_tcp_connection_cap__the_connection_idle_longest_makes_room(upstre
         await server.stop()
 
 
-async def test_tcp_connections_per_client_address_are_capped(upstream: FakeUpstream) -> None:
+async def test_tcp_connections_per_client_address_are_capped__none_idle__the_new_one_is_closed(
+        upstream: FakeUpstream) -> None:
     server, _ = await start_server([upstream.port], max_tcp_connections_per_client=2, tcp_read_timeout=30)
     try:
         held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+        for _, held_writer in held:
+            held_writer.write(b"\x00")  # a message begun: not idle
+        await until(lambda: all(c.buffer for c in server._connections), "both messages begun")
         third = await asyncio.open_connection("127.0.0.1", server.port)
         assert await _closed_by_server(third[0])
         other = await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
         assert await _answered(*other) == "NOERROR"  # another address has its own share
-        assert server.stats.tcp_rejected == 1
+        assert (server.stats.tcp_evicted, server.stats.tcp_rejected) == (0, 1)
         for _, open_writer in (*held, third, other):
+            open_writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_tcp_connections_per_client__its_own_connection_idle_longest_makes_room(upstream: FakeUpstream) -> None:
+    """A pod holding its whole share idle still gets its next TCP query answered."""
+    server, _ = await start_server([upstream.port], max_tcp_connections_per_client=2, tcp_read_timeout=30)
+    try:
+        oldest = await asyncio.open_connection("127.0.0.1", server.port)
+        newer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await _answered(*newer) == "NOERROR"  # its activity is the latest
+        other = await asyncio.open_connection("127.0.0.1", server.port, local_addr=("127.0.0.2", 0))
+        await until(lambda: len(server._connections) == 3, "three connections open")
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await _answered(reader, writer) == "NOERROR"
+        assert await _closed_by_server(oldest[0])
+        assert await _answered(*newer) == "NOERROR"
+        assert await _answered(*other) == "NOERROR"  # another client's idle one is not its to take
+        assert (server.stats.tcp_evicted, server.stats.tcp_rejected) == (1, 0)
+        for _, open_writer in (oldest, newer, other, (reader, writer)):
             open_writer.close()
     finally:
         await server.stop()

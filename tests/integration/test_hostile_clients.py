@@ -162,6 +162,28 @@ def test_tcp_dns_trickle_from_one_pod__other_clients_answered(topology, node_a):
     assert result["latest_close"] < 8  # 2 s read deadline, plus the trickler's own rounds
 
 
+_HOLD_IDLE = """
+import socket, sys
+socks = [socket.create_connection((sys.argv[1], 53), timeout=5) for _ in range(int(sys.argv[2]))]
+print("opened", flush=True)
+sys.stdin.read()  # held, idle, until the test closes stdin
+"""
+
+
+def test_tcp_dns_500_idle_connections_from_one_pod__its_next_query_is_answered(topology, node_a):
+    """Pod a1 opens 500 TCP connections to the DNS address and leaves them idle (five times its
+    share): at the per-client cap its own connection idle longest makes room, so a1's own
+    dig +tcp is answered, as a2's is."""
+    holder = spawn_in(topology.pod("a", 1), sys.executable, "-I", "-c", _HOLD_IDLE, DNS_SERVICE_IP, 500,
+                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    wait_for_output(holder, b"opened", 30, "the idle connections")
+    for pod in ("a1", "a2", "a1"):
+        got = dig_in(topology.pod(pod[0], int(pod[1])), "+tcp", "+short", WEB_NAME, "A", server=DNS_SERVICE_IP)
+        assert got.split() == [WEB_V4], f"{pod}: {got!r}"
+    holder.stdin.close()
+    holder.wait(timeout=10)
+
+
 # --- the health port cannot be held by slow clients --------------------------------------------
 
 _HTTP_TRICKLE = """
