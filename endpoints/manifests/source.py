@@ -18,7 +18,9 @@ Last good state wins:
   stayed away for ``gone_grace_ms``: a tool that replaces a file by unlinking it, or by
   moving it away, and then writes the new one keeps every object, with its allocations, and
   no client sees it absent meanwhile (the watch does not read the new file until it is
-  written, :mod:`~kubeport.endpoints.manifests.watch`);
+  written, :mod:`~kubeport.endpoints.manifests.watch`); a file truncated to zero bytes is
+  held the same way, for a tool that empties a file and appends the new content in a second
+  open;
 - a directory emptied all at once is not every object deleted: when the files that disappear
   in one batch are all there were and more than one, or the directory itself was replaced
   (recreated, mounted over, unmounted: another inode or file system at its path; for a
@@ -445,6 +447,8 @@ class ManifestSource:
             elif self._last_good is not None:
                 self._last_good.forget(path)
             return
+        if record is not None and record.keys and not initial and _emptied(read) and self._hold_emptied(path):
+            return
         if path in self._vanished or path in self._held:
             self._vanished.pop(path, None)
             self._held.discard(path)
@@ -466,6 +470,18 @@ class ManifestSource:
             self._note_copy(path, read.content, applied)
         elif served is not None:
             record.problems += served
+
+    def _hold_emptied(self, path: str) -> bool:
+        """A file that declared objects is now empty: held like a deleted file, for the same
+        grace, since a tool that truncates a file and appends the new content in a second
+        open (``: > f; cat new >> f``) closes it empty in between. True while held; at the
+        grace's end the emptying is honoured as an edit that declares nothing."""
+        ends = self._vanished.get(path)
+        if ends is None:
+            self._vanished[path] = time.monotonic() + self._gone_grace
+            log.debug("%s: emptied, its objects kept for %.1f s in case it is being rewritten", path, self._gone_grace)
+            return True
+        return time.monotonic() < ends
 
     def _apply_copy(self, path: str, record: _FileRecord, progress: Progress) -> Batch:
         """The first read of a file since start-up, and its saved copy is not this version:
@@ -510,6 +526,11 @@ class ManifestSource:
                 if line not in self._reported:
                     log.warning("%s", line)
         self._reported = set(current)
+
+
+def _emptied(read: FileRead) -> bool:
+    """Zero bytes on disk: truncated, not edited to declare nothing."""
+    return read.stat is not None and read.stat[2] == 0 and not read.same
 
 
 def _within(path: str, directory: str) -> bool:

@@ -105,6 +105,15 @@ WRITER_PAUSING = (  # unlink, create, pause, write, close: the pause is what is 
     "    out.write(text)\n"
 )
 
+TRUNCATE_THEN_APPEND = (  # `: > f; cat new >> f` with a pause between: the file is closed empty meanwhile
+    "import sys, time\n"
+    "target, pause, text = sys.argv[1], float(sys.argv[2]), open(sys.argv[3]).read()\n"
+    "open(target, 'w').close()\n"
+    "time.sleep(pause)\n"
+    "with open(target, 'a') as out:\n"
+    "    out.write(text)\n"
+)
+
 
 def save_sed(files: Files, n: int) -> int:
     run("sed", "-i", SUBSTITUTE.format(n), files.web)
@@ -157,6 +166,13 @@ def save_writer_pausing(pause: float) -> Callable[[Files, int], int]:
     return save
 
 
+def save_truncate_then_append(pause: float) -> Callable[[Files, int], int]:
+    def save(files: Files, n: int) -> int:
+        run(sys.executable, "-c", TRUNCATE_THEN_APPEND, files.web, str(pause), files.staged(n))
+        return n
+    return save
+
+
 SAVES = {
     "sed_i": save_sed,
     "mv_over": save_mv_over,
@@ -171,6 +187,10 @@ SAVES = {
     "writer_pausing_20ms": save_writer_pausing(0.02),
     "writer_pausing_100ms": save_writer_pausing(0.1),
     "writer_pausing_300ms": save_writer_pausing(0.3),
+    # Emptied and closed, then appended to: held like a deleted file, for the same 3 s.
+    "truncate_then_append_100ms": save_truncate_then_append(0.1),
+    "truncate_then_append_500ms": save_truncate_then_append(0.5),
+    "truncate_then_append_2500ms": save_truncate_then_append(2.5),
 }
 
 
@@ -264,6 +284,23 @@ def test_saving_a_file_keeps_its_allocations_and_loses_no_request(topology, pods
     counts = client.stop()
     assert counts["tcp_fail"] == 0 and counts["udp_lost"] == 0, counts
     assert allocations(ns) == before
+    assert problems(daemon) == []
+
+
+def test_a_file_left_empty_past_the_grace__its_objects_deleted_as_a_deleted_files(topology, pods, tmp_path):
+    """Past the 3 s a deleted file gets, an emptied file is honoured too: the Service goes, and
+    the content appended later (here once the deletion is seen, 3 s or more after the
+    truncation) is a new Service."""
+    files = Files(topology, tmp_path)
+    daemon, _, client = start(topology, files, tmp_path)
+    client.stop()
+    files.web.write_text("")
+    gone = until_sync(lambda: "demo/web" not in allocations(daemon.ns) and daemon.log_text(),
+                      "web deleted once the grace ended", 15)
+    assert "Traceback" not in gone
+    with open(files.web, "a") as out:
+        out.write(web_yaml(topology, 1))
+    until_sync(lambda: served(daemon.ns)[1] == "rev1", "the appended content served", 10)
     assert problems(daemon) == []
 
 

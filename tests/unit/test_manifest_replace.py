@@ -86,6 +86,47 @@ async def test_deleted_for_good__released_after_the_grace(manifests):
         assert harness.source.problems == [] and harness.source.files_loaded == 1
 
 
+async def test_emptied_then_appended_within_the_grace__never_absent(manifests):
+    """`: > web.yaml; cat new >> web.yaml`: closed empty in between, held as a deleted file is."""
+    harness = Harness(manifests, gone_grace_ms=60_000)
+    harness.write("web.yaml", service(port=80))
+    async with running(harness), every_snapshot(harness) as seen:
+        before = allocation(harness)
+        (manifests / "web.yaml").write_text("")
+        batches = harness.source.batches
+        harness.write("sentinel.yaml", service("sentinel"))  # a batch after the emptying's
+        await harness.until(lambda: harness.source.batches > batches
+                            and ServiceName("default", "sentinel") in harness.state.snapshot.services)
+        assert harness.ports() == [80]
+        with open(manifests / "web.yaml", "a") as out:
+            out.write(service(port=81))
+        await harness.until(lambda: harness.ports() == [81])
+        assert allocation(harness) == before
+        assert all(WEB in services for services in seen), seen
+
+
+async def test_emptied_for_good__deleted_after_the_grace(manifests):
+    harness = Harness(manifests, gone_grace_ms=200)
+    harness.write("web.yaml", service(cluster_ip="10.96.0.50"))
+    harness.write("api.yaml", service("api"))
+    async with running(harness):
+        (manifests / "web.yaml").write_text("")
+        await harness.until(lambda: WEB not in harness.state.snapshot.services)
+        assert "10.96.0.50" not in harness.registry.registry.service_cluster_ips()
+        assert harness.source.problems == []
+
+
+async def test_edited_to_declare_nothing__deleted_at_once__not_held(manifests):
+    """Only zero bytes is an emptying in progress; a file saved with comments alone is an edit."""
+    harness = Harness(manifests, gone_grace_ms=60_000)
+    harness.write("web.yaml", service())
+    harness.write("api.yaml", service("api"))
+    async with running(harness):
+        (manifests / "web.yaml").write_text("# moved to api.yaml\n")
+        await harness.until(lambda: WEB not in harness.state.snapshot.services)
+        assert harness.source.problems == []
+
+
 async def test_files_removed_one_by_one__deleted(manifests):
     harness = Harness(manifests, gone_grace_ms=100)
     harness.write("web.yaml", service())
