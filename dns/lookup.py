@@ -234,8 +234,15 @@ class Lookup:
                 service = index.services[owners[0]]
                 found.extend(Candidate(ip, target=service.fqdn_labels) for ip in service.cluster_ips)
                 continue
-            for owner in index.endpoint_services(address):
-                service = index.services[owner]
+            services = [index.services[owner] for owner in index.endpoint_services(address)]
+            if not services:  # a Service of a namespace not served (``namespaces``) still names us
+                outside = index.outside_owners(address)
+                owner = next((s for s in outside if address in s.cluster_ips), None)
+                if owner is not None:
+                    found.extend(Candidate(ip, target=owner.fqdn_labels) for ip in owner.cluster_ips)
+                    continue
+                services = list(outside)
+            for service in services:
                 if service.kind == "Headless":
                     found.extend(Candidate(address, target=(n,) + service.fqdn_labels)
                                  for n in index.endpoint_labels(service, address))

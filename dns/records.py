@@ -316,6 +316,10 @@ class RecordIndex:
         #: query comes from); the node's own addresses are left out, as host-network Pods share them
         self.pod_namespaces: Mapping[str, str] = {}
         self._pods_of: object = None
+        #: the snapshot last applied, for what the index leaves out (``outside_owners``)
+        self._snapshot: Snapshot | None = None
+        self._exposed_now: frozenset[str] | None = exposed
+        self._outside_owners: dict[str, tuple[ServiceRecords, ...]] = {}
 
     @classmethod
     def build(cls, snapshot: Snapshot, *, zone: str = "cluster.local", endpoint_pod_names: bool = False,
@@ -354,6 +358,9 @@ class RecordIndex:
             if self._replace(name, held.get(name), new):
                 touched.add(name)
         namespaces = snapshot.namespaces if exposed is None else snapshot.namespaces & exposed
+        if snapshot is not self._snapshot or exposed != self._exposed_now:
+            self._snapshot, self._exposed_now = snapshot, exposed
+            self._outside_owners = {}
         pods_changed = False
         if snapshot.pods is not self._pods_of:
             self._pods_of = snapshot.pods
@@ -422,6 +429,35 @@ class RecordIndex:
     def endpoint_services(self, address: str) -> tuple[ServiceName, ...]:
         """The services publishing an endpoint with this address, sorted."""
         return owners_of(self.endpoint_owners.get(address))
+
+    def outside_owners(self, address: str) -> tuple[ServiceRecords, ...]:
+        """The services outside the namespaces served (CoreDNS ``namespaces``,
+        ``namespace_labels``) that have ``address`` as a ClusterIP or a published endpoint,
+        sorted by name. CoreDNS's ``nsAddrs`` (plugin/kubernetes/ns.go) looks the server's
+        own addresses up in its endpoint index, which holds every namespace's: the zone's NS
+        names the cluster DNS Service even where ``namespaces`` leaves ``kube-system`` out.
+        Found by a scan of the last snapshot, kept until the next one: only an NS query at
+        the apex asks, and indexing every hidden service for it would cost memory always."""
+        if (found := self._outside_owners.get(address)) is not None:
+            return found
+        snapshot, exposed = self._snapshot, self._exposed_now
+        found = ()
+        if snapshot is not None and exposed is not None:
+            hits = []
+            for name in sorted(snapshot.services):
+                if name.namespace in exposed:
+                    continue
+                state = snapshot.services[name]
+                if self.selector is not None and not self.selector.matches(dict(state.service.labels)):
+                    continue  # CoreDNS ``labels`` selects what its informer lists: never seen
+                records = service_records(state)
+                if address in records.cluster_ips or (self.endpoints and any(
+                        endpoint.address == address for slice_ in records.slices for endpoint in slice_.endpoints)):
+                    hits.append(records)
+            found = tuple(hits)
+        if len(self._outside_owners) < 64:  # the server's own addresses: a handful
+            self._outside_owners[address] = found
+        return found
 
     def endpoint_label(self, endpoint: EndpointInfo) -> str:
         """The endpoint's DNS label (hostname, pod name or dashed address), made when asked:

@@ -133,6 +133,15 @@ APEX_CASES = [
     case("apex_ns_in_any_case", "CLUSTER.local.", "NS",
          answer=["CLUSTER.local. 5 IN NS kube-dns.kube-system.svc.CLUSTER.local."],
          additional=["kube-dns.kube-system.svc.CLUSTER.local. 5 IN A 10.96.0.10"]),
+    # ns.go nsAddrs: EpIndexReverse holds every namespace's endpoints, whatever `namespaces` serves
+    case("apex_ns_names_the_dns_service_of_a_namespace_not_served", "cluster.local.", "NS",
+         answer=["cluster.local. 5 IN NS kube-dns.kube-system.svc.cluster.local."],
+         additional=["kube-dns.kube-system.svc.cluster.local. 5 IN A 10.96.0.10"], namespaces=("testns",)),
+    # ns.go nsAddrs: the server's address an endpoint of a Service outside `namespaces`: its ClusterIP
+    case("apex_ns_names_a_service_whose_endpoint_we_are__namespace_not_served", "cluster.local.", "NS",
+         answer=["cluster.local. 5 IN NS web.default.svc.cluster.local."],
+         additional=["web.default.svc.cluster.local. 5 IN A 10.96.0.20"], namespaces=("testns",),
+         addresses=("10.244.0.5",)),
     # ns.go nsAddrs: the local addresses
     case("apex_ns_without_dns_service", "cluster.local.", "NS",
          answer=["cluster.local. 5 IN NS ns.dns.cluster.local."],
