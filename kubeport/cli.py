@@ -2,7 +2,8 @@
 
 A kube-proxy command line works as it is: without a subcommand the flags are `run`'s
 (``kubeport --config=/var/lib/kube-proxy/config.conf --hostname-override=$(NODE_NAME)``), and
-``--cleanup`` removes what kubeport leaves on the host and exits, as kube-proxy's does."""
+``--cleanup`` removes what kubeport leaves on the host and exits, as kube-proxy's does;
+``--init-only`` sets the node's sysctls and exits, as kube-proxy's does (kubeport.nodesettings)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--cleanup", action="store_true",
                      help="remove the service addresses, nftables table and routing rule kubeport leaves on "
                           "this host, and the state directory's leftovers; then exit")
+    run.add_argument("--init-only", action="store_true",
+                     help="set the node's kernel settings kubeport relies on (net.ipv4.tcp_migrate_req; "
+                          "ip_local_reserved_ports where the NodePort range overlaps the ephemeral ports), which "
+                          "needs full root privileges, and exit (kube-proxy's; a privileged init container)")
     run.add_argument("--proxy-mode", metavar="MODE",
                      help="kube-proxy's; ignored (with a line): kubeport is its own userspace proxy")
     run.add_argument("--bind-address", metavar="IP",
@@ -296,6 +301,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         ignored = config_module.ignored_fields(Path(args.config))
         if ignored:
             log.info("%s: not applicable to a userspace proxy, ignored: %s", args.config, ", ".join(ignored))
+    if args.init_only:
+        from kubeport.nodesettings import init_only
+
+        return init_only(config)
     if args.cleanup:
         from kubeport.cleanup import CleanupRefused, cleanup_host
 

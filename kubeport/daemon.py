@@ -28,7 +28,7 @@ from typing import Any, Awaitable
 import uvloop
 from prometheus_client import disable_created_metrics
 
-from kubeport import components, handover
+from kubeport import components, handover, nodesettings
 from kubeport.cleanup import report_previous_instance
 from kubeport.config import KubeportConfiguration, changed_fields
 from kubeport.dns.server import DnsServer
@@ -43,7 +43,7 @@ from kubeport.proxy.health import HealthResponse
 from kubeport.proxy.service import ProxyService
 from kubeport.readiness import LiveFile, ReadyFile
 from kubeport.reload import Reloader
-from kubeport.status import StatusServer
+from kubeport.status import STATUS_SOCKET, StatusServer
 from kubeport.systemd import SystemdNotifications
 
 log = logging.getLogger("kubeport.daemon")
@@ -105,6 +105,8 @@ class Daemon:
         self._held_sockets_settled = False
         #: every consumer applied a view (the restored one, when there is one)
         self._restored_view_applied = asyncio.Event()
+        #: the node's sysctls that do not hold and this process could not set (checked at start)
+        self._node_settings: list[str] = []
 
     # --- DaemonView (read by the status server) -------------------------------------
 
@@ -134,7 +136,7 @@ class Daemon:
             found.append(self._last_state.problem)
         for consumer in self._consumers():
             found += [f"{consumer.name}: {problem}" for problem in consumer.problems]
-        return found + self._instance.problems
+        return found + self._instance.problems + self._node_settings
 
     def status(self) -> dict[str, Any]:
         """What `kubeport get status` prints: the source's progress and what is being served."""
@@ -208,7 +210,7 @@ class Daemon:
             log.info("another kubeport instance runs on node %s in this network namespace: "
                      "starting beside it and taking over once ready", self.config.hostname_override)
             await self._instance.announce()
-        handover.enable_request_migration()
+        self._node_settings = nodesettings.check_at_start(self.config)
         if primary:
             # Before DNS listens: queries held across a crash are answered from this state.
             self._restore_last_state()
@@ -220,6 +222,8 @@ class Daemon:
             dns_metrics_bind=self.config.dns_metrics_bind_address,
             dns_registry=self.dns_registry,
             on_request=proxy.metrics.health_request,
+            status_socket=self.config.state_dir / STATUS_SOCKET,
+            status_bind=self.config.status_bind_address,
         )
         restored = self._restored_at is not None
         # With a restored state the source is built once that is served: the API source's

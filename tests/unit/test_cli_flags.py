@@ -95,7 +95,8 @@ def test_every_flag_maps_to_a_real_field_and_every_run_flag_is_mapped():
     options = {o for action in run._actions for o in action.option_strings if o.startswith("--")
                and not (isinstance(action, argparse.BooleanOptionalAction) and o.startswith("--no-"))}
     mapped = {flag for flags in FIELD_FLAGS.values() for flag in flags}
-    assert options - mapped == {"--help", "--config", "--write-config-to", "--verbose", "--cleanup", "--proxy-mode"}
+    assert options - mapped == {"--help", "--config", "--write-config-to", "--verbose", "--cleanup", "--init-only",
+                                "--proxy-mode"}
 
 
 def parse(*argv: str) -> argparse.Namespace:

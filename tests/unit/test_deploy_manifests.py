@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kubeport.cli import build_configuration, build_parser
 from kubeport.config import KubeportConfiguration
 from kubeport.readiness import LIVE_RENEW, LIVE_VALIDITY
 
@@ -90,6 +91,11 @@ def pod_spec() -> dict:
 def the_container() -> dict:
     [container] = pod_spec()["containers"]
     return container
+
+
+def init_container(name: str) -> dict:
+    [found] = [c for c in pod_spec()["initContainers"] if c["name"] == name]
+    return found
 
 
 @pytest.mark.parametrize(("path", "expected"), [
@@ -172,7 +178,7 @@ def test_daemonset_keeps_the_held_sockets_in_a_sidecar_across_a_restart_of_the_c
     """A native sidecar (KEP-753: an init container with restartPolicy Always, started before
     the containers and kept while the pod lives) runs `kubeport fd-store` on the directory
     kubeport's --fd-store names, an emptyDir both mount."""
-    [sidecar] = pod_spec()["initContainers"]
+    sidecar = init_container("fd-store")
     assert sidecar["restartPolicy"] == "Always"
     assert sidecar["command"][:2] == ["kubeport", "fd-store"] and sidecar["image"] == the_container()["image"]
     command = the_container()["command"]
@@ -185,6 +191,77 @@ def test_daemonset_keeps_the_held_sockets_in_a_sidecar_across_a_restart_of_the_c
     assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     # kubeport's container starts only once the store listens (its supervisor fetches at start).
     assert sidecar["startupProbe"]["exec"]["command"] == ["test", "-S", f"{directory}/fetch"]
+
+
+#: What kubeport's container may hold beyond an unprivileged one, and what for (proxy/host/).
+#: None is for a sysctl: kubeport-init sets those.
+KEPT_CAPABILITIES = {
+    "NET_ADMIN": "VIP routes, the nftables table, the capture rule, transparent listeners",
+    "NET_BIND_SERVICE": "DNS on port 53, service ports below 1024",
+    "BPF": "the sockhash and sk_skb program of --tcp-relay sockmap/auto",
+}
+
+
+def resolved(command: list[str], env: dict[str, str]) -> list[str]:
+    """The kubelet's $(VAR) expansion of a container's command."""
+    for name, value in env.items():
+        command = [part.replace(f"$({name})", value) for part in command]
+    return command
+
+
+def configuration_of(container: dict, tmp_path: Path) -> KubeportConfiguration:
+    """The configuration the container's `kubeport run` builds, from the ConfigMap's file."""
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(one("configmap.yaml", "ConfigMap")["data"]["config.yaml"])
+    command = resolved(container["command"], {"NODE_NAME": "node-a", "POD_TEMPLATE_GENERATION": "3"})
+    args = build_parser().parse_args(command[1:])
+    args.config = str(config_file)
+    return build_configuration(args)
+
+
+def test_the_init_container_runs_first_and_to_completion():
+    """A regular init container (no restartPolicy) before the fd-store sidecar: the kubelet starts
+    each init container once the one before it completed (or, for a sidecar, started)."""
+    first, *rest = pod_spec()["initContainers"]
+    assert first["name"] == "kubeport-init" and "restartPolicy" not in first
+    assert [c["name"] for c in rest] == ["fd-store"]
+    assert first["image"] == the_container()["image"]
+
+
+def test_the_init_container_runs_kubeports_own_init_only_with_the_daemons_configuration(tmp_path):
+    init = init_container("kubeport-init")
+    args = build_parser().parse_args(init["command"][1:])
+    assert init["command"][:2] == ["kubeport", "run"] and args.command == "run" and args.init_only
+    daemon_args = build_parser().parse_args(the_container()["command"][1:])
+    assert (args.config, args.hostname_override) == (daemon_args.config, daemon_args.hostname_override)
+    node_name = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert {e["name"]: e["valueFrom"] for e in init["env"]} == {"NODE_NAME": node_name}
+    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    assert mounts[str(Path(args.config).parent)] == "config"
+    # What decides the settings (the NodePort range) is the daemon's.
+    assert (configuration_of(init, tmp_path).service_node_port_range
+            == configuration_of(the_container(), tmp_path).service_node_port_range)
+
+
+def test_only_the_init_container_is_privileged():
+    """/proc/sys is read-only in an unprivileged container (and a pod's `sysctls` are refused
+    with hostNetwork): kube-proxy's --init-only container runs privileged, as this one."""
+    spec = pod_spec()
+    assert init_container("kubeport-init")["securityContext"]["privileged"] is True
+    others = [c for c in spec["initContainers"] + spec["containers"] if c["name"] != "kubeport-init"]
+    for container in others:
+        context = container["securityContext"]
+        assert not context.get("privileged"), container["name"]
+        assert context["allowPrivilegeEscalation"] is False, container["name"]
+        assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+    assert not any(spec.get(key) for key in ("hostPID", "hostIPC"))
+
+
+def test_kubeports_container_keeps_only_the_capabilities_it_uses():
+    context = the_container()["securityContext"]
+    assert set(context["capabilities"]["add"]) == set(KEPT_CAPABILITIES)
+    assert context["readOnlyRootFilesystem"] is True
+    assert "procMount" not in context and "sysctls" not in pod_spec().get("securityContext", {})
 
 
 def test_configmap_holds_a_valid_kubeport_configuration():
@@ -232,8 +309,8 @@ def test_kustomize_renders_the_manifests_with_the_image_and_api_server_set(tmp_p
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
         [daemonset] = [doc for doc in rendered if doc["kind"] == "DaemonSet"]
         [container] = daemonset["spec"]["template"]["spec"]["containers"]
-        [sidecar] = daemonset["spec"]["template"]["spec"]["initContainers"]
-        assert sidecar["image"] == image
+        for init in daemonset["spec"]["template"]["spec"]["initContainers"]:
+            assert init["image"] == image, init["name"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert (container["image"], env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
             image, host, "6443")

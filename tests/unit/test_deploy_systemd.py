@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import configparser
+import shlex
 from pathlib import Path
 
 from kubeport import config
+from kubeport.cli import build_parser
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -66,3 +68,18 @@ def test_the_held_sockets_outlive_the_main_process_in_systemds_store():
     assert f"FDSTORE={store}" in service["Environment"].split()
     seconds = float(service["RestartSec"].removesuffix("ms")) / (1000 if service["RestartSec"].endswith("ms") else 1)
     assert seconds < 1  # queries wait in the stored sockets meanwhile
+
+
+def test_the_node_settings_are_set_before_each_start_outside_the_sandbox():
+    """ExecStartPre= runs `kubeport run --init-only` with full privileges ("+": no User=,
+    CapabilityBoundingSet= or ProtectKernelTunables= for it) and tolerates a failure ("-"): the
+    daemon, whose /proc/sys stays read-only, reports each setting that does not hold."""
+    service = unit()["Service"]
+    prefix, _, command = service["ExecStartPre"].partition("/")
+    assert set(prefix) == {"-", "+"}
+    argv = shlex.split("/" + command)
+    assert argv[0] == shlex.split(service["ExecStart"])[0]
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "run" and args.init_only
+    assert args.config == build_parser().parse_args(shlex.split(service["ExecStart"])[1:]).config
+    assert service["ProtectKernelTunables"] == "yes"
