@@ -7,7 +7,6 @@ own (unshare) in which /proc/sys is bound read-only, as a container runtime moun
 
 from __future__ import annotations
 
-import json
 import subprocess
 
 import pytest
@@ -15,7 +14,6 @@ import pytest
 from support.netns import (
     CommandFailed,
     KubeportDaemon,
-    curl_in,
     require_netns,
     run_in,
     unique_prefix,
@@ -80,7 +78,9 @@ def test_init_only_without_privilege_names_each_setting_and_the_error_and_fails(
 
 
 def problems(ns: str) -> list[str]:
-    return json.loads(curl_in(ns, "http://127.0.0.1:10249/api/v1/problems"))["problems"]
+    """The daemon's problem lines, as `kubeport get` prints them (on stderr, after the listing)."""
+    done = run_in(ns, kubeport_bin(), "get", "services", "-A", timeout=30)
+    return [line.strip() for line in done.stderr.splitlines() if line.startswith("  ")]
 
 
 def start_daemon(ns: str, tmp_path, *, read_only: bool) -> KubeportDaemon:
