@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kubeport.endpoints.types import ServiceName, Snapshot
+from kubeport.lib import httpserver
 from kubeport.proxy.table import TableContext, local_policy_drops
 
 #: kube-proxy's sync histogram: 1 ms doubling, 15 buckets.
@@ -67,6 +68,7 @@ class ProxyMetrics:
         self.livez = Counter(f"{prefix}_proxy_livez", "Cumulative proxy livez HTTP status", ["code"],
                              registry=registry)
         self._registry = registry
+        registry.register(HttpConnectionsCollector())
         #: trigger times older than this are not ours to measure (kube-proxy's trackerStartTime).
         self._started = clock()
         self._applied: Snapshot | None = None
@@ -153,6 +155,25 @@ def _split_changes(old: Snapshot | None, new: Snapshot) -> tuple[int, int]:
         else:
             services += 1
     return services, endpoints
+
+
+class HttpConnectionsCollector(Collector):
+    """The HTTP servers' connections turned away at their caps (the health, metrics and
+    health-check node ports: ``kubeport/lib/httpserver.py``), read at scrape time."""
+
+    def __init__(self, stats: httpserver.ConnectionStats | None = None) -> None:
+        self._stats = httpserver.CONNECTION_STATS if stats is None else stats
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator:
+        yield CounterMetricFamily("kubeport_http_connections_rejected",
+                                  "HTTP connections reset at once: at a connection cap, none idle to make room",
+                                  value=self._stats.rejected)
+        yield CounterMetricFamily("kubeport_http_connections_evicted",
+                                  "Idle HTTP connections closed to make room at a connection cap",
+                                  value=self._stats.evicted)
 
 
 class RelayCollector(Collector):

@@ -32,6 +32,15 @@ Requests follow Go's net/http server, which kube-proxy's ports run on:
   :data:`IDLE_TIMEOUT` (60 s) between requests (Go's ``IdleTimeout``). A connection timed
   out is closed without an answer, as Go's. After a connection's last answer it is
   half-closed and waits :data:`LINGER` for the peer's FIN, as Go's ``closeWriteAndWait``.
+* Connections. Go's server (so kube-proxy's) accepts any number. Here one server holds at
+  most :data:`MAX_CONNECTIONS` (128), :data:`MAX_CONNECTIONS_PER_CLIENT` (16) of them from
+  one client address, with the rule TCP DNS follows (``kubeport/dns/server.py``
+  ``TcpConnections.admit``): at the global cap the connection idle longest (no request
+  begun, no answer under way or unsent) is closed for the new one, at the per-client cap
+  that client's own connection idle longest, and when none is idle the new one is reset at
+  once. A probe or scrape opens one connection, or a few kept alive; the caps keep one
+  client (or many slow ones) from spending the descriptors the daemon's other servers need.
+  Counted in :class:`ConnectionStats` (``kubeport_http_connections_*_total``).
 * Every answer has ``Date`` (``http.TimeFormat``), ``Content-Length`` and, with a body, a
   ``Content-Type`` (``text/plain; charset=utf-8`` unless the handler sets one, what Go's
   sniffing says of text). HEAD gets the headers of GET and no body. An unknown path: 404
@@ -65,6 +74,9 @@ IDLE_TIMEOUT = 60.0
 SHUTDOWN_TIMEOUT = 1.0
 #: how long a connection's last answer waits for the peer's FIN (Go's rstAvoidanceDelay)
 LINGER = 0.5
+#: open connections of one server, and of one client address on it
+MAX_CONNECTIONS = 128
+MAX_CONNECTIONS_PER_CLIENT = 16
 
 TEXT_PLAIN = "text/plain; charset=utf-8"
 JSON = "application/json"
@@ -507,17 +519,83 @@ def _match_segments(pattern: Sequence[str], segments: Sequence[str]) -> dict[str
 # --- shell ------------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class ConnectionStats:
+    """Connections turned away at the caps, summed over the servers that share this."""
+
+    #: reset at once: at a cap with none of the connections that could make room idle
+    rejected: int = 0
+    #: idle connections closed to make room for a new one
+    evicted: int = 0
+
+
+#: the process's servers count here unless given their own
+CONNECTION_STATS = ConnectionStats()
+
+
+class _Admission:
+    """The open connections of one server, and which a new one may join (the caps, the
+    eviction): ``kubeport/dns/server.py`` ``TcpConnections`` over HTTP connections."""
+
+    def __init__(self, limit: int, per_client: int, stats: ConnectionStats) -> None:
+        self.limit = limit
+        self.per_client = per_client
+        self.stats = stats
+        self.open: set[_Connection] = set()
+        self._per_client: dict[str, int] = {}
+
+    def admit(self, connection: _Connection) -> bool:
+        """Count ``connection`` in, closing the one idle longest at a cap; False: refused."""
+        client = connection.client
+        if self._per_client.get(client, 0) >= self.per_client:
+            if not self._evict_idle_longest([c for c in self.open if c.client == client and c.idle]):
+                return False
+        elif len(self.open) >= self.limit:
+            if not self._evict_idle_longest([c for c in self.open if c.idle]):
+                return False
+        self.open.add(connection)
+        self._per_client[client] = self._per_client.get(client, 0) + 1
+        return True
+
+    def _evict_idle_longest(self, idle: list[_Connection]) -> bool:
+        if not idle:
+            self.stats.rejected += 1
+            return False
+        self.stats.evicted += 1
+        oldest = min(idle, key=_last_activity)
+        self.discard(oldest)  # its connection_lost comes later; the place is free now
+        oldest.evict()
+        return True
+
+    def discard(self, connection: _Connection) -> None:
+        if connection in self.open:
+            self.open.discard(connection)
+            count = self._per_client[connection.client] - 1
+            if count:
+                self._per_client[connection.client] = count
+            else:
+                del self._per_client[connection.client]
+
+
+def _last_activity(connection: _Connection) -> float:
+    return connection.last_activity
+
+
 class HttpServer:
     """Serves ``handle`` (a :class:`Routes`, or any request -> response coroutine) on sockets."""
 
     def __init__(self, handle: Routes | Handler, *, request_timeout: float = REQUEST_TIMEOUT,
-                 idle_timeout: float = IDLE_TIMEOUT, max_head: int = MAX_HEAD_BYTES) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT, max_head: int = MAX_HEAD_BYTES,
+                 max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT,
+                 stats: ConnectionStats | None = None) -> None:
         self._handle = handle
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout
         self.max_head = max_head
         self._servers: list[Any] = []
         self.connections: set[_Connection] = set()
+        self._admission = _Admission(max_connections, max_connections_per_client,
+                                     CONNECTION_STATS if stats is None else stats)
         self._drained: asyncio.Future[None] | None = None
         self._date_second = -1
         self._date = ""
@@ -555,6 +633,7 @@ class HttpServer:
 
     def _forget(self, connection: _Connection) -> None:
         self.connections.discard(connection)
+        self._admission.discard(connection)
         if not self.connections and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
@@ -594,12 +673,30 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._idle = False
         self.task: asyncio.Task[None] | None = None
+        #: the peer's address (the per-client cap's key)
+        self.client = ""
+        #: monotonic time of the last bytes in or the last answer out (not the loop's time:
+        #: uvloop's has milliseconds, cached per iteration, and would tie)
+        self.last_activity = 0.0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing under way: no request begun, none being answered, no answer left unsent,
+        and not closing (a closing connection goes by itself)."""
+        return (not self._busy and not self._closing and not self._write_paused and not self._reader.started
+                and self._transport is not None)
 
     # --- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
         self._peer = transport.get_extra_info("peername")
+        self.client = str(self._peer[0]) if isinstance(self._peer, tuple) and self._peer else ""
+        self.last_activity = time.monotonic()
+        if not self._server._admission.admit(self):
+            self._transport = None
+            transport.abort()  # type: ignore[attr-defined]
+            return
         self._server.connections.add(self)
         self._arm(self._server.request_timeout, idle=False)
 
@@ -613,6 +710,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._transport is None or self._closing:
             return
+        self.last_activity = time.monotonic()
         self._reader.feed(data)
         if self._idle:  # the next request's first bytes: its own deadline starts
             self._arm(self._server.request_timeout, idle=False)
@@ -649,6 +747,13 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
+
+    def evict(self) -> None:
+        """Closed, idle, for a new connection at a cap: as an idle timeout closes it."""
+        self._closing = True
+        self._cancel_timer()
+        if self._transport is not None:
+            self._transport.close()
 
     # --- requests
 
@@ -716,6 +821,7 @@ class _Connection(asyncio.Protocol):
 
     def _write(self, response: Response, *, head_only: bool, keep_alive: bool, version: tuple[int, int]) -> None:
         assert self._transport is not None
+        self.last_activity = time.monotonic()
         self._transport.write(encode_response(response, head_only=head_only, keep_alive=keep_alive,
                                               version=version, date=self._server.date()))
 

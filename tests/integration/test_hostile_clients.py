@@ -213,8 +213,9 @@ print(json.dumps({"still_open": len(open_), "closed": len(closed_at)}), flush=Tr
 
 
 def test_http_trickle_to_the_health_port__closed_unanswered_and_others_answered(topology, node_a):
-    """50 connections sending a request head a byte a second: each is closed at the request
-    deadline (10 s, where kube-proxy's Go server sets none), and /healthz answers meanwhile."""
+    """50 connections sending a request head a byte a second: each is closed, at the request
+    deadline (10 s, where kube-proxy's Go server sets none) or, beyond the per-client cap of 16,
+    as the idle one making room for the next; /livez answers meanwhile."""
     node_address = topology.node_spec("a").gateways[0]
     trickler = spawn_in(topology.pod("a", 1), sys.executable, "-I", "-c", _HTTP_TRICKLE, node_address,
                         HEALTHZ_PORT, 50, 30.0, stdout=subprocess.PIPE)

@@ -9,10 +9,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 import uvloop
+from support.wait import until
 
 from kubeport.lib.httpserver import (
     MAX_DISCARDED_BODY,
     BadRequest,
+    ConnectionStats,
     HttpServer,
     Request,
     RequestReader,
@@ -371,3 +373,93 @@ async def test_a_body_too_large_to_discard_is_answered_unread_and_the_answer_arr
     size = 4 * MAX_DISCARDED_BODY
     answer = await exchange(port, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)
     assert statuses(answer) == [200] and b"Connection: close\r\n" in answer and answer.endswith(b"POST /echo {}")
+
+
+# --- the connection caps -----------------------------------------------------------------------
+
+GET = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def on_each_loop_capped(test):
+    """``test(server, port, stats)`` against a server of at most 3 connections, 2 per client."""
+
+    async def served() -> None:
+        stats = ConnectionStats()
+        http = HttpServer(Routes(), max_connections=3, max_connections_per_client=2, stats=stats)
+        await http.listen("127.0.0.1", 0)
+        try:
+            await test(http, http.sockets[0].getsockname()[1], stats)
+        finally:
+            await http.close()
+
+    def run(loop: str) -> None:
+        LOOPS[loop](served())
+
+    run.__name__ = test.__name__
+    return pytest.mark.parametrize("loop", list(LOOPS))(run)
+
+
+async def opened(http: HttpServer, port: int, source: str = "127.0.0.1"):
+    """A connection from ``source``, once the server holds it (so that the order of arrival,
+    which eviction goes by, is the order of the calls)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    ours = writer.get_extra_info("sockname")
+    await until(lambda: any(c.client and c._peer == ours for c in http.connections), "the server to hold it")
+    return reader, writer
+
+
+async def closed_unanswered(reader: asyncio.StreamReader) -> bool:
+    """Whether the server closed (or reset) the connection without a byte of answer."""
+    try:
+        return await asyncio.wait_for(reader.read(), 5) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes = GET) -> list[int]:
+    writer.write(data)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    return statuses(head)
+
+
+@on_each_loop_capped
+async def test_at_the_per_client_cap_the_clients_idle_longest_connection_makes_room(http, port, stats) -> None:
+    """As TCP DNS (dns/server.py TcpConnections.admit): the client's new connection is served."""
+    first = await opened(http, port)
+    second = await opened(http, port)
+    assert await answered(*second) == [404]  # the second was used last: the first is idle longest
+    third = await opened(http, port)
+    assert await closed_unanswered(first[0])
+    assert await answered(*third) == [404] and await answered(*second) == [404]
+    assert (stats.evicted, stats.rejected) == (1, 0)
+    for _, writer in (first, second, third):
+        writer.close()
+
+
+@on_each_loop_capped
+async def test_at_the_per_client_cap_with_none_idle_the_new_connection_is_reset(http, port, stats) -> None:
+    """Two requests begun (a head half sent) are not idle: the new connection goes, they stay."""
+    begun = [await opened(http, port) for _ in range(2)]
+    for _, writer in begun:
+        writer.write(GET[:10])
+    await until(lambda: all(c._reader.started for c in http.connections), "both heads to begin arriving")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await closed_unanswered(reader)
+    writer.close()
+    assert stats.rejected == 1 and stats.evicted == 0
+    for reader, writer in begun:
+        assert await answered(reader, writer, GET[10:]) == [404]
+        writer.close()
+
+
+@on_each_loop_capped
+async def test_at_the_global_cap_the_connection_idle_longest_makes_room_whoever_holds_it(http, port, stats) -> None:
+    oldest = await opened(http, port, "127.0.0.2")
+    others = [await opened(http, port, "127.0.0.3"), await opened(http, port, "127.0.0.4")]
+    newcomer = await opened(http, port, "127.0.0.5")
+    assert await closed_unanswered(oldest[0])
+    assert await answered(*newcomer) == [404]
+    assert all([await answered(*other) == [404] for other in others])
+    assert (stats.evicted, stats.rejected) == (1, 0)
+    for _, writer in (oldest, newcomer, *others):
+        writer.close()

@@ -13,7 +13,8 @@ from kubeport.endpoints import model
 from kubeport.endpoints.convert import TRIGGER_TIME_ANNOTATION, slice_info
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceState
-from kubeport.proxy.metrics import ProxyMetrics, RelayCollector, programming_starts
+from kubeport.lib.httpserver import ConnectionStats
+from kubeport.proxy.metrics import HttpConnectionsCollector, ProxyMetrics, RelayCollector, programming_starts
 
 from support.slim import endpoint, endpoint_slice, port, service, snapshot
 
@@ -267,3 +268,14 @@ def test_trigger_time_annotation_is_read(annotation, expected):
         metadata["annotations"] = {TRIGGER_TIME_ANNOTATION: annotation}
     eps = model.EndpointSlice.model_validate({"metadata": metadata, "addressType": "IPv4", "endpoints": []})
     assert slice_info(eps).trigger_time == expected
+
+
+def test_http_connections_turned_away_are_scraped_from_the_servers_counters():
+    """The health, metrics and health-check node ports' caps (kubeport/lib/httpserver.py)."""
+    stats = ConnectionStats(rejected=3, evicted=5)
+    registry = CollectorRegistry()
+    registry.register(HttpConnectionsCollector(stats))
+    values = scrape(registry)
+    assert (values["kubeport_http_connections_rejected_total{}"], values["kubeport_http_connections_evicted_total{}"]) == (3, 5)
+    ProxyMetrics(default := CollectorRegistry(), "node-a")  # registers the process's counters
+    assert "kubeport_http_connections_rejected_total{}" in scrape(default)
