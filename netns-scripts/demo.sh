@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The kubeport demo: a two-node topology in network namespaces, kubeport on node-a serving
 # the manifests in examples/, and dig and curl from a pod and from an outside client.
-# Run as root on a fresh machine: it installs what it needs (netns-scripts/setup.sh).
+# Run as root on a fresh machine: it installs what it needs (netns-scripts/setup.sh). Without
+# root's network privileges it runs in a user namespace of its own (netns-scripts/userns.sh).
 # Everything lives in namespaces named kpdemo-*; they are removed when the demo ends.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 prefix=${KUBEPORT_DEMO_PREFIX:-kpdemo}
 keep=${KUBEPORT_DEMO_KEEP:-}          # set to 1 to leave the topology and daemon running
 
-"$repo/netns-scripts/setup.sh"
+# Set-up first: it may need the network (pip, apt), which a new user namespace's has not.
+[ -n "${KUBEPORT_USERNS:-}" ] || "$repo/netns-scripts/setup.sh"
+. "$repo/netns-scripts/userns.sh" "$0" "$@"
 kubeport="$repo/.venv/bin/kubeport"
 work=$(mktemp -d /tmp/kubeport-demo.XXXXXX)
 pids=()

@@ -22,6 +22,8 @@ fi
 found=$(command -v "$python") || { echo "setup: no Python interpreter $python" >&2; exit 1; }
 python=$(readlink -f "$found")
 
+# A non-root user's PATH on Debian lacks the sbin directories, where nft and sysctl live.
+PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 need_apt=()
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v dig >/dev/null || need_apt+=(bind9-dnsutils)
@@ -34,6 +36,12 @@ command -v nsenter >/dev/null || need_apt+=(util-linux)
 [ -x /lib/systemd/systemd ] || need_apt+=(systemd)
 "$python" -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+        why=$([ "$(id -u)" -ne 0 ] && echo "not root" || echo "no apt-get")
+        echo "setup: missing Debian packages: ${need_apt[*]}; cannot install them ($why)." >&2
+        echo "setup: install them (as root: apt-get install ${need_apt[*]}), then run this again." >&2
+        exit 1
+    fi
     echo "setup: installing ${need_apt[*]}" >&2
     "$repo/netns-scripts/apt-install.sh" "${need_apt[@]}"
 fi
@@ -52,5 +60,8 @@ if [ ! -x "$repo/.venv/bin/kubeport" ] || [ "$repo/pyproject.toml" -nt "$repo/.v
 fi
 # An editable install is not byte-compiled, and where PYTHONDONTWRITEBYTECODE is set (CI
 # images often set it) every daemon start would compile its ~130 modules again: ~0.1 s of a
-# restart that should answer within 0.5 s. Stale files are recompiled, never trusted.
-"$repo/.venv/bin/python" -m compileall -q "$repo/kubeport" "$repo/proxy" "$repo/dns" "$repo/endpoints" >/dev/null
+# restart that should answer within 0.5 s. Stale files are recompiled, never trusted. A user
+# who may not write the checkout (another's, read-only) runs without: slower starts, same code.
+if [ -w "$repo/kubeport" ]; then
+    "$repo/.venv/bin/python" -m compileall -q "$repo/kubeport" "$repo/proxy" "$repo/dns" "$repo/endpoints" >/dev/null
+fi
