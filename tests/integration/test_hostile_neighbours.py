@@ -39,6 +39,8 @@ HTTP = {"name": "http", "protocol": "TCP", "port": 8080}
 WEB_PORTS = [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "http"}]
 PLANTED = "planted-value-7d41"
 NOBODY = "65534"
+# Another user's process: a user namespace made by an unprivileged user maps one uid, its own.
+ANOTHER_USER = pytest.mark.host_privileges("a process of another uid (a user namespace maps only its maker's)")
 
 
 def cluster_manifests(directory, topology, which: str) -> None:
@@ -167,6 +169,7 @@ except (BrokenPipeError, ConnectionResetError):
 """
 
 
+@ANOTHER_USER
 def test_a_takeover_from_another_user_is_refused_and_the_daemon_keeps_serving(topology, node_a):
     ns = node_a.ns
     knocked = run_in(ns, "setpriv", "--reuid", NOBODY, "--regid", NOBODY, "--clear-groups",
@@ -196,6 +199,7 @@ while True:
 """
 
 
+@ANOTHER_USER
 def test_a_squatter_on_the_handover_socket_is_reported_and_the_node_is_served(topology, pods, tmp_path):
     node_ns = topology.node("b")
     manifests = tmp_path / "manifests"

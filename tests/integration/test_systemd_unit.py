@@ -19,7 +19,11 @@ from support.netns import systemd as systemd_support
 from support.netns.manifests import DAEMON_ARGS, endpoint_slice, service, write
 from support.netns.operating import WEB_IP, ClientLoop, manifests  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # systemd as PID 1 manages a cgroup tree, and the host's belongs to the host's root.
+    pytest.mark.host_privileges("a real systemd as PID 1 (its cgroup tree)"),
+]
 
 DNS_IP = "10.96.0.10"
 STREAM_IP = "10.96.0.52"

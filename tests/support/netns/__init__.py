@@ -199,6 +199,29 @@ def netns_unavailable_reason() -> str | None:
     return None
 
 
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
+_FULL_UID_MAP = ["0", "0", "4294967295"]
+
+
+@functools.cache
+def host_privileges_missing() -> str | None:
+    """Why this process is not root of the host (None when it is): root in the initial user
+    namespace with CAP_NET_ADMIN and CAP_SYS_ADMIN. A user namespace (netns-scripts/userns.sh)
+    gives those over the namespaces made in it, never over the host: BPF programs, host-wide
+    sysctls, rlimits above the hard limit, cgroups and a real systemd stay out of reach."""
+    if os.geteuid() != 0:
+        return "not root"
+    status = Path("/proc/self/status").read_text()
+    effective = int(re.search(r"^CapEff:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+    missing = [name for name, bit in (("CAP_NET_ADMIN", CAP_NET_ADMIN), ("CAP_SYS_ADMIN", CAP_SYS_ADMIN))
+               if not effective >> bit & 1]
+    if missing:
+        return f"root without {' and '.join(missing)}"
+    if Path("/proc/self/uid_map").read_text().split() != _FULL_UID_MAP:
+        return "root of a user namespace, not of the host"
+    return None
+
+
 def require_netns() -> None:
     """Skip the test when network namespaces can't be used (under CI=true the suite fails instead)."""
     if reason := netns_unavailable_reason():
