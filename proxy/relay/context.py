@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import ipaddress
+import os
 import time
 from collections import deque
 from typing import Callable, Iterable
@@ -11,6 +13,7 @@ from typing import Callable, Iterable
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.relay.pipes import PipePool
 from kubeport.proxy.relay.poller import EdgePoller
+from kubeport.proxy.relay.reserve import DescriptorReserve
 from kubeport.proxy.relay.sockmap import open_sockmap
 
 
@@ -122,11 +125,17 @@ class RelayContext:
         *,
         on_fatal: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
+        reserve: DescriptorReserve | None = None,
     ) -> None:
         self.loop = loop
         self.config = config
         self.clock = clock
-        self.pipes = PipePool(config.pipe_size, config.pipe_pool_size)
+        #: the proxy's descriptors stop short of the process's last ones (reserve.py)
+        self.reserve = reserve if reserve is not None else DescriptorReserve()
+        self.pipes = PipePool(config.pipe_size, config.pipe_pool_size, self.reserve.within(os.pipe2))
+        #: a backend socket, made under the reserve's ceiling (a retried connect runs outside
+        #: the accepting callback that sets it)
+        self.backend_socket = self.reserve.within(_socket.socket)
         self.poller = EdgePoller(loop)
         #: one receive buffer for every relay in copy mode (the loop runs one callback at a time).
         self.copy_buffer = bytearray(64 * 1024)

@@ -186,7 +186,12 @@ class Direction:
         if not conn.client_nonblocking:
             conn.client.setblocking(False)  # splice(2) waits on a blocking socket
             conn.client_nonblocking = True
-        pipe = conn.ctx.pipes.get()
+        try:
+            pipe = conn.ctx.pipes.get()
+        except OSError:
+            # No descriptors below the reserve's ceiling (reserve.py): copying needs none.
+            self.splice_ok = False
+            return self._copy()
         self.pipe = pipe
         self.pipe_r = pipe.read_fd
         self.pipe_w = pipe.write_fd

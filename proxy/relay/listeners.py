@@ -23,7 +23,7 @@ class Listeners:
     def __init__(self, ctx: RelayContext, *, sctp: bool, steer_affinity: bool = False,
                  reserve: DescriptorReserve | None = None) -> None:
         self._ctx = ctx
-        self._reserve = reserve or DescriptorReserve()
+        self._reserve = reserve or ctx.reserve
         self._sctp = sctp
         #: several workers share the sockets: steer affinity frontends by client address (steering.py).
         self._steer_affinity = steer_affinity

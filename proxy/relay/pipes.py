@@ -3,6 +3,9 @@
 Creating a pipe and growing it (F_SETPIPE_SZ) costs three syscalls; a pooled
 pipe costs none. Pipe pages are allocated only while data sits in them, so an
 idle 1 MiB pipe holds little memory. A pipe goes back to the pool only empty.
+
+New pipes are made under the proxy's descriptor ceiling (``reserve.py``): at the ceiling
+:meth:`PipePool.get` raises ``EMFILE`` and the direction keeps copying.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +35,28 @@ class Pipe:
 
 
 class PipePool:
-    def __init__(self, size: int = 1 << 20, keep: int = 256) -> None:
+    def __init__(self, size: int = 1 << 20, keep: int = 256,
+                 pipe2: Callable[[int], tuple[int, int]] = os.pipe2) -> None:
+        """``pipe2``: how a pipe is made (the reserve's opener of ``os.pipe2``)."""
         self.size = size
         self.keep = keep
+        self._pipe2 = pipe2
         self._idle: list[Pipe] = []
         self._warned = False
         self.created = 0
+        #: pipes not made for lack of descriptors (their directions copied instead)
+        self.refused = 0
 
     def get(self) -> Pipe:
+        """A pipe from the pool, or a new one; OSError (``EMFILE`` at the ceiling) when none
+        can be made."""
         if self._idle:
             return self._idle.pop()
-        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            read_fd, write_fd = self._pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            self.refused += 1
+            raise
         capacity = 65536
         try:
             capacity = fcntl.fcntl(write_fd, _F_SETPIPE_SZ, self.size)

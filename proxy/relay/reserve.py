@@ -10,6 +10,13 @@ reserve still free, and pauses accepting as it does for any shortage of descript
 other servers open theirs from the reserve. The loop is one thread, so nothing else opens a
 descriptor in between (a manifest read in a worker thread could, and would find the same
 ceiling: it is retried by its next batch). Two ``setrlimit`` calls per accepting callback.
+
+The proxy opens descriptors outside those callbacks too, and they go under the same ceiling
+through :meth:`DescriptorReserve.within` too: the splice pipes of a direction turning bulk (two
+descriptors, ``pipes.py``; refused, the direction keeps copying) and the socket of a connect
+retried on another endpoint after a refused or timed-out one (``tcp.py``; refused, the client
+is reset as when every attempt failed). Inside an accepting callback the ceiling is already
+set and the nested call adds nothing; outside, it costs the same two ``setrlimit`` calls.
 """
 
 from __future__ import annotations
@@ -44,19 +51,26 @@ class DescriptorReserve:
         if self.ceiling is None:
             log.warning("open-file limit %d: too low to keep descriptors for the status API and DNS apart "
                         "from the proxy's", self._soft)
+        #: the ceiling is set now (a callback under it is running): a nested one leaves it
+        self.lowered = False
 
     def within(self, callback: Callback) -> Callback:
-        """``callback`` run with the proxy's lower ceiling."""
+        """``callback`` run with the proxy's lower ceiling (already set: run as it is, and the
+        limit comes back when the outermost one returns)."""
         ceiling = self.ceiling
         if ceiling is None:
             return callback
         setrlimit, kind, soft, hard = self._limits.setrlimit, self._limits.RLIMIT_NOFILE, self._soft, self._hard
 
         def under_ceiling(*args: Any) -> Any:
+            if self.lowered:
+                return callback(*args)
             setrlimit(kind, (ceiling, hard))
+            self.lowered = True
             try:
                 return callback(*args)
             finally:
+                self.lowered = False
                 setrlimit(kind, (soft, hard))
 
         return under_ceiling  # type: ignore[return-value]

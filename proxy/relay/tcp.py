@@ -5,6 +5,8 @@ poller, two Directions (relay.py); pooled pipes only once a direction turns bulk
 task or coroutine objects.
 A connect that fails (refused, unreachable, timed out) is counted against the
 endpoint (ejection) and retried on another endpoint, up to ``connect_attempts``.
+Every backend socket is made under the descriptor reserve's ceiling (reserve.py), a retry's
+too, which runs on the failed connect's edge rather than in the accepting callback.
 A backend reset is passed on to the client as a reset (SO_LINGER 0), and vice versa.
 
 With a sockmap (``--tcp-relay``, sockmap.py), a direction that turns bulk is handed to the
@@ -130,7 +132,7 @@ class Conn:
         self.attempt += 1
         try:
             family = _AF_INET6 if endpoint.family == 6 else _AF_INET
-            backend = RawSocket(family, _STREAM_NONBLOCK, self.proto)
+            backend = self.ctx.backend_socket(family, _STREAM_NONBLOCK, self.proto)
         except OSError as exc:
             log.warning("no socket for a connection to %s: %s", endpoint.key, exc)
             self._give_up()

@@ -58,11 +58,12 @@ def on_uvloop(test):
 class LoopbackRelay:
     """A TcpListener on 127.0.0.1:<ephemeral> in front of the given (ip, port) endpoints."""
 
-    def __init__(self, endpoints: list[tuple[str, int]], **config) -> None:
+    def __init__(self, endpoints: list[tuple[str, int]], *, reserve=None, **config) -> None:
+        """``reserve``: the DescriptorReserve of the relay's context (else one on the real limit)."""
         config.setdefault("seed", 1)
         self.config = ProxyConfig(**config)
         self.fatal: list[BaseException] = []
-        self.ctx = RelayContext(asyncio.get_running_loop(), self.config, on_fatal=self.fatal.append)
+        self.ctx = RelayContext(asyncio.get_running_loop(), self.config, on_fatal=self.fatal.append, reserve=reserve)
         name = ServicePortName(ServiceName("default", "web"), "", "TCP")
         balancer = Balancer(random.Random(self.config.seed), eject_after=self.config.eject_after_failures)
         self.pool = ServicePortPool(name, balancer)

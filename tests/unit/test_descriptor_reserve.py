@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import _socket
+import asyncio
+import contextlib
+import errno
 import os
 import resource
 import socket
+from collections.abc import Iterator
 
 import pytest
 
+from kubeport.proxy.relay.pipes import PipePool
 from kubeport.proxy.relay.reserve import DescriptorReserve, reserve_for
+from support.proxy_loopback import backend_server, on_uvloop, read_all, relay_in_front_of, relay_to
+from support.wait import DEADLINE
+
+
+async def answer_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"ok")
+    writer.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize(
@@ -89,3 +108,121 @@ def test_under_the_ceiling_sockets_fail_with_emfile_and_after_it_they_open():
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_nested_call_keeps_the_ceiling_and_the_outermost_raises_the_limit_back():
+    """An opener (a backend socket, a pipe) called inside an accepting callback adds no setrlimit."""
+    limits = FakeLimits(1024, 4096)
+    reserve = DescriptorReserve(limits)
+    seen = []
+    inner = reserve.within(lambda: seen.append(limits.limit))
+
+    def outer():
+        inner()
+        seen.append(limits.limit)
+
+    reserve.within(outer)()
+    assert seen == [(960, 4096), (960, 4096)]
+    assert limits.calls == [(960, 4096), (1024, 4096)] and not reserve.lowered
+    inner()  # alone: it sets the ceiling itself
+    assert limits.calls[2:] == [(960, 4096), (1024, 4096)]
+
+
+@contextlib.contextmanager
+def open_file_limit(limit: int) -> Iterator[None]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@contextlib.contextmanager
+def taken_below(ceiling: int) -> Iterator[None]:
+    """Every free descriptor below ``ceiling`` taken."""
+    held: list[int] = []
+    try:
+        while True:
+            try:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
+            if held[-1] >= ceiling:
+                break
+        while held and held[-1] >= ceiling:
+            os.close(held.pop())
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def at_the_ceiling() -> Iterator[DescriptorReserve]:
+    """RLIMIT_NOFILE at 256 and every descriptor below the proxy's ceiling taken."""
+    with open_file_limit(256):
+        reserve = DescriptorReserve()
+        with taken_below(reserve.ceiling):
+            yield reserve
+
+
+def test_at_the_ceiling_the_pool_makes_no_pipe_and_the_daemon_still_can():
+    with at_the_ceiling() as reserve:
+        pool = PipePool(pipe2=reserve.within(os.pipe2))
+        with pytest.raises(OSError) as raised:
+            pool.get()
+        assert raised.value.errno == errno.EMFILE and (pool.refused, pool.created) == (1, 0)
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)  # the daemon's own, from the reserve
+        assert min(read_fd, write_fd) >= reserve.ceiling
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@on_uvloop
+async def test_at_the_ceiling_a_bulk_direction_copies_instead_of_splicing():
+    """Both sockets of the relayed connection are open; no pipe can be made: the bytes still
+    arrive, copied."""
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):  # the client's close may come as a reset
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    payload = os.urandom(1 << 20)
+    with open_file_limit(256):
+        async with relay_to(echo) as relay:
+            reader, writer = await asyncio.open_connection(*relay.address)
+            try:
+                writer.write(b"x")
+                assert await asyncio.wait_for(reader.readexactly(1), DEADLINE) == b"x"
+                with taken_below(relay.ctx.reserve.ceiling):
+                    writer.write(payload)
+                    assert await asyncio.wait_for(reader.readexactly(len(payload)), DEADLINE) == payload
+                pipes = relay.ctx.pipes
+                assert pipes.refused >= 1 and pipes.created == 0
+            finally:
+                writer.close()
+
+
+@on_uvloop
+async def test_every_backend_socket_a_retried_connect_too_is_made_under_the_ceiling():
+    """A refused connect is retried from its own edge, outside any accepting callback: the
+    retry's socket sets the ceiling itself (one setrlimit pair per backend socket made)."""
+    limits = FakeLimits(*resource.getrlimit(resource.RLIMIT_NOFILE))
+    reserve = DescriptorReserve(limits)
+    async with (backend_server(answer_ok) as port,
+                relay_in_front_of([("127.0.0.1", port), ("127.0.0.2", closed_port())], reserve=reserve,
+                                  eject_after_failures=100) as relay):
+        while relay.stats.connect_failures < 2:
+            assert await read_all(relay.address) == b"ok"
+        sockets = relay.stats.total + relay.stats.connect_failures
+        assert limits.calls == [(reserve.ceiling, limits.limit[1]), limits.limit] * sockets
+
+
+def test_at_the_ceiling_no_backend_socket_is_made():
+    with at_the_ceiling() as reserve:
+        with pytest.raises(OSError) as raised:
+            reserve.within(_socket.socket)(socket.AF_INET, socket.SOCK_STREAM, 0)
+        assert raised.value.errno == errno.EMFILE
