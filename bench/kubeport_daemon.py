@@ -80,9 +80,17 @@ class KubeportDaemon:
     def rss(self) -> int | None:
         return rss_bytes(self.pid)
 
+    @property
+    def status_socket(self) -> str:
+        return str(self.workdir / "state" / "kubeport.sock")
+
+    def status_api(self, resource: str, timeout: float = 2.0):
+        """The daemon's status API at ``resource`` (what `kubeport get` reads), or None."""
+        return probes.unix_http_json(self.status_socket, resource, timeout)
+
     def status(self) -> dict | None:
         """`kubeport get status -o json`: the daemon's /api/v1/status."""
-        return self.topo.call_in(self.role, probes.http_json, f"http://{METRICS}/api/v1/status", 2.0)
+        return self.status_api("/api/v1/status")
 
     def wait_at_rest(self, timeout: float) -> float:
         """Until the daemon has given the heap freed by the last change back to the kernel (it

@@ -31,7 +31,7 @@ _package.__path__ = [str(BENCH_DIR)]  # type: ignore[attr-defined]
 sys.modules["kubeport_bench"] = _package
 
 from kubeport_bench import probes  # noqa: E402
-from kubeport_bench.kubeport_daemon import METRICS, KubeportDaemon  # noqa: E402
+from kubeport_bench.kubeport_daemon import KubeportDaemon  # noqa: E402
 from kubeport_bench.topology import Topology, TopologyError, stop_process, wait_for  # noqa: E402
 
 API_PORT = 6443
@@ -75,7 +75,7 @@ def measure(topo: Topology, workdir: Path, kubeconfig: Path, flags: list[str]) -
             return bool(resources) and all(kind.get("synced") for kind in resources.values())
 
         wait_for(listed, 300, "every kind listed", interval=0.5)
-        pods = topo.call_in("node", probes.http_json, f"http://{METRICS}/api/v1/pods", 10.0)
+        pods = daemon.status_api("/api/v1/pods", 10.0)
         listed_mib = daemon.rss() / 2**20
         try:
             daemon.wait_at_rest(60)

@@ -37,6 +37,25 @@ def http_json(url: str, timeout: float = 1.0):
         return None
 
 
+def unix_http_json(path: str, resource: str, timeout: float = 1.0):
+    """The decoded JSON body of a GET over a Unix socket (the daemon's status API), or None."""
+    request = f"GET {resource} HTTP/1.0\r\nHost: kubeport\r\n\r\n".encode()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(request)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        if head.split(b" ", 2)[1:2] != [b"200"]:
+            return None
+        return json.loads(body)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def dns_answers(server: str, name: str, qtype: str = "A", port: int = 53,
                 timeout: float = 0.5) -> tuple[str, list[str]] | None:
     """(rcode, sorted rdata texts) of one UDP query, or None without an answer."""

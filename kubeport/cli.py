@@ -19,9 +19,6 @@ from kubeport import config as config_module
 from kubeport.config import ConfigError, KubeportConfiguration
 from kubeport.lib.logformat import configure_logging
 
-#: the metrics server's default bind address, where the status API is
-STATUS_SERVER = "http://127.0.0.1:10249"
-
 log = logging.getLogger("kubeport")
 
 
@@ -120,8 +117,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--healthz-bind-address", metavar="IP[:PORT]",
                      help="/healthz, /livez, /readyz (default 0.0.0.0:10256). Set empty to disable.")
     run.add_argument("--metrics-bind-address", metavar="IP[:PORT]",
-                     help="/metrics and the status API `kubeport get` reads (default 127.0.0.1:10249). "
-                          "Set empty to disable: `kubeport get` then has nothing to talk to.")
+                     help="/metrics, /healthz, /proxyMode, /readyz (default 127.0.0.1:10249). Set empty to disable.")
+    run.add_argument("--status-bind-address", metavar="IP:PORT",
+                     help="serve the status API (`kubeport get --server`) over TCP too, readable by whoever "
+                          "reaches it (default: only the owner-only Unix socket in the state directory)")
     run.add_argument("--dns-metrics-bind-address", metavar="IP[:PORT]",
                      help="the DNS server's /metrics, CoreDNS's series only (default 0.0.0.0:9253, NodeLocal "
                           "DNSCache's). Set empty to disable.")
@@ -168,6 +167,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "fdStore": ("--fd-store",),
     "healthzBindAddress": ("--healthz-bind-address",),
     "metricsBindAddress": ("--metrics-bind-address",),
+    "statusBindAddress": ("--status-bind-address",),
     "dnsMetricsBindAddress": ("--dns-metrics-bind-address",),
     "vipInterface": ("--vip-interface",),
     "conntrack.udpTimeout": ("--conntrack-udp-timeout", "--udp-idle-timeout"),
@@ -230,13 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("-n", "--namespace", default="default")
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     get.add_argument("-o", "--output", choices=["wide", "json", "yaml"])
-    get.add_argument("--server", default=STATUS_SERVER,
-                     help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
+    _add_status_address(get)
     env = sub.add_parser("env", help="the service environment variables the kubelet gives a pod of a namespace")
     env.add_argument("-n", "--namespace", default="default")
     env.add_argument("-o", "--output", choices=["json"], help="json: a list of {name, value}, as a container's env")
-    env.add_argument("--server", default=STATUS_SERVER,
-                     help="the daemon's metrics address: http://HOST:PORT or HOST:PORT")
+    _add_status_address(env)
     check = sub.add_parser("check", help="validate a directory of manifests")
     check.add_argument("directory")
     check.add_argument("--service-cluster-ip-range", default="10.96.0.0/12")
@@ -371,6 +369,14 @@ _NOT_RUN = frozenset({"-h", "--help"})
 
 # The client's modules (printers, urllib) are imported only by the commands that use them:
 # a daemon's start is spent before its first answer.
+def _add_status_address(command: argparse.ArgumentParser) -> None:
+    where = command.add_mutually_exclusive_group()
+    where.add_argument("--socket", metavar="PATH",
+                       help="the daemon's status socket (default: the one listening in this network namespace)")
+    where.add_argument("--server", metavar="HOST:PORT",
+                       help="the daemon's --status-bind-address: http://HOST:PORT or HOST:PORT")
+
+
 def _cmd_get(args: argparse.Namespace) -> int:
     from kubeport.get_client import cmd_get
 

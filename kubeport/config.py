@@ -238,7 +238,11 @@ class KubeportConfiguration(_Section):
         "0.0.0.0:10256", description="/healthz, /livez, /readyz; empty (flag only): no such server.")
     metrics_bind_address: str = Field(
         "127.0.0.1:10249",
-        description="/metrics and the `kubeport get` status API; empty (flag only): no such server.")
+        description="/metrics, /healthz, /proxyMode, /readyz; empty (flag only): no such server.")
+    status_bind_address: str = Field(
+        "", description="IP:PORT serving the status API (`kubeport get --server`) over TCP too, readable by "
+                        "whoever reaches it; empty (the default): only on the owner-only Unix socket in the "
+                        "state directory.")
     dns_metrics_bind_address: str = Field(
         "0.0.0.0:9253",
         description="The DNS server's /metrics alone, where CoreDNS users scrape it (NodeLocal DNSCache's "
@@ -311,6 +315,13 @@ class KubeportConfiguration(_Section):
             return value  # the server is disabled (kube-proxy's "Set empty to disable")
         value = append_port_if_needed(value, _DEFAULT_PORTS[info.field_name])
         split_host_port(value)
+        return value
+
+    @field_validator("status_bind_address")
+    @classmethod
+    def _status_host_port(cls, value: str) -> str:
+        if value:
+            split_host_port(value)  # no default port: the address is chosen on purpose, whole
         return value
 
     @model_validator(mode="before")

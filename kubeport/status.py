@@ -2,17 +2,21 @@
 
 - healthz server (``--healthz-bind-address``, kube-proxy's 10256): /healthz, /livez, /readyz
 - metrics server (``--metrics-bind-address``, kube-proxy's 10249): /metrics, /healthz,
-  /proxyMode, and the status API that `kubeport get` reads (/api/v1/...).
+  /proxyMode and /readyz, as kube-proxy's metrics port serves metrics and no objects
+  (``cmd/kube-proxy/app/server.go serveMetrics``).
 - DNS metrics server (``--dns-metrics-bind-address``, NodeLocal DNSCache's 9253): /metrics
   with the DNS server's CoreDNS series and the process's only, as CoreDNS's ``prometheus``.
+- the status API that `kubeport get` and `kubeport env` read (/api/v1/..., and /readyz with
+  the problem lines): on a Unix socket in the state directory (:data:`STATUS_SOCKET`, mode
+  0600, and each peer checked with ``SO_PEERCRED``: root or the daemon's user, as the
+  handover socket's), and on ``--status-bind-address`` only if an operator sets one.
 
 An empty bind address disables that server, as kube-proxy's flags do.
 
-/readyz tells a peer on loopback (the node itself) every current problem line; any other
-peer (the healthz port listens on every address by default) learns only whether the daemon
-is ready and what it waits for: problem lines quote values from manifests and objects, and
-the network has no business with them. They stay on the loopback status API, `kubeport
-get` and the log. /healthz and /livez answer kube-proxy's bodies, which hold timestamps only.
+What the daemon holds (Services, endpoint addresses, Pods, problem lines that quote values
+from manifests and objects) is readable only where reading the manifests or the API would be:
+a local user who is not root reaches the TCP ports, which tell whether the daemon is ready
+and what it waits for, metrics, and kube-proxy's /healthz and /livez bodies (timestamps).
 
 /readyz is polled (kubelet probes, a start-up wait loop) while the daemon loads a large
 cluster, so its per-request work is O(1): the problem list it carries (which costs work
@@ -23,9 +27,11 @@ the listings always compute it afresh.
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
 import logging
+import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -33,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kubeport import printers
 from kubeport.config import split_host_port
 from kubeport.endpoints.types import Snapshot
+from kubeport.handover import peer_of, trusted
 from kubeport.lib.httpserver import HttpServer, Request, Response, Routes
 from kubeport.proxy.health import HealthResponse
 
@@ -70,6 +77,23 @@ def source_status(kind: str, source: Any, problems: int) -> dict[str, Any]:
 
 _WILDCARDS = ("0.0.0.0", "::")
 
+#: the status API's Unix socket, in the state directory; `kubeport get` finds it by this name
+#: among the listening Unix sockets of its network namespace (/proc/net/unix)
+STATUS_SOCKET = "kubeport.sock"
+#: the longest path a Unix socket address holds (sun_path, with its terminating NUL)
+_SUN_PATH_MAX = 107
+
+
+class StatusSocketError(OSError):
+    """The status API's Unix socket cannot be made (its path, its directory)."""
+
+
+def _trusted_peer(sock: Any) -> bool:
+    try:
+        return trusted(peer_of(sock))
+    except OSError:
+        return False
+
 
 class StatusServer:
     def __init__(
@@ -82,15 +106,22 @@ class StatusServer:
         dns_metrics_bind: str = "",
         dns_registry: CollectorRegistry | None = None,
         on_request: Callable[[str, int], None] | None = None,
+        status_socket: Path | None = None,
+        status_bind: str = "",
         problems_ttl: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """
+        :param status_socket: the status API's Unix socket (None: not served there).
+        :param status_bind: IP:PORT serving the status API over TCP too, to whoever reaches it.
         :param problems_ttl: how long /readyz may reuse its problem list while neither the
             snapshot generation nor the pending list changed.
         :param clock: monotonic seconds (injected in tests).
         """
         self._view = view
+        self._status_socket = status_socket
+        self._status_bind = status_bind
+        self._socket_identity: tuple[int, int] | None = None
         self._readyz_problems = _CachedProblems(view, problems_ttl, clock)
         self._healthz_bind = healthz_bind
         self._metrics_bind = metrics_bind
@@ -111,15 +142,23 @@ class StatusServer:
         metrics.add("/healthz", self._plain_ok)
         metrics.add("/proxyMode", self._proxy_mode)
         metrics.add("/readyz", self._readyz)
-        metrics.add("/api/v1/problems", self._problems)
-        metrics.add("/api/v1/status", self._status)
-        metrics.add("/api/v1/{kind}", self._list)
-        metrics.add("/api/v1/namespaces/{namespace}/{kind}", self._list)
+        status = Routes()
+        status.add("/readyz", self._readyz_with_problems)
+        status.add("/api/v1/problems", self._problems)
+        status.add("/api/v1/status", self._status)
+        status.add("/api/v1/{kind}", self._list)
+        status.add("/api/v1/namespaces/{namespace}/{kind}", self._list)
         dns_metrics = Routes()
         dns_metrics.add("/metrics", self._dns_metrics)
+        if self._status_socket is not None:
+            await self._listen_status_socket(status, self._status_socket)
         servers = [("healthz", healthz, self._healthz_bind), ("metrics", metrics, self._metrics_bind)]
         if self._dns_registry is not None:
             servers.append(("dns metrics", dns_metrics, self._dns_metrics_bind))
+        if self._status_bind:
+            log.warning("status API on %s (--status-bind-address): whoever reaches it reads every Service, "
+                        "endpoint and Pod this daemon holds", self._status_bind)
+            servers.append(("status", status, self._status_bind))
         for name, routes, bind in servers:
             if not bind:
                 log.info("%s server disabled (empty bind address)", name)
@@ -132,10 +171,32 @@ class StatusServer:
             self._servers.append(server)
             log.info("serving http on %s", bind)
 
+    async def _listen_status_socket(self, routes: Routes, path: Path) -> None:
+        if len(os.fsencode(path)) > _SUN_PATH_MAX:
+            raise StatusSocketError(f"--state-dir: the status socket path {path} is longer than a Unix socket "
+                                    f"address holds ({_SUN_PATH_MAX} bytes); choose a shorter state directory")
+        server = HttpServer(routes, admit=_trusted_peer)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            await server.listen_unix(str(path), mode=0o600)
+        except OSError as exc:
+            raise StatusSocketError(f"status socket {path}: {exc.strerror or exc}") from exc
+        found = os.stat(path)
+        self._socket_identity = (found.st_dev, found.st_ino)
+        self._servers.append(server)
+        log.info("serving the status API on %s", path)
+
     async def stop(self) -> None:
         for server in reversed(self._servers):
             await server.close()
         self._servers.clear()
+        if self._status_socket is not None and self._socket_identity is not None:
+            # A successor (a handover in the same state directory) may have bound the path since.
+            with contextlib.suppress(OSError):
+                found = os.stat(self._status_socket)
+                if (found.st_dev, found.st_ino) == self._socket_identity:
+                    os.unlink(self._status_socket)
+            self._socket_identity = None
 
     async def _healthz(self, request: Request) -> Response:
         return self._health_response("healthz")
@@ -150,9 +211,11 @@ class StatusServer:
 
     async def _readyz(self, request: Request) -> Response:
         pending = self._view.pending()
-        body: dict[str, Any] = {"ready": not pending, "pending": pending}
-        if from_loopback(request.peer):
-            body["problems"] = self._readyz_problems.get(pending)
+        return Response.json({"ready": not pending, "pending": pending}, 503 if pending else 200)
+
+    async def _readyz_with_problems(self, request: Request) -> Response:
+        pending = self._view.pending()
+        body = {"ready": not pending, "pending": pending, "problems": self._readyz_problems.get(pending)}
         return Response.json(body, 503 if pending else 200)
 
     async def _plain_ok(self, request: Request) -> Response:
@@ -181,19 +244,6 @@ class StatusServer:
 
     async def _problems(self, request: Request) -> Response:
         return Response.json({"problems": self._view.problems()})
-
-
-def from_loopback(peername: Any) -> bool:
-    """Whether a request's peer (``peername`` of its socket) is this host's loopback."""
-    if not isinstance(peername, tuple) or not peername:
-        return False
-    try:
-        address = ipaddress.ip_address(str(peername[0]).split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
 
 
 class _CachedProblems:

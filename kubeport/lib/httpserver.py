@@ -56,8 +56,12 @@ is the asyncio shell.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import socket
+import stat
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -586,9 +590,13 @@ class HttpServer:
 
     def __init__(self, handle: Routes | Handler, *, request_timeout: float = REQUEST_TIMEOUT,
                  idle_timeout: float = IDLE_TIMEOUT, max_head: int = MAX_HEAD_BYTES,
+                 admit: Callable[[Any], bool] | None = None,
                  max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT,
                  stats: ConnectionStats | None = None) -> None:
+        """``admit``: called with each accepted socket; False closes it unanswered (a Unix
+        socket's ``SO_PEERCRED`` check)."""
         self._handle = handle
+        self.admit = admit
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout
         self.max_head = max_head
@@ -606,6 +614,23 @@ class HttpServer:
         server = await asyncio.get_running_loop().create_server(
             lambda: _Connection(self), host=host, port=port, backlog=backlog,
             reuse_address=True, reuse_port=True)
+        self._servers.append(server)
+
+    async def listen_unix(self, path: str, *, mode: int = 0o600, backlog: int = 128) -> None:
+        """Listen on a Unix socket at ``path`` (a stale one there is replaced), with ``mode``
+        set before the first connection can be accepted."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)
+            sock.bind(path)
+            os.chmod(path, mode)
+            server = await asyncio.get_running_loop().create_unix_server(
+                lambda: _Connection(self), sock=sock, backlog=backlog)
+        except BaseException:
+            sock.close()
+            raise
         self._servers.append(server)
 
     @property
@@ -689,6 +714,9 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._server.admit is not None and not self._server.admit(transport.get_extra_info("socket")):
+            transport.abort()
+            return
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
         self._peer = transport.get_extra_info("peername")
         self.client = str(self._peer[0]) if isinstance(self._peer, tuple) and self._peer else ""

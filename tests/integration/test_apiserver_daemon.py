@@ -10,7 +10,6 @@ API server).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from support.apiserver.tls import TlsFiles, make_tls
-from support.netns import CommandFailed, KubeportDaemon, NoReply, Pod, Readyz, Topology, udp_request, until_sync
+from support.netns import CommandFailed, KubeportDaemon, NoReply, Pod, Topology, udp_request, until_sync
 from support.netns.apiserver import (
     NetnsApiServer,
     dig_answer,
@@ -32,6 +31,7 @@ from support.netns.apiserver import (
     start_daemon,
     status,
 )
+from support.netns.daemon import problems_of
 from support.netns.operating import FirstAnswer
 from support.netns.policies import curl_exit_code, pods_over, settle_curl_exit, settle_on
 
@@ -320,10 +320,6 @@ FORBIDDEN_LINE = (
 )
 
 
-def readyz_problems(ready: Readyz) -> list[str]:
-    return json.loads(ready.body)["problems"]
-
-
 def _forbid_endpointslices(api: NetnsApiServer) -> None:
     for verb in ("list", "watch"):
         api.forbid("endpointslices", verb)
@@ -335,8 +331,8 @@ def test_forbidden_endpointslices_names_the_missing_rule__rbac(topology, pods, t
         # The first request is the streaming list: a watch.
         expected = FORBIDDEN_LINE.format(verb="watch")
 
-        until_sync(lambda: expected in readyz_problems(daemon.readyz()),
-                   "the RBAC problem in /readyz", 20, ignore=(ValueError,))
+        until_sync(lambda: expected in problems_of(daemon.ns),
+                   "the RBAC problem among the daemon's problems", 20, ignore=(ValueError, CommandFailed))
         ready = daemon.readyz()
         assert ready.status == 503 and "source: first list not complete" in ready.body
         assert status(daemon.ns)["source"]["problems"] >= 1
@@ -344,7 +340,7 @@ def test_forbidden_endpointslices_names_the_missing_rule__rbac(topology, pods, t
         for verb in ("list", "watch"):
             api.permit("endpointslices", verb)
         daemon.wait_ready()
-        assert readyz_problems(daemon.readyz()) == []
+        assert problems_of(daemon.ns) == []
 
 
 # --- a crash: the last applied state ---------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.netns import KubeportDaemon, kubeport, until_sync
+from support.netns.daemon import problems_of
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +90,8 @@ def services(ns: str) -> dict[str, dict]:
 
 
 def problems(daemon: KubeportDaemon) -> list[str]:
-    """What the daemon reports in its readiness detail (also printed by `kubeport get`)."""
-    return json.loads(daemon.readyz().body)["problems"]
+    """What the daemon reports as problems (printed by `kubeport get`)."""
+    return problems_of(daemon.ns)
 
 
 def allocations(svc: dict) -> tuple:

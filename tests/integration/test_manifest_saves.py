@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from support.netns import KubeportDaemon, curl_in, kubeport, run_in, spawn_in, until_sync
-from support.netns.daemon import kubeport_bin
+from support.netns import KubeportDaemon, kubeport, run_in, spawn_in, until_sync
+from support.netns.daemon import kubeport_bin, problems_of, status_api
 from support.netns.manifests import DAEMON_ARGS, node, write
 from support.netns.operating import CLIENT_LOOP
 
@@ -221,8 +221,8 @@ def _allocation(svc: dict) -> tuple:
 def served(ns: str) -> tuple[tuple, str | None]:
     """web's allocation and the revision its slice carries, from the status API (cheaper than a
     `kubeport get` per repetition)."""
-    services = json.loads(curl_in(ns, "http://127.0.0.1:10249/api/v1/namespaces/demo/services"))["items"]
-    slices = json.loads(curl_in(ns, "http://127.0.0.1:10249/api/v1/namespaces/demo/endpointslices"))["items"]
+    services = status_api(ns, "/api/v1/namespaces/demo/services")["items"]
+    slices = status_api(ns, "/api/v1/namespaces/demo/endpointslices")["items"]
     web = [_allocation(s) for s in services if s["metadata"]["name"] == "web"]
     hostnames = [e.get("hostname") for s in slices for e in s["endpoints"] if e.get("hostname")]
     return (web[0] if web else ()), (hostnames[0] if hostnames else None)
@@ -264,7 +264,7 @@ def start(topology, files: Files, tmp_path: Path) -> tuple[KubeportDaemon, dict[
 
 
 def problems(daemon: KubeportDaemon) -> list[str]:
-    return json.loads(daemon.readyz().body)["problems"]
+    return problems_of(daemon.ns)
 
 
 @pytest.mark.parametrize("save", SAVES.values(), ids=SAVES.keys())

@@ -173,10 +173,11 @@ def test_udp_stream_timeout_flag_sets_the_field():
     assert (config.conntrack.udp_stream_timeout, config.conntrack.udp_timeout) == (180.0, 5.0)
 
 
-def test_help_says_empty_disables_and_what_kubeport_get_loses():
+def test_help_says_empty_disables_and_where_the_status_api_is():
     run = next(a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" run"))
     text = " ".join(run.format_help().split())
-    assert "Set empty to disable: `kubeport get` then has nothing to talk to" in text
+    assert "/metrics, /healthz, /proxyMode, /readyz (default 127.0.0.1:10249). Set empty to disable." in text
+    assert "readable by whoever reaches it" in text  # --status-bind-address
     assert "(default 0.0.0.0:10256). Set empty to disable." in text
 
 

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import stat
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kubeport import cli
-from kubeport.get_client import resource_path, server_url
+from kubeport.endpoints.types import Snapshot
+from kubeport.get_client import find_status_socket, resource_path, server_url, status_sockets
+from kubeport.status import STATUS_SOCKET, StatusServer, StatusSocketError
 
 
 @pytest.mark.parametrize(
@@ -101,5 +108,99 @@ def test_unreachable_daemon_says_why_in_one_line(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(f"kubeport: cannot reach the daemon at http://127.0.0.1:{port}: ")
-    assert "Connection refused" in lines[0] and "--metrics-bind-address" in lines[0]
+    assert "Connection refused" in lines[0] and "--status-bind-address" in lines[0]
     assert "unknown url type" not in lines[0]
+
+
+# --- the status socket --------------------------------------------------------------------------
+
+# /proc/net/unix as Linux 6.1 prints it: Num RefCount Protocol Flags Type St Inode Path
+PROC_NET_UNIX = """\
+Num       RefCount Protocol Flags    Type St Inode Path
+0000000000000000: 00000002 00000000 00010000 0001 01 313542 /var/lib/kubeport/kubeport.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 313999 /tmp/state/kubeport.sock
+0000000000000000: 00000003 00000000 00000000 0001 03 314001 /tmp/state/kubeport.sock
+0000000000000000: 00000002 00000000 00010000 0002 01 314002 /tmp/dgram/kubeport.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 314003 @kubeport/node-a
+0000000000000000: 00000002 00000000 00010000 0001 01 314004 /run/other/status.sock
+0000000000000000: 00000002 00000000 00010000 0001 01 314005 /tmp/a dir with spaces/kubeport.sock
+0000000000000000: 00000003 00000000 00000000 0001 03 314006
+"""
+
+
+def test_status_sockets_are_the_listening_ones_newest_first():
+    """Listening (__SO_ACCEPTCON) stream sockets named kubeport.sock; connected ends, datagram
+    sockets, abstract names and other names are not; the newest inode first (a successor)."""
+    assert status_sockets(PROC_NET_UNIX) == [
+        "/tmp/a dir with spaces/kubeport.sock", "/tmp/state/kubeport.sock", "/var/lib/kubeport/kubeport.sock"]
+
+
+def test_status_sockets_of_a_namespace_without_a_daemon():
+    assert status_sockets(PROC_NET_UNIX.splitlines()[0]) == []
+    assert find_status_socket("/nonexistent/proc/net/unix") is None
+
+
+class View:
+    def snapshot(self):
+        return Snapshot(generation=3)
+
+    def pending(self):
+        return []
+
+    def problems(self):
+        return ["web.yaml: broken"]
+
+    def status(self):
+        return {"generation": 3}
+
+    def proxy_health(self, path):  # pragma: no cover - not asked here
+        raise NotImplementedError
+
+
+@pytest.fixture
+async def status_socket(tmp_path):
+    path = tmp_path / "state" / STATUS_SOCKET
+    server = StatusServer(View(), healthz_bind="", metrics_bind="", registry=CollectorRegistry(), status_socket=path)
+    await server.start()
+    try:
+        yield path
+    finally:
+        await server.stop()
+
+
+async def test_the_status_socket_is_owner_only_and_answers_kubeport_get(status_socket):
+    assert stat.S_IMODE(status_socket.stat().st_mode) == 0o600
+    assert stat.S_IMODE(status_socket.parent.stat().st_mode) == 0o700
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "kubeport", "get", "status", "-o", "json",
+                                                    "--socket", str(status_socket)],
+                                   capture_output=True, text=True, timeout=30, cwd="/")
+    assert (done.returncode, json.loads(done.stdout)) == (0, {"generation": 3}), done.stderr
+
+
+async def test_kubeport_get_finds_the_socket_of_its_network_namespace(status_socket):
+    """No --socket: the newest listening kubeport.sock in /proc/net/unix, which is ours."""
+    assert find_status_socket() == str(status_socket)
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "kubeport", "get", "svc", "-A"],
+                                   capture_output=True, text=True, timeout=30, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert "web.yaml: broken" in done.stderr  # the problem lines, as the listing carries them
+
+
+async def test_the_status_socket_is_gone_after_a_stop__a_successors_is_left(tmp_path):
+    path = tmp_path / STATUS_SOCKET
+    first = StatusServer(View(), healthz_bind="", metrics_bind="", registry=CollectorRegistry(), status_socket=path)
+    second = StatusServer(View(), healthz_bind="", metrics_bind="", registry=CollectorRegistry(), status_socket=path)
+    await first.start()
+    await second.start()  # a handover's successor in the same state directory: the path is its now
+    await first.stop()
+    assert path.exists()
+    await second.stop()
+    assert not path.exists()
+
+
+async def test_a_state_directory_too_long_for_a_unix_socket_is_a_clear_error(tmp_path):
+    path = tmp_path / ("d" * 120) / STATUS_SOCKET
+    server = StatusServer(View(), healthz_bind="", metrics_bind="", registry=CollectorRegistry(), status_socket=path)
+    with pytest.raises(StatusSocketError, match="longer than a Unix socket address holds"):
+        await server.start()
+    await server.stop()

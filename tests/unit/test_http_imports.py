@@ -52,15 +52,15 @@ async def get(port, path):
 
 
 async def main():
-    healthz, metrics, dns_metrics, node_port = free_port(), free_port(), free_port(), free_port()
+    healthz, metrics, dns_metrics, node_port, api = free_port(), free_port(), free_port(), free_port(), free_port()
     status = StatusServer(View(), healthz_bind=f"127.0.0.1:{healthz}", metrics_bind=f"127.0.0.1:{metrics}",
                           registry=CollectorRegistry(), dns_metrics_bind=f"127.0.0.1:{dns_metrics}",
-                          dns_registry=CollectorRegistry())
+                          dns_registry=CollectorRegistry(), status_bind=f"127.0.0.1:{api}")
     await status.start()
     checks = HealthCheckServers(lambda: True)
     await checks.sync({node_port: (ServiceName("default", "web"), 1)}, ["127.0.0.1"])
     codes = [await get(healthz, "/healthz"), await get(metrics, "/metrics"),
-             await get(metrics, "/api/v1/services"), await get(dns_metrics, "/metrics"),
+             await get(api, "/api/v1/services"), await get(dns_metrics, "/metrics"),
              await get(node_port, "/")]
     await checks.close()
     await status.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -11,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kubeport.get_client import status_sockets
 
 from ..wait import WaitTimeout, until_sync
 from .proc import CommandFailed, current_scope, run_in, spawn_in, stop_process
@@ -48,6 +51,22 @@ def kubeport_bin() -> Path:
 def kubeport(ns: str | None, *args: Any, timeout: float = 30.0) -> str:
     """Run the kubeport CLI in `ns` (None: root namespace); its stdout, or CommandFailed."""
     return run_in(ns, kubeport_bin(), *args, timeout=timeout).stdout
+
+
+def status_api(ns: str, path: str, timeout: float = 5.0) -> Any:
+    """The status API's JSON at `path` (``/api/v1/problems``), from the daemon of network
+    namespace `ns` over its Unix socket, found as `kubeport get` finds it (/proc/net/unix)."""
+    sockets = status_sockets(run_in(ns, "cat", "/proc/net/unix").stdout)
+    if not sockets:
+        raise CommandFailed(ns, ["cat", "/proc/net/unix"], 7, "", "no kubeport status socket listens here")
+    done = run_in(ns, "curl", "-sS", "--fail", "--max-time", f"{timeout:g}", "--unix-socket", sockets[0],
+                  f"http://kubeport{path}", timeout=timeout + 5)
+    return json.loads(done.stdout)
+
+
+def problems_of(ns: str) -> list[str]:
+    """The daemon's problem lines (what `kubeport get` prints under a listing)."""
+    return status_api(ns, "/api/v1/problems")["problems"]
 
 
 def node_name_from_ns(ns: str) -> str:
@@ -176,4 +195,5 @@ class KubeportDaemon:
         return f"KubeportDaemon({self.ns!r}, node={self.node_name!r}, {state})"
 
 
-__all__ = ["DAEMONS", "CommandFailed", "DaemonExited", "KubeportDaemon", "Readyz", "kubeport", "kubeport_bin"]
+__all__ = ["DAEMONS", "CommandFailed", "DaemonExited", "KubeportDaemon", "Readyz", "kubeport", "kubeport_bin",
+           "problems_of", "status_api"]
