@@ -58,7 +58,6 @@ WAIT = b"wait\n"
 REFUSED = b"refused\n"
 TAKEOVER = b"takeover\n"
 ACK = b"leaving\n"
-MIGRATE_SYSCTL = "/proc/sys/net/ipv4/tcp_migrate_req"
 
 
 def instance_address(node_name: str) -> str:
@@ -115,19 +114,6 @@ def holder_of(address: str) -> Peer | None:
 def display_name(address: str) -> str:
     """An abstract name as ``ss -x`` and /proc/net/unix show it."""
     return "@" + address.lstrip("\0")
-
-
-def enable_request_migration(path: str = MIGRATE_SYSCTL) -> bool:
-    """Ask the kernel to hand a closing listener's queued connections to its SO_REUSEPORT
-    siblings instead of resetting them (Linux >= 5.14). False if it cannot be set."""
-    try:
-        with open(path, "w") as sysctl:
-            sysctl.write("1")
-        return True
-    except OSError as exc:
-        log.info("cannot set %s (%s): connections queued on a listener when it closes "
-                 "during a handover will be reset", path, exc.strerror or exc)
-        return False
 
 
 class Instance:

@@ -119,13 +119,6 @@ async def test_take_over_without_a_living_predecessor_just_claims():
     instance.release()
 
 
-def test_request_migration_reports_a_read_only_sysctl(tmp_path):
-    assert handover.enable_request_migration(str(tmp_path / "missing" / "tcp_migrate_req")) is False
-    writable = tmp_path / "tcp_migrate_req"
-    assert handover.enable_request_migration(str(writable)) is True
-    assert writable.read_text() == "1"
-
-
 class FakeDns:
     def __init__(self):
         self.configs = []
