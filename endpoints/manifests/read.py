@@ -1,6 +1,8 @@
 """Manifest files on disk: which to read, and reading one (bytes -> parsed file).
 
-Called from a worker thread by the source: nothing here touches the cluster state.
+Nothing here touches the cluster state. The source runs :func:`read_bytes` (the disk) in a
+thread of its own with a deadline (``batch.py``), and :func:`parse_bytes` on the event loop
+(a small file) or in a worker thread.
 Hidden files and directories (a name starting with ``.``) are never read: they hold
 editors' swap files, ``.git`` and the ``..data`` twins of a mounted ConfigMap.
 
@@ -246,12 +248,19 @@ class FileRead:
     same: bool = False
     #: the following chunks of a large file (parsed as they are taken)
     rest: Iterator[ParsedFile] = field(default_factory=lambda: iter(()))
-    #: larger than the caller's ``inline_bytes``: nothing read, to be read again off the event loop
-    deferred: bool = False
 
     @property
     def gone(self) -> bool:
-        return self.parsed is None and not self.same and not self.deferred
+        return self.parsed is None and not self.same
+
+
+@dataclass(frozen=True, slots=True)
+class FileBytes:
+    """A file's bytes as read from disk, not parsed yet."""
+
+    path: str
+    data: bytes
+    stat: StatKey
 
 
 #: Above this size a file is checked for syntax errors before its objects stream in
@@ -259,53 +268,71 @@ class FileRead:
 STREAM_ABOVE_BYTES = 256 * 1024
 
 
-def read_manifest(
-    directory: Path, path: str, *, known_content: bytes | None = None, unchanged: UnchangedCheck | None = None,
-    budget: ReadBudget | None = None, inline_bytes: int | None = None,
-) -> FileRead:
-    """Read ``directory/path`` and parse its first chunk; nothing when its bytes digest to
-    ``known_content``. An unreadable file (not a regular file, over a limit of ``budget``)
-    is a failed parse (its objects are kept), a missing one is gone. With ``inline_bytes``
-    (the caller runs on the event loop) a larger file is left unread, ``deferred``: it grew
-    since it was listed as small."""
+def not_read(path: str, why: str) -> FileRead:
+    """A file that could not be read: a failed parse, so its objects are kept."""
+    return FileRead(path, ParsedFile(problems=(f"{path}: not read: {why}",), failed=True))
+
+
+def read_bytes(directory: Path, path: str, limits: ReadLimits) -> FileBytes | FileRead:
+    """The disk part of reading ``directory/path``: its bytes, or the FileRead that says why
+    there are none (gone; not a regular file, over ``limits.file_bytes``, too slow: a failed
+    parse). Safe in any thread: it changes nothing but the file descriptor it opens (the
+    total of the budget is the caller's to check and to hold, see :func:`parse_bytes`)."""
     full = directory / path
-    budget = budget or ReadBudget()
-    limit = budget.limits.file_bytes if inline_bytes is None else min(inline_bytes, budget.limits.file_bytes)
     try:
         fd, opened = open_regular(full)
         try:
-            stat = stat_key(opened)
-            if inline_bytes is not None and opened.st_size > inline_bytes:
-                return FileRead(path, None, deferred=True)
-            if (refusal := budget.refusal(path, opened.st_size)) is not None:
-                raise TooLarge(refusal)
-            deadline = time.monotonic() + budget.limits.read_timeout
-            try:
-                data = read_limited(fd, opened.st_size, limit, deadline)
-            except TooLarge:
-                if inline_bytes is None or limit == budget.limits.file_bytes:
-                    raise
-                return FileRead(path, None, deferred=True)
+            if opened.st_size > limits.file_bytes:
+                raise TooLarge(f"{_mib(opened.st_size)}, over the limit of {_mib(limits.file_bytes)} per file "
+                               f"(manifestLimits.fileBytes)")
+            deadline = time.monotonic() + limits.read_timeout
+            data = read_limited(fd, opened.st_size, limits.file_bytes, deadline)
         finally:
             os.close(fd)
     except FileNotFoundError:
-        budget.release(path)
         return FileRead(path, None)
     except (NotRegularFile, TooLarge, TimeoutError) as exc:
-        return FileRead(path, ParsedFile(problems=(f"{path}: not read: {exc}",), failed=True))
+        return not_read(path, str(exc))
     except OSError as exc:
         return FileRead(path, ParsedFile(problems=(f"{path}: cannot read: {exc.strerror or exc}",), failed=True))
+    return FileBytes(path, data, stat_key(opened))
+
+
+def parse_bytes(read: FileBytes | FileRead, *, known_content: bytes | None = None,
+                unchanged: UnchangedCheck | None = None, budget: ReadBudget | None = None) -> FileRead:
+    """What :func:`read_bytes` returned, parsed (its first chunk), held in ``budget`` (over
+    its total: not read); nothing when the bytes digest to ``known_content``."""
+    budget = budget or ReadBudget()
+    if isinstance(read, FileRead):
+        if read.gone:
+            budget.release(read.path)
+        return read
+    path, data = read.path, read.data
+    if (refusal := budget.refusal(path, len(data))) is not None:
+        return not_read(path, refusal)
     budget.hold(path, len(data))
     content = content_digest(data)
     if content == known_content:
-        return FileRead(path, None, content, stat, same=True)
+        return FileRead(path, None, content, read.stat, same=True)
     text, problem = decode(path, data)
-    del data
     if text is None:
-        return FileRead(path, ParsedFile(problems=(problem or path,), failed=True), content, stat)
+        return FileRead(path, ParsedFile(problems=(problem or path,), failed=True), content, read.stat)
     if len(text) > STREAM_ABOVE_BYTES and syntax_checked_lazily(path):
         problem = check_syntax(path, text)
         if problem is not None:
-            return FileRead(path, ParsedFile(problems=(problem,), failed=True), content, stat)
+            return FileRead(path, ParsedFile(problems=(problem,), failed=True), content, read.stat)
     chunks = iter_manifest(path, text, unchanged=unchanged)
-    return FileRead(path, next(chunks), content, stat, rest=chunks)
+    return FileRead(path, next(chunks), content, read.stat, rest=chunks)
+
+
+def read_manifest(
+    directory: Path, path: str, *, known_content: bytes | None = None, unchanged: UnchangedCheck | None = None,
+    budget: ReadBudget | None = None,
+) -> FileRead:
+    """Read ``directory/path`` and parse its first chunk (:func:`read_bytes`, then
+    :func:`parse_bytes`); nothing when its bytes digest to ``known_content``. An unreadable
+    file (not a regular file, over a limit of ``budget``) is a failed parse (its objects are
+    kept), a missing one is gone."""
+    budget = budget or ReadBudget()
+    return parse_bytes(read_bytes(directory, path, budget.limits), known_content=known_content,
+                       unchanged=unchanged, budget=budget)

@@ -6,7 +6,10 @@ files becomes one commit. A batch reads only the files its events name (a rescan
 of the whole tree when the tree changed shape, and every 5 s without events). Large files
 are parsed in a worker thread, one chunk of objects at a time, and each chunk is admitted
 and dropped before the next: no more than a chunk of API objects is alive. Small files are
-read on the event loop: a thread hop would cost more than the read.
+parsed on the event loop: a thread hop would cost more than the parse. Every file's bytes
+are read in a thread, with the read timeout as its deadline: a read stuck in the kernel (a
+hung FUSE or NFS mount) is left there, and its file is a problem line that keeps its objects
+(:mod:`~kubeport.endpoints.manifests.batch`); the loop never makes a call that can hang.
 
 Last good state wins:
 - a file that fails to parse (syntax error, unreadable) keeps every object it held;
@@ -56,22 +59,25 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubeport.endpoints.manifests.batch import Batch, Inline, collector_paused, drive, run_sync
+from kubeport.endpoints.manifests.batch import Batch, Disk, DiskThreads, Inline, collector_paused, drive, run_sync
 from kubeport.endpoints.manifests.holders import Holders
 from kubeport.endpoints.manifests.lastgood import LastGoodFiles
 from kubeport.endpoints.manifests.objects import SOURCE_KINDS, FileApply, ManifestObjects, Progress
 from kubeport.endpoints.manifests.parse import ObjectKey, ParsedFile
 from kubeport.endpoints.manifests.read import (
+    FileBytes,
     FileRead,
     ReadBudget,
     ReadLimits,
     StatKey,
     list_manifest_files,
-    read_manifest,
+    not_read,
+    parse_bytes,
+    read_bytes,
     stat_manifest_files,
 )
 from kubeport.endpoints.manifests.watch import ALLOW_EMPTY_MARKER, DirectoryWatch
@@ -82,7 +88,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SOURCE_KINDS", "ManifestSource"]
 
-#: Files up to this size are read and parsed on the event loop, larger ones in a thread.
+#: Files up to this size are parsed on the event loop, larger ones in a thread.
 INLINE_BYTES = 64 * 1024
 #: A deleted file's objects are kept this long, in case the file is being replaced.
 GONE_GRACE_MS = 3_000
@@ -116,6 +122,7 @@ class ManifestSource:
         duplicate_note: str = "",
         limits: ReadLimits | None = None,
         gone_grace_ms: float = GONE_GRACE_MS,
+        read_file: Callable[[Path, str, ReadLimits], FileBytes | FileRead] = read_bytes,
     ) -> None:
         """
         :param directory: the manifest directory, read recursively.
@@ -132,6 +139,9 @@ class ManifestSource:
         :param duplicate_note: added to each ``declared also in`` line.
         :param limits: what is read at most (:class:`~kubeport.endpoints.manifests.read.ReadLimits`).
         :param gone_grace_ms: how long a deleted file's objects are kept, in case it comes back.
+        :param read_file: the disk part of reading a file
+            (:func:`~kubeport.endpoints.manifests.read.read_bytes`), run in a thread with a
+            deadline. The seam where tests put a read that hangs as one in a hung mount does.
         """
         # Resolved: inotify reports paths under the real directory.
         self._directory = Path(directory).resolve()
@@ -142,6 +152,8 @@ class ManifestSource:
         self._last_good = last_good
         self._files: dict[str, _FileRecord] = {}
         self._budget = ReadBudget(limits)
+        self._read_file = read_file
+        self._disk = DiskThreads()
         self._holders = Holders(last_good.holders() if last_good is not None else None)
         self._objects = ManifestObjects(registry, state, self._holders, duplicate_note=duplicate_note)
         self._reported: set[str] = set()
@@ -219,7 +231,7 @@ class ManifestSource:
         try:
             started = time.monotonic()
             with collector_paused():
-                await drive(self._batch(set(), initial=True))
+                await drive(self._batch(set(), initial=True), self._disk)
             log.info("manifests: first load of %d files, %d objects in %.2f s", len(self._files),
                      len(self._objects.applied), time.monotonic() - started)
             if synced is not None:
@@ -228,7 +240,8 @@ class ManifestSource:
                 save_wanted.set()
                 changes = await watch.next_changes(self._next_grace_end())
                 self._replaced |= changes.replaced
-                await drive(self._batch(set(changes.paths), rescan=changes.rescan, deferred=changes.deferred))
+                await drive(self._batch(set(changes.paths), rescan=changes.rescan, deferred=changes.deferred),
+                            self._disk)
         finally:
             watch.close()
             saver.cancel()
@@ -286,7 +299,7 @@ class ManifestSource:
                 gone: set[str] = set()
                 for path in work:
                     progress.done.add(path)
-                    yield from self._apply_file(path, progress, gone, force=force, size=_size(listing, path),
+                    yield from self._apply_file(path, progress, gone, force=force,
                                                 initial=initial and not force)
                 if gone or self._vanished or self._held:
                     self._resolve_gone(gone, progress, initial=initial)
@@ -425,22 +438,23 @@ class ManifestSource:
         progress.freed = False
         return sorted(retry)
 
-    def _apply_file(self, path: str, progress: Progress, gone: set[str], *, force: bool, size: int | None,
+    def _apply_file(self, path: str, progress: Progress, gone: set[str], *, force: bool,
                     initial: bool = False) -> Batch:
         record = self._files.get(path)
         first_read = record is None
         known = None if force or record is None else record.content
 
-        def read_file(inline_bytes: int | None = None) -> FileRead:
-            unchanged = lambda key, digest: self._objects.is_applied(path, key, digest)  # noqa: E731
-            return read_manifest(self._directory, path, known_content=known, unchanged=unchanged,
-                                 budget=self._budget, inline_bytes=inline_bytes)
+        limits = self._budget.limits
+        read_file, directory = self._read_file, self._directory
+        on_disk: FileBytes | FileRead = yield Disk(lambda: read_file(directory, path, limits), limits.read_timeout,
+                                                   lambda why: not_read(path, why))
 
-        small = size is not None and size <= INLINE_BYTES
-        read: FileRead = yield Inline(lambda: read_file(INLINE_BYTES)) if small else read_file
-        if read.deferred:  # grown since it was listed: read and parsed off the event loop
-            small = False
-            read = yield read_file
+        def parse() -> FileRead:
+            unchanged = lambda key, digest: self._objects.is_applied(path, key, digest)  # noqa: E731
+            return parse_bytes(on_disk, known_content=known, unchanged=unchanged, budget=self._budget)
+
+        small = not isinstance(on_disk, FileBytes) or len(on_disk.data) <= INLINE_BYTES
+        read: FileRead = yield Inline(parse) if small else parse
         if read.gone:
             if record is not None:
                 gone.add(path)  # what that means depends on the batch's other files: _resolve_gone
@@ -535,8 +549,3 @@ def _emptied(read: FileRead) -> bool:
 
 def _within(path: str, directory: str) -> bool:
     return directory == "" or path.startswith(f"{directory}/")
-
-
-def _size(listing: dict[str, StatKey] | None, path: str) -> int | None:
-    key = None if listing is None else listing.get(path)
-    return None if key is None else key[2]

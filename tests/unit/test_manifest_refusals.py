@@ -5,9 +5,11 @@ them is opened for reading: a named pipe would block, a device would never end."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -18,8 +20,15 @@ from kubeport.endpoints.manifests.read import (
     ReadBudget,
     ReadLimits,
     open_regular,
+    read_bytes,
     read_manifest,
 )
+from kubeport.endpoints.manifests.batch import Disk, DiskThreads
+from kubeport.endpoints.manifests.source import ManifestSource
+from kubeport.endpoints.types import ServiceName
+
+from support.manifests import WEB, Harness, manifests, running, service  # noqa: F401  (a fixture)
+from support.wait import DEADLINE, until
 
 SERVICE = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec: {ports: [{port: 80}]}\n"
 
@@ -152,13 +161,68 @@ def test_last_good_copy_skips_a_file_swapped_for_a_fifo(tmp_path):
     assert not copies.has("x.yaml")
 
 
-def test_a_file_larger_than_the_inline_size_is_deferred_unread(tmp_path):
-    """Listed small, grown by the time it is read on the event loop: read again in a thread."""
-    (tmp_path / "a.yaml").write_text(SERVICE + "#" * 200)
-    budget = ReadBudget()
-    deferred = read_manifest(tmp_path, "a.yaml", inline_bytes=100, budget=budget)
-    assert deferred.deferred and not deferred.gone and deferred.parsed is None
-    assert budget.total == 0
-    whole = read_manifest(tmp_path, "a.yaml", budget=budget)
-    assert not whole.deferred and [o.key for o in whole.parsed.objects] == [("Service", "demo", "web")]
-    assert not read_manifest(tmp_path, "a.yaml", inline_bytes=1000).deferred
+async def test_a_read_stuck_in_the_kernel_is_left_behind_and_the_loop_keeps_serving(manifests):
+    """A read that never returns, as read(2) on a hung FUSE or NFS mount does (put at the
+    source's disk seam, ``read_file``: no test can hang a real file system), is abandoned at
+    the read timeout: its file is a problem line, the other files load, and the event loop
+    is never held."""
+    released = threading.Event()
+
+    def hangs_once(directory, path, limits):
+        if path == "hung.yaml":
+            released.wait(DEADLINE)  # its thread blocks, as in the kernel
+        return read_bytes(directory, path, limits)
+
+    harness = Harness(manifests)
+    harness.source = ManifestSource(manifests, harness.registry, harness.state, limits=ReadLimits(read_timeout=1.0),
+                                    read_file=hangs_once)
+    harness.write("hung.yaml", service("hung"))
+    harness.write("web.yaml", service())
+    loop = asyncio.get_running_loop()
+    gaps = [0.0]
+    last = [time.monotonic()]
+
+    def tick() -> None:  # the loop's longest stall: gaps between turns of this callback
+        now = time.monotonic()
+        gaps[0] = max(gaps[0], now - last[0])
+        last[0] = now
+        handle[0] = loop.call_soon(tick)
+
+    handle = [loop.call_soon(tick)]
+    try:
+        async with running(harness):
+            assert WEB in harness.state.snapshot.services
+            assert ServiceName("default", "hung") not in harness.state.snapshot.services
+            assert ("hung.yaml: not read: not read within the read timeout (1 s): the file system does not answer"
+                    in harness.source.problems)
+            assert harness.source._disk.stuck == 1
+            assert gaps[0] < 0.5
+            released.set()  # the file system answers again: the thread left behind ends
+            await until(lambda: harness.source._disk.stuck == 0, "the stuck read to return")
+            harness.write("hung.yaml", service("hung", port=81))
+            await harness.until(lambda: ServiceName("default", "hung") in harness.state.snapshot.services)
+    finally:
+        handle[0].cancel()
+        released.set()
+
+
+async def test_while_reads_are_stuck_no_more_threads_are_started():
+    disk = DiskThreads(max_stuck=2)
+    released = threading.Event()
+    started: list[str] = []
+
+    def hang() -> str:
+        started.append("read")
+        released.wait(DEADLINE)
+        return "late"
+
+    try:
+        for _ in range(3):
+            assert await disk.run(Disk(hang, 0.05, lambda why: why)) in (
+                "not read within the read timeout (0.05 s): the file system does not answer",
+                "2 earlier reads are still stuck in the file system")
+        assert len(started) == 2 and disk.stuck == 2
+    finally:
+        released.set()
+    await until(lambda: disk.stuck == 0, "the stuck reads to return")
+    assert await disk.run(Disk(lambda: "read", 1.0, lambda why: why)) == "read"
