@@ -28,7 +28,7 @@ from support.netns import (
     until_sync,
     wait_for_output,
 )
-from support.netns.daemon import kubeport_bin
+from support.netns.daemon import kubeport_bin, problems_of, status_api
 from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 
 pytestmark = pytest.mark.integration
@@ -60,14 +60,12 @@ def start(topology, which: str, manifests, state, *extra: str, program=None) -> 
 
 
 def problems(ns: str) -> list[str]:
-    """The problem lines of the loopback status API (what `kubeport get` prints)."""
-    out = run_in(ns, "curl", "-sS", "--max-time", "2", f"http://127.0.0.1:{METRICS_PORT}/api/v1/problems").stdout
-    return json.loads(out)["problems"]
+    """The problem lines of the status API (what `kubeport get` prints)."""
+    return problems_of(ns)
 
 
 def status(ns: str, timeout: float = 2) -> dict:
-    out = run_in(ns, "curl", "-sS", "--max-time", f"{timeout:g}", f"http://127.0.0.1:{METRICS_PORT}/api/v1/status").stdout
-    return json.loads(out)
+    return status_api(ns, "/api/v1/status", timeout)
 
 
 def problem_about(ns: str, text: str, timeout: float = 10.0) -> str:
@@ -238,8 +236,10 @@ def test_readyz_from_the_network_shows_no_problem_details(topology, node_a):
         body, _, code = remote.rpartition("\n")
         assert code == "200" and json.loads(body) == {"ready": True, "pending": []}
         assert PLANTED.upper() not in remote and "broken" not in remote
-        local = run_in(ns, "curl", "-sS", "--max-time", "2", f"http://127.0.0.1:{HEALTHZ_PORT}/readyz").stdout
-        assert PLANTED.upper() in local  # the node itself sees the details
+        for port in (HEALTHZ_PORT, METRICS_PORT):  # nor to another user of the node itself, on loopback
+            local = run_in(ns, "curl", "-sS", "--max-time", "2", f"http://127.0.0.1:{port}/readyz").stdout
+            assert PLANTED.upper() not in local and "broken" not in local, port
+        assert PLANTED.upper() in json.dumps(status_api(ns, "/readyz"))  # root, on the status socket
         healthz = json.loads(run_in(topology.client, "curl", "-sS", "--max-time", "2",
                                     f"http://{node_ip}:{HEALTHZ_PORT}/healthz").stdout)
         assert set(healthz) <= {"lastUpdated", "currentTime", "nodeEligible", "healthy", "status"}

@@ -1,17 +1,23 @@
 """The operator's surface of a real daemon: kube-proxy's flag forms, a disabled metrics server,
 process metrics without *_created series, a busy health-check node port retried until it opens,
-and the HTTP ports as curl sees them."""
+the HTTP ports as curl sees them, and what another local user can read of them."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from support.netns import CommandFailed, KubeportDaemon, curl_in, run_in, spawn_in, stop_process, until_sync
-from support.netns.daemon import kubeport_bin
+from kubeport.status import STATUS_SOCKET
+
+from support.netns import CommandFailed, KubeportDaemon, curl_in, kubeport, run_in, spawn_in, stop_process, until_sync
+from support.netns.daemon import kubeport_bin, problems_of
 from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 
 pytestmark = pytest.mark.integration
@@ -50,6 +56,7 @@ def test_kube_proxy_flag_forms_and_disabled_metrics_server(topology, manifests, 
     assert got.returncode == 1
     assert f"cannot reach the daemon at http://{METRICS}" in got.stderr
     assert "metrics server disabled" in kp.log_text()
+    assert "etp" in kubeport(ns, "get", "svc", "-A")  # the status socket does not depend on it
     assert kp.stop() == 0
 
 
@@ -63,7 +70,7 @@ def test_metrics_have_process_series_and_no_created_series(topology, manifests, 
 
 
 def problems(ns: str) -> str:
-    return curl_in(ns, f"http://{METRICS}/api/v1/problems")
+    return "\n".join(problems_of(ns))
 
 
 def test_busy_health_check_node_port_is_retried_until_it_opens(topology, manifests, tmp_path):
@@ -115,9 +122,84 @@ def test_http_ports_answer_curl_as_gos_servers_and_map_no_aiohttp(topology, mani
     # Two URLs, one connection: the second transfer connects nowhere new.
     both = curl_in(ns, f"http://{METRICS}/proxyMode", "-w", " %{num_connects}\n", f"http://{METRICS}/healthz")
     assert both == "ok 1\nuserspace-splice 0\n"  # curl_in puts its url last
-    assert curl_in(ns, f"http://{METRICS}/api/v1/services", "-X", "DELETE", "-o", "/dev/null",
+    assert curl_in(ns, f"http://{METRICS}/proxyMode", "-X", "DELETE", "-o", "/dev/null",
                    "-w", "%{http_code}") == "405"
     assert curl_in(ns, f"http://{METRICS}/nothing", "-o", "/dev/null", "-w", "%{http_code}") == "404"
     maps = Path(f"/proc/{kp.proc.pid}/maps").read_text()
     assert not [line for line in maps.splitlines() if any(name in line for name in ("aiohttp", "multidict", "yarl"))]
     assert kp.stop() == 0
+
+
+# --- what another user of the node reads ---------------------------------------------------------
+
+PLANTED = "planted-name-5e0c"
+AS_NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+_ASK_EVERY_LISTENER = """
+import json, socket, sys
+asked = {}
+for host, port in json.loads(sys.argv[1]):
+    for path in ("/", "/readyz", "/api/v1/services", "/api/v1/problems", "/api/v1/status", "/api/v1/pods"):
+        try:
+            with socket.create_connection((host, port), timeout=2) as sock:
+                sock.sendall(f"GET {path} HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n".encode())
+                got = b""
+                while chunk := sock.recv(65536):
+                    got += chunk
+        except OSError as exc:
+            got = repr(exc).encode()
+        asked[f"{host}:{port}{path}"] = got.decode(errors="replace")
+print(json.dumps(asked))
+"""
+
+
+def tcp_listeners(ns: str, pid: int) -> list[tuple[str, int]]:
+    """Every TCP socket the daemon listens on (its own ports and the Services' frontends)."""
+    out = run_in(ns, "ss", "-Hltnp").stdout
+    found = []
+    for line in out.splitlines():
+        if f"pid={pid}," not in line:
+            continue
+        host, _, port = line.split()[3].rpartition(":")
+        host = host.strip("[]").split("%")[0]
+        found.append(({"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), int(port)))
+    return sorted(set(found))
+
+
+@pytest.mark.host_privileges("a process of another uid (a user namespace maps only its maker's)")
+def test_another_local_user_reads_metrics_only__kubeport_get_as_root_unchanged(topology, pods, manifests, tmp_path):
+    """As uid 65534 on the node: every TCP listener of the daemon, asked for the status API's
+    paths, tells nothing of the Services; the status socket refuses it (its mode, and
+    SO_PEERCRED where the mode would not), and `kubeport get` says so in one line."""
+    ns = topology.node("a")
+    write(manifests, "planted", service(PLANTED, ["10.96.0.61"], [{"name": "http", "port": 80, "targetPort": 8080}]))
+    kp = daemon(topology, manifests, tmp_path, "--healthz-bind-address", "0.0.0.0:10256")
+    until_sync(lambda: PLANTED in kubeport(ns, "get", "svc", "-A"), "the planted Service served", 10)
+    listeners = tcp_listeners(ns, kp.proc.pid)
+    assert ("127.0.0.1", 10249) in listeners and len(listeners) > 3
+    asked = json.loads(run_in(ns, *AS_NOBODY, sys.executable, "-I", "-c", _ASK_EVERY_LISTENER,
+                              json.dumps(listeners), timeout=60).stdout)
+    leaked = {where: text[:200] for where, text in asked.items() if PLANTED in text}
+    assert not leaked, leaked
+    assert "kubeproxy_sync_proxy_rules_duration_seconds" in curl_in(ns, f"http://{METRICS}/metrics")
+
+    socket_path = kp.state_dir / STATUS_SOCKET
+    refused = run_in(ns, *AS_NOBODY, "curl", "-sS", "--max-time", "2", "--unix-socket", str(socket_path),
+                     "http://kubeport/api/v1/services", check=False)
+    assert refused.returncode == 7 and PLANTED not in refused.stdout  # connect(): permission denied
+    got = run_in(ns, *AS_NOBODY, kubeport_bin(), "get", "svc", "-A", check=False)
+    assert got.returncode == 1 and PLANTED not in got.stdout
+    assert got.stderr.splitlines() == [f"kubeport: {socket_path}: permission denied: the status API is root's and "
+                                       "the daemon user's only"]
+    # A mode opened by mistake, in a directory anyone may enter (a hard link to the socket):
+    # the daemon still answers only root and its own user.
+    public = Path(tempfile.mkdtemp(prefix="kubeport-public-", dir="/tmp"))
+    try:
+        public.chmod(0o755)
+        os.link(socket_path, public / STATUS_SOCKET)
+        socket_path.chmod(0o666)
+        unanswered = run_in(ns, *AS_NOBODY, "curl", "-sS", "--max-time", "2", "--unix-socket",
+                            str(public / STATUS_SOCKET), "http://kubeport/api/v1/services", check=False)
+        assert unanswered.returncode in (52, 56) and PLANTED not in unanswered.stdout  # closed unanswered
+    finally:
+        shutil.rmtree(public)
+    assert PLANTED in kubeport(ns, "get", "svc", "-A")  # root, unchanged

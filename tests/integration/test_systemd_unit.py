@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.netns import POD_ECHO_PORT, CommandFailed, kubeport, run_in, spawn_in, until_sync
+from support.netns import POD_ECHO_PORT, CommandFailed, run_in, spawn_in, until_sync
 from support.netns import systemd as systemd_support
 from support.netns.manifests import DAEMON_ARGS, endpoint_slice, service, write
 from support.netns.operating import WEB_IP, ClientLoop, manifests  # noqa: F401 (fixture)
@@ -73,9 +73,9 @@ def the_daemon(systemd) -> int | None:
     return found[0] if len(found) == 1 else None
 
 
-def workers_line(ns: str) -> str | None:
+def workers_line(systemd: systemd_support.Systemd, ns: str) -> str | None:
     try:
-        return json.loads(kubeport(ns, "get", "status", "-o", "json"))["proxy"]["workers"]
+        return json.loads(systemd.kubeport(ns, "get", "status", "-o", "json"))["proxy"]["workers"]
     except (CommandFailed, ValueError, KeyError):  # not serving yet
         return None
 
@@ -117,7 +117,7 @@ def test_kill_9_of_the_daemon_and_of_the_units_main_process_refuses_nothing(syst
     counts, queries = client.stop(), resolver.stop()
     journal = systemd.journal()
     assert "sockets held across a restart of the supervisor, from systemd's descriptor store" in journal
-    held = json.loads(kubeport(topology.node("a"), "get", "status", "-o", "json"))["socketHold"]
+    held = json.loads(systemd.kubeport(topology.node("a"), "get", "status", "-o", "json"))["socketHold"]
     assert held["active"] and held["store"] == "systemd's descriptor store", held
     assert held["heldAtStart"] == stored and held["adopted"] == stored, held
     # Refused or timed out: none. The one request each killed process was relaying may end
@@ -149,7 +149,8 @@ def test_with_workers_a_killed_daemon_keeps_every_stream_and_a_killed_main_proce
           endpoint_slice("stream-1", "stream", echo, pod_list))
     systemd.systemctl("start", UNIT)
     node = topology.node("a")
-    until_sync(lambda: (line := workers_line(node)) and line.startswith("2 relay processes"), "two workers", 10)
+    until_sync(lambda: (line := workers_line(systemd, node)) and line.startswith("2 relay processes"),
+               "two workers", 10)
     client = ClientLoop.start(topology.pod("a", 1), tmp_path / "client.json", "--tcp", f"{WEB_IP}:80",
                               "--tcp-timeout", "10")
     stream_status = tmp_path / "streams.json"
@@ -168,7 +169,7 @@ def test_with_workers_a_killed_daemon_keeps_every_stream_and_a_killed_main_proce
 
     first = until_sync(lambda: the_daemon(systemd), "the supervised daemon", 10)
     systemd.kill(first)
-    until_sync(lambda: (line := workers_line(node)) and line.startswith("2 relay processes, 2 adopted"),
+    until_sync(lambda: (line := workers_line(systemd, node)) and line.startswith("2 relay processes, 2 adopted"),
                "the workers adopted by the restarted daemon", 20)
     rounds = stream_counts()["rounds"]
     until_sync(lambda: stream_counts()["rounds"] >= rounds + 20, "the streams echoing after the daemon's kill", 20)

@@ -78,7 +78,9 @@ class Systemd:
         return int(found[0])
 
     def boot(self, timeout: float = 30.0) -> None:
-        binds = {Path("/run/netns"): "/run/netns", REPO: str(REPO), self.manifests: "/etc/kubeport/manifests"}
+        venv = kubeport_bin().resolve().parent.parent  # the kubeport under test, maybe outside the repo
+        binds = {Path("/run/netns"): "/run/netns", REPO: str(REPO), venv: str(venv),
+                 self.manifests: "/etc/kubeport/manifests"}
         self.proc = spawn_in(None, "unshare", "--pid", "--fork", "--mount", "--mount-proc",
                              "bash", "-c", _boot_script(binds),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -101,6 +103,11 @@ class Systemd:
         return run_in(None, "nsenter", "-t", str(self.pid), "-m", "-p", *cmd, check=check, timeout=timeout,
                       input=input)
 
+    def kubeport(self, netns: str, *args: str, timeout: float = 30.0) -> str:
+        """`kubeport ARGS` as the node's operator runs it: in systemd's mount namespace (the
+        unit's state directory, and its status socket, are there) and the node's network one."""
+        return self.run("nsenter", f"--net=/run/netns/{netns}", str(kubeport_bin()), *args, timeout=timeout).stdout
+
     def systemctl(self, *args: str, check: bool = True, timeout: float = 60.0) -> str:
         return self.run("systemctl", "--no-pager", *args, check=check, timeout=timeout).stdout
 
@@ -119,13 +126,20 @@ class Systemd:
         self.write("/etc/kubeport/config.yaml", CONFIG.read_text())
         shipped = shlex.split(_unit_value(UNIT.read_text(), "ExecStart"))
         command = [str(kubeport_bin()), *shipped[1:], *extra_args]
+        prefix, _, pre = _unit_value(UNIT.read_text(), "ExecStartPre").partition("/")
+        shipped_pre = shlex.split("/" + pre)
+        pre_command = [str(kubeport_bin()), *shipped_pre[1:]]
+        # The repo and the venv of the kubeport under test, under /tmp or /root: ProtectHome=
+        # and PrivateTmp= hide them.
+        binds = " ".join(sorted({str(REPO), str(kubeport_bin().resolve().parent.parent)}))
         self.write("/run/systemd/system/kubeport.service.d/test.conf", textwrap.dedent(f"""\
             [Service]
+            ExecStartPre=
+            ExecStartPre={prefix}{shlex.join(pre_command)}
             ExecStart=
             ExecStart={shlex.join(command)}
             NetworkNamespacePath=/run/netns/{netns}
-            # The repo (and its venv) under /tmp or /root: ProtectHome= and PrivateTmp= hide it.
-            BindReadOnlyPaths={REPO}
+            BindReadOnlyPaths={binds}
             """))
         self.systemctl("daemon-reload")
 
