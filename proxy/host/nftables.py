@@ -46,8 +46,12 @@ endpoints, no loadBalancerSourceRanges).
   ICMP passes: path-MTU and unreachable errors for relayed connections come to the VIP,
   and an echo reply exposes no socket. So does what the node sends itself (``iif lo``): a
   node process talking to a VIP uses the VIP as its own source, so the replies come to
-  the VIP on the client's port; and the node reaches its own sockets on 127.0.0.1 anyway. This chain is hooked while any VIP exists: one
-  address lookup for every packet the node receives is the price of not exposing it.
+  the VIP on the client's port; and the node reaches its own sockets on 127.0.0.1 anyway.
+  Only a new flow is looked up (``ct state new``, as kube-proxy's nftables mode jumps to
+  its cluster-ips-check chain: pkg/proxy/nftables/proxier.go ``nftablesJumpChains``): a
+  flow refused at its first packet has no later ones, and one let in (a service port)
+  needs no second look. This chain is hooked while any VIP exists; what it costs per new
+  connection is measured in ``bench/vip_filter.py`` (bench/RESULTS.md).
 
 The first sync of a run replaces the whole table, elements included, in one
 transaction: a successor taking over from a running instance (seamless restart)
@@ -94,6 +98,7 @@ VIP_CHAIN = "vips"
 VIP_REJECT_CHAIN = "vip_reject"
 VIP_RULES = (
     "iif lo accept",
+    "ct state != new accept",
     f"ip daddr @vips4 meta l4proto != icmp ip {_FRONTEND_KEY} != @vipports4 goto {VIP_REJECT_CHAIN}",
     f"ip6 daddr @vips6 meta l4proto != ipv6-icmp ip6 {_FRONTEND_KEY} != @vipports6 goto {VIP_REJECT_CHAIN}",
 )

@@ -2,8 +2,9 @@
 DNS, reset storms, malformed DNS packets.
 
 kubeport runs in node-a; the attackers are processes in its pods' namespaces, the node's
-own sockets a test listener on 0.0.0.0:2222 (TCP) and 0.0.0.0:2223 (UDP) and the health
-server on 0.0.0.0:10256, which slow HTTP clients cannot hold.
+own sockets a test listener on [::]:2222 (TCP) and [::]:2223 (UDP), both families, and the
+health server on 0.0.0.0:10256, which slow HTTP clients cannot hold. The web Service is
+dual-stack: a VIP of either family answers only its service ports.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from support.zonetext import header_only, question
 
 pytestmark = pytest.mark.integration
 
-WEB_V4 = "10.96.0.20"
+WEB_V4, WEB_V6 = "10.96.0.20", "fd00:10:96::20"
 WEB_PORTS = [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "http"},
              {"name": "udp", "protocol": "UDP", "port": 90, "targetPort": 9090}]
 POD_PORTS = [{"name": "http", "protocol": "TCP", "port": 8080}, {"name": "udp", "protocol": "UDP", "port": 9090}]
@@ -39,9 +40,11 @@ NODE_TCP, NODE_UDP = 2222, 2223
 
 _NODE_LISTENERS = """
 import socket, sys
-tcp = socket.socket(); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-tcp.bind(("0.0.0.0", int(sys.argv[1]))); tcp.listen(64)
-udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(("0.0.0.0", int(sys.argv[2])))
+tcp = socket.socket(socket.AF_INET6); tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+tcp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # both families, as a daemon on 0.0.0.0 and ::
+tcp.bind(("::", int(sys.argv[1]))); tcp.listen(64)
+udp = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); udp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+udp.bind(("::", int(sys.argv[2])))
 import selectors
 sel = selectors.DefaultSelector(); sel.register(tcp, selectors.EVENT_READ); sel.register(udp, selectors.EVENT_READ)
 print("listening", flush=True)
@@ -79,8 +82,9 @@ def node_a(topology, pods, tmp_path_factory):
     manifests = tmp_path_factory.mktemp("manifests")
     state = tmp_path_factory.mktemp("state")
     write(manifests, "nodes", node(topology, "a"), node(topology, "b"))
-    write(manifests, "web", service("web", [WEB_V4], WEB_PORTS),
-          endpoint_slice("web", "web", POD_PORTS, topology.pods))
+    write(manifests, "web", service("web", [WEB_V4, WEB_V6], WEB_PORTS),
+          endpoint_slice("web", "web", POD_PORTS, topology.pods),
+          endpoint_slice("web-v6", "web", POD_PORTS, topology.pods, family=6))
     listeners = spawn_in(topology.node("a"), sys.executable, "-I", "-c", _NODE_LISTENERS, NODE_TCP, NODE_UDP,
                          stdout=subprocess.PIPE)
     wait_for_output(listeners, b"listening", 10, "the node's test listeners")
@@ -100,6 +104,24 @@ def node_a(topology, pods, tmp_path_factory):
 def test_node_sockets_are_not_reachable_through_a_vip(topology, node_a, vip, port):
     """A pod reaching <VIP>:<port> is reset (node processes reach their own sockets anyway)."""
     assert tcp_probe(topology.pod("a", 1), vip, port) == "refused"
+
+
+@pytest.mark.parametrize("port", [pytest.param(NODE_TCP, id="a_listener_on_the_wildcard"),
+                                  pytest.param(HEALTHZ_PORT, id="the_health_port")])
+def test_node_sockets_are_not_reachable_through_an_ipv6_cluster_ip(topology, node_a, port):
+    """The same over IPv6 (vips6, vipports6): reset, while the node's own IPv6 address reaches
+    the listener and the IPv6 ClusterIP serves its port."""
+    a1 = topology.pod("a", 1)
+    assert tcp_probe(a1, WEB_V6, port) == "refused"
+    if port == NODE_TCP:
+        assert tcp_probe(a1, topology.node_spec("a").gateways[1], NODE_TCP) == "connected node-secret"
+    assert tcp_probe(a1, WEB_V6, 80).startswith("connected")
+
+
+def test_node_udp_socket_is_not_reachable_through_an_ipv6_cluster_ip(topology, node_a):
+    with pytest.raises(ConnectionRefusedError):
+        udp_request(topology.pod("a", 1), WEB_V6, NODE_UDP, "hello")
+    assert udp_request(topology.pod("a", 1), WEB_V6, 90, "hi").split()[0].decode() in {"a1", "a2", "b1", "b2"}
 
 
 def test_node_udp_socket_is_not_reachable_through_a_cluster_ip(topology, node_a):

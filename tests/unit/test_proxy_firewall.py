@@ -196,8 +196,11 @@ def test_setup_rejects_the_ports_a_vip_does_not_serve():
             " elements = { 10.96.0.10 . udp . 53, 10.96.0.20 . tcp . 80 }; }") in lines
     assert "  set vipports6 { type ipv6_addr . inet_proto . inet_service; elements = { fd00:10:96::20 . tcp . 443 }; }" in lines
     chain = lines.index("  chain vips {")
-    assert lines[chain + 1:chain + 6] == ["    type filter hook input priority filter - 5; policy accept;",
+    assert lines[chain + 1:chain + 7] == ["    type filter hook input priority filter - 5; policy accept;",
                                           *(f"    {rule}" for rule in VIP_RULES), "  }"]
+    # Only a new flow is looked up: kube-proxy's "ct state new" jump to cluster-ips-check
+    # (pkg/proxy/nftables/proxier.go nftablesJumpChains).
+    assert VIP_RULES[1] == "ct state != new accept"
     reject = lines.index("  chain vip_reject {")
     assert lines[reject + 1:reject + 4] == ["    meta l4proto tcp reject with tcp reset", "    reject", "  }"]
 
