@@ -2,7 +2,7 @@
 # kubeport's image, built without a container registry (docs/image.md):
 #   1. the wheel, `pip wheel --no-deps` of the repository's files;
 #   2. a Debian bookworm base made with mmdebstrap from Debian's packages (python3, its venv
-#      module, nftables, iproute2, ca-certificates), imported into podman's storage;
+#      module, nftables, iproute2, ca-certificates, netbase), imported into podman's storage;
 #   3. the repository's Dockerfile built on that base (--build-arg BASE=...), the wheel handed
 #      in as its "wheel" stage (--build-context wheel=...).
 # The image is tagged localhost/kubeport:src-<hash of the files it is built from>; when that
@@ -21,7 +21,9 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 
 SUITE=bookworm
-BASE_PACKAGES=(python3 python3-venv nftables iproute2 ca-certificates)
+# netbase: /etc/protocols, through which nft resolves the protocol names of kubeport's rules
+# (python:3.11-slim-bookworm installs it for the same reason).
+BASE_PACKAGES=(python3 python3-venv nftables iproute2 ca-certificates netbase)
 # What the image is built from: the Dockerfile's COPYs and this script. Its hash names the image.
 INPUTS=(Dockerfile pyproject.toml setup.py README.md kubeport endpoints proxy dns deploy/image/build.sh)
 mirror=${KUBEPORT_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -133,6 +135,8 @@ else
             --change 'CMD=["/bin/bash"]' \
             "$work/base.tar" "$base" >/dev/null
         rm -f "$work/base.tar"
+        pm images --format '{{.Repository}}:{{.Tag}}' --filter reference=localhost/kubeport-base \
+            | grep -vxF "$base" | xargs -r podman "${podman_global[@]}" rmi >/dev/null || true
     fi
 
     log "building the wheel"
