@@ -127,8 +127,11 @@ class ClusterState:
         if model is None:
             _import_models()
         self._note_arrival()
-        key = (obj.metadata.namespace or "", obj.metadata.name)
         value: Any
+        # Cluster-scoped kinds are held under "" (keys(), the last applied state): the model
+        # defaults metadata.namespace to "default", as kubectl does for a namespaced object.
+        cluster_scoped = isinstance(obj, (model.Node, model.Namespace))
+        key = ("" if cluster_scoped else obj.metadata.namespace or "", obj.metadata.name)
         if isinstance(obj, model.Service):
             value = convert.service_info(obj)
             self._upsert_service(value)

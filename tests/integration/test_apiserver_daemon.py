@@ -376,6 +376,9 @@ def test_a_killed_daemon_restarted_serves_its_last_state_while_the_api_server_is
         daemon.wait_ready(timeout=10)
         # The source's first view replaces the kept one: extra was deleted meanwhile.
         until_sync(lambda: dig_answer(client, EXTRA)[0] == "NXDOMAIN", "extra gone after the sync", 10)
-        assert status(daemon.ns)["lastState"]["servingIt"] is False
+        assert dig_answer(client, WEB) == ("NOERROR", [WEB_IP])  # what the sync kept, still answered
+        served = status(daemon.ns)
+        assert served["lastState"]["servingIt"] is False
+        assert served["zone"] == topology.node_spec("b").zone  # the Node, listed again, kept
         print(f"\nafter a restart with the API server down: DNS answered {answered:.2f}s, "
               f"connections forwarded {forwarded:.2f}s after the start")

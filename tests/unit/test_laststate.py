@@ -137,6 +137,28 @@ async def test_the_first_sync_deletes_what_the_source_no_longer_has(kept):
     assert snapshot.services[WEB] == before.snapshot.services[WEB]
 
 
+async def test_the_first_sync_keeps_the_node_and_namespaces_it_lists_again(kept):
+    """Cluster-scoped objects confirmed by the source's first list stay: the model gives them
+    metadata.namespace "default", but they are held (and restored) under ""."""
+    before = ClusterState("node-a", required_kinds={"Service", "EndpointSlice", "Node", "Namespace"})
+    kept(before)
+    cluster(before)
+    before.mark_synced("Node")
+    before.mark_synced("Namespace")
+    before.commit()
+    await kept.written()
+    after = ClusterState("node-a", required_kinds={"Service", "EndpointSlice", "Node", "Namespace"})
+    after.restore(LastState(kept.directory).load())
+    after.commit()
+    cluster(after)  # the source lists the same objects again
+    after.mark_synced("Node")
+    after.mark_synced("Namespace")
+    snapshot = after.commit() or after.snapshot
+    assert snapshot.synced
+    assert "default" in snapshot.namespaces
+    assert snapshot.node is not None and snapshot.node.zone == "zone-a"
+
+
 async def kept_with_a_late_change(kept) -> ClusterState:
     """The cluster kept as a base, then Service ``late`` in its journal."""
     state = ClusterState("node-a")
