@@ -158,8 +158,8 @@ def test_pods_resolve_and_reach_a_service_and_the_client_a_node_port(pod):
 def test_the_kubeport_container_killed_and_started_again_refuses_nothing(pod, tmp_path):
     run = pod.run
     client = ClientLoop.start(pod.topology.pod("a", 1), tmp_path / "client.json", "--tcp", f"{WEB_IP}:80",
-                              "--tcp-timeout", "10")
-    client.wait_for("the client loop running", tcp_ok=30)
+                              "--dns", f"{WEB}@10.96.0.10", "--tcp-timeout", "10")
+    client.wait_for("the client loop running", tcp_ok=30, dns_ok=30)
     first = run.current("kubeport")
     run.kill("kubeport")
     # The kubelet creates the container again, at once after a first crash (the restart
@@ -167,16 +167,19 @@ def test_the_kubeport_container_killed_and_started_again_refuses_nothing(pod, tm
     restarted_at = time.monotonic()
     second = run.start("kubeport")
     until_sync(lambda: "from the fd store in" in run.logs("kubeport"), "the new container took the stored sockets", 30)
-    client.wait_for("connections through the new container", tcp_ok=client.count("tcp_ok") + 100, timeout=30)
+    client.wait_for("connections and queries through the new container", tcp_ok=client.count("tcp_ok") + 100,
+                    dns_ok=client.count("dns_ok") + 100, timeout=30)
     until_sync(lambda: readyz_code(pod.node) == 200, "/readyz 200 again", 30)
     ready_again = time.monotonic() - restarted_at
     counts = client.stop()
     tcp_errors = [e for e in counts["errors"] if e.startswith("tcp:")]
     assert not [e for e in tcp_errors if "Refused" in e or "timed out" in e], counts["errors"]
     assert counts["tcp_fail"] <= 1, counts["errors"]  # the one the killed container was relaying
+    assert counts["dns_lost"] == 0, counts["errors"]  # queries wait in the held socket's queue
     assert second != first and run.state("kubeport")["Status"] == "running"
     assert run.state("fd-store")["Status"] == "running"
     until_sync(lambda: run.probe("kubeport", "readinessProbe"), "the readiness probe passing again", 30)
-    print(f"\nacross the container's restart: {counts['tcp_ok']} connections, none refused "
+    print(f"\nacross the container's restart: {counts['tcp_ok']} connections, none refused, "
+          f"{counts['dns_ok']} queries, none lost "
           f"({counts['tcp_fail']} cut in flight); /readyz 200 {ready_again:.2f} s after the new container's start")
 
