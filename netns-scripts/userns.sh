@@ -54,11 +54,13 @@ _userns_own_dir() {
 # The mounts, as the namespace's root. `ip netns add` bind-mounts each network namespace on a
 # file under /run/netns (ip makes that directory a shared mount itself, so that the mount
 # namespaces of `ip netns exec` see namespaces added later); `ip netns exec NS` binds the
-# files of /etc/netns/NS over /etc's (a pod's resolv.conf). Both must be the namespace's own.
+# files of /etc/netns/NS over /etc's (a pod's resolv.conf); a daemon started without
+# --state-dir keeps its state in /var/lib/kubeport. Each must be the namespace's own.
 _userns_prepare() {
     mount --make-rprivate /
     _userns_own_dir /run/netns
     _userns_own_dir /etc/netns
+    _userns_own_dir /var/lib/kubeport
     # A new network namespace starts with lo down; the tests and the daemon use loopback.
     ip link set lo up
 }
@@ -79,10 +81,11 @@ if [ -z "${KUBEPORT_USERNS:-}" ] && ! _userns_capable; then
     if unshare --user --map-root-user --net --mount true 2>"$_userns_err"; then
         rm -f "$_userns_err"
         # A temporary directory of this user's: /tmp's entries made by the host's root (such as
-        # pytest's /tmp/pytest-of-root) are not owned by the namespace's root.
-        _userns_tmp=${TMPDIR:-/tmp}/kubeport-userns-$(id -u)
+        # pytest's /tmp/pytest-of-root) are not owned by the namespace's root. A short name:
+        # the daemon's socket paths under it must fit a Unix socket address (107 bytes).
+        _userns_tmp=${TMPDIR:-/tmp}/kp-$(id -u)
         mkdir -p -m 0700 "$_userns_tmp" 2>/dev/null && [ -O "$_userns_tmp" ] \
-            || _userns_tmp=$(mktemp -d "${TMPDIR:-/tmp}/kubeport-userns.XXXXXX")
+            || _userns_tmp=$(mktemp -d "${TMPDIR:-/tmp}/kp.XXXXXX")
         export TMPDIR=$_userns_tmp
         echo "$(basename "$1"): not root with CAP_NET_ADMIN and CAP_SYS_ADMIN: running in a user" \
             "namespace (unshare --user --map-root-user --net --mount); no BPF, no host-wide settings" >&2

@@ -43,8 +43,9 @@ def readable_by_nobody() -> str | None:
 def test_the_demo_reenters_in_a_user_namespace_and_serves(who, tmp_path):
     if who == "uid-65534" and (why := readable_by_nobody()):
         pytest.skip(why)
-    # The checkout's own namespaces and kubeport: an installed one ($KUBEPORT_BIN) is another test's.
-    env = {key: value for key, value in os.environ.items() if key not in ("KUBEPORT_BIN", "TMPDIR")}
+    # The checkout's kubeport (an installed one, $KUBEPORT_BIN, is another test's), and the
+    # demo deciding for itself whether to re-enter.
+    env = {key: value for key, value in os.environ.items() if key not in ("KUBEPORT_BIN", "KUBEPORT_USERNS", "TMPDIR")}
     done = subprocess.run([*AS[who], str(DEMO)], cwd=tmp_path if who == "docker-caps" else "/", env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, f"demo.sh failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
