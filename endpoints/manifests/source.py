@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubeport.endpoints.manifests.batch import Batch, Disk, DiskThreads, Inline, collector_paused, drive, run_sync
+from kubeport.endpoints.manifests.filesystems import FileSystems
 from kubeport.endpoints.manifests.holders import Holders
 from kubeport.endpoints.manifests.lastgood import LastGoodFiles
 from kubeport.endpoints.manifests.objects import SOURCE_KINDS, FileApply, ManifestObjects, Progress
@@ -123,6 +124,7 @@ class ManifestSource:
         limits: ReadLimits | None = None,
         gone_grace_ms: float = GONE_GRACE_MS,
         read_file: Callable[[Path, str, ReadLimits], FileBytes | FileRead] = read_bytes,
+        may_hang: Callable[[int | None], bool] | None = None,
     ) -> None:
         """
         :param directory: the manifest directory, read recursively.
@@ -141,7 +143,10 @@ class ManifestSource:
         :param gone_grace_ms: how long a deleted file's objects are kept, in case it comes back.
         :param read_file: the disk part of reading a file
             (:func:`~kubeport.endpoints.manifests.read.read_bytes`), run in a thread with a
-            deadline. The seam where tests put a read that hangs as one in a hung mount does.
+            deadline where ``may_hang`` says so. The seam where tests put a read that hangs as
+            one in a hung mount does.
+        :param may_hang: whether a read from the file system of a device (``st_dev``; None:
+            not known) may hang (:mod:`~kubeport.endpoints.manifests.filesystems`).
         """
         # Resolved: inotify reports paths under the real directory.
         self._directory = Path(directory).resolve()
@@ -153,6 +158,7 @@ class ManifestSource:
         self._files: dict[str, _FileRecord] = {}
         self._budget = ReadBudget(limits)
         self._read_file = read_file
+        self._may_hang = may_hang if may_hang is not None else FileSystems().may_hang
         self._disk = DiskThreads()
         self._holders = Holders(last_good.holders() if last_good is not None else None)
         self._objects = ManifestObjects(registry, state, self._holders, duplicate_note=duplicate_note)
@@ -299,8 +305,8 @@ class ManifestSource:
                 gone: set[str] = set()
                 for path in work:
                     progress.done.add(path)
-                    yield from self._apply_file(path, progress, gone, force=force,
-                                                initial=initial and not force)
+                    yield from self._apply_file(path, progress, gone, force=force, initial=initial and not force,
+                                                device=_device(listing, path, self._files.get(path)))
                 if gone or self._vanished or self._held:
                     self._resolve_gone(gone, progress, initial=initial)
                 if initial:  # every file was read: what a preferred holder did not take is free
@@ -439,15 +445,18 @@ class ManifestSource:
         return sorted(retry)
 
     def _apply_file(self, path: str, progress: Progress, gone: set[str], *, force: bool,
-                    initial: bool = False) -> Batch:
+                    initial: bool = False, device: int | None = None) -> Batch:
         record = self._files.get(path)
         first_read = record is None
         known = None if force or record is None else record.content
 
         limits = self._budget.limits
         read_file, directory = self._read_file, self._directory
-        on_disk: FileBytes | FileRead = yield Disk(lambda: read_file(directory, path, limits), limits.read_timeout,
-                                                   lambda why: not_read(path, why))
+        read = lambda: read_file(directory, path, limits)  # noqa: E731
+        # Where a read cannot hang (a local or memory file system), on the loop: the thread's
+        # hand-over would cost more than the read.
+        on_disk: FileBytes | FileRead = yield (
+            Disk(read, limits.read_timeout, lambda why: not_read(path, why)) if self._may_hang(device) else Inline(read))
 
         def parse() -> FileRead:
             unchanged = lambda key, digest: self._objects.is_applied(path, key, digest)  # noqa: E731
@@ -545,6 +554,14 @@ class ManifestSource:
 def _emptied(read: FileRead) -> bool:
     """Zero bytes on disk: truncated, not edited to declare nothing."""
     return read.stat is not None and read.stat[2] == 0 and not read.same
+
+
+def _device(listing: dict[str, StatKey] | None, path: str, record: _FileRecord | None) -> int | None:
+    """The file's device: from this batch's stat, else from the last read's."""
+    key = None if listing is None else listing.get(path)
+    if key is None and record is not None:
+        key = record.stat
+    return None if key is None else key[0]
 
 
 def _within(path: str, directory: str) -> bool:
