@@ -12,7 +12,7 @@ keep=${KUBEPORT_DEMO_KEEP:-}          # set to 1 to leave the topology and daemo
 # Set-up first: it may need the network (pip, apt), which a new user namespace's has not.
 [ -n "${KUBEPORT_USERNS:-}" ] || "$repo/netns-scripts/setup.sh"
 . "$repo/netns-scripts/userns.sh" "$0" "$@"
-kubeport="$repo/.venv/bin/kubeport"
+kubeport=${KUBEPORT_BIN:-$repo/.venv/bin/kubeport}   # KUBEPORT_BIN: an installed kubeport instead
 work=$(mktemp -d /tmp/kubeport-demo.XXXXXX)
 pids=()
 
