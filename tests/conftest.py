@@ -11,7 +11,17 @@ import os
 
 import pytest
 
+from support.netns import host_privileges_missing
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the fixtures: a module's topology is not made for a test that cannot run. Under
+    # CI=true an integration test's skip is a failure (below): an unprivileged CI run
+    # deselects these with -m "not host_privileges" instead.
+    if (marker := item.get_closest_marker("host_privileges")) and (missing := host_privileges_missing()):
+        pytest.skip(f"needs host privileges: {marker.args[0] if marker.args else 'root of the host'} ({missing})")
 
 
 @pytest.hookimpl(wrapper=True)

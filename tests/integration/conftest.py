@@ -12,7 +12,6 @@ import pytest
 from support.netns import (
     DAEMONS,
     Topology,
-    host_privileges_missing,
     process_scope,
     reap_all,
     require_netns,
@@ -54,11 +53,6 @@ def _processes_die_with_the_test() -> Iterator[None]:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_TEST_STARTED] = time.time()
-    # Before the fixtures: a module's topology is not made for a test that cannot run. Under
-    # CI=true the skip is a failure (tests/conftest.py): an unprivileged CI run deselects
-    # these with -m "not host_privileges" instead.
-    if (marker := item.get_closest_marker("host_privileges")) and (missing := host_privileges_missing()):
-        pytest.skip(f"needs host privileges: {marker.args[0] if marker.args else 'root of the host'} ({missing})")
 
 
 @pytest.hookimpl(wrapper=True)

@@ -32,7 +32,10 @@ from support.netns.image import (
 )
 from support.netns.operating import ClientLoop
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.host_privileges("podman running containers, and the image's build reaching Debian's mirrors"),
+]
 
 WEB_IP, NODEPORT_IP, NODE_PORT = "10.96.0.20", "10.96.0.30", 30080
 DNS_IP = "10.96.0.10"
