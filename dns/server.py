@@ -33,6 +33,7 @@ from kubeport.dns.udp import UdpServing, bind_tcp, bind_udp, udp_listener
 from kubeport.dns.wire import CD, NOERROR, NXDOMAIN, REFUSED, question_reply
 from kubeport.endpoints.types import Snapshot
 from kubeport.lib import sockethold
+from kubeport.lib.admission import ConnectionAdmission
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,10 @@ class DnsServer:
         self._udp: list[UdpServing] = []
         self._listening = False
         self._tcp: list[asyncio.Server] = []
-        self._connections = TcpConnections(config.max_tcp_connections, config.max_tcp_connections_per_client,
-                                           self.stats)
+        # RFC 7766 section 6.2.3: idle connections make room under load (kubeport.lib.admission).
+        self._connections: ConnectionAdmission[_TcpConnection] = ConnectionAdmission(
+            config.max_tcp_connections, config.max_tcp_connections_per_client,
+            rejected=self.stats.count_tcp_rejected, evicted=self.stats.count_tcp_evicted)
         self._tasks: set[asyncio.Task[None]] = set()
         #: cache keys of stale entries being refreshed in the background
         self._refreshing: set[bytes] = set()
@@ -382,63 +385,6 @@ def _forwarding(config: DnsConfig) -> tuple[object, ...]:
             config.serve_stale)
 
 
-class TcpConnections:
-    """The open TCP connections, and which a new one may join (the caps, the eviction)."""
-
-    def __init__(self, limit: int, per_client: int, stats: DnsStats) -> None:
-        self.limit = limit
-        self.per_client = per_client
-        self._stats = stats
-        self._open: set[_TcpConnection] = set()
-        self._per_client: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def __iter__(self):
-        return iter(self._open)
-
-    def admit(self, connection: "_TcpConnection") -> bool:
-        """Count ``connection`` in, closing the one idle longest at a cap; False: refused.
-
-        At the per-client cap the client's own connection idle longest makes room, as at the
-        global cap any client's does: a client that opened many connections and left them
-        idle (a pod's resolver that never closes) still gets its next query answered."""
-        client = connection.client
-        if self._per_client.get(client, 0) >= self.per_client:
-            if not self._evict_idle_longest([c for c in self._open if c.client == client and c.idle]):
-                return False
-        elif len(self._open) >= self.limit:
-            if not self._evict_idle_longest([c for c in self._open if c.idle]):
-                return False
-        self._open.add(connection)
-        self._per_client[client] = self._per_client.get(client, 0) + 1
-        return True
-
-    def _evict_idle_longest(self, idle: list["_TcpConnection"]) -> bool:
-        if not idle:
-            self._stats.tcp_rejected += 1
-            return False
-        self._stats.tcp_evicted += 1
-        oldest = min(idle, key=_last_activity)
-        oldest.close()
-        self.discard(oldest)  # its connection_lost comes later; the place is free now
-        return True
-
-    def discard(self, connection: "_TcpConnection") -> None:
-        if connection in self._open:
-            self._open.discard(connection)
-            count = self._per_client[connection.client] - 1
-            if count:
-                self._per_client[connection.client] = count
-            else:
-                del self._per_client[connection.client]
-
-
-def _last_activity(connection: "_TcpConnection") -> float:
-    return connection.last_activity
-
-
 class _TcpConnection(asyncio.Protocol):
     """One client connection: 2-byte length framed queries, answered as they complete."""
 
@@ -556,6 +502,8 @@ class _TcpConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    evict = close  # at a connection cap (ConnectionAdmission): it was idle, nothing is cut short
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.idle_handle is not None:

@@ -121,6 +121,12 @@ class DnsStats:
     #: microseconds); coredns_dns_request_duration_seconds counts them in its first bucket.
     durations: dict[str, DurationHistogram] = field(default_factory=dict)
 
+    def count_tcp_rejected(self) -> None:
+        self.tcp_rejected += 1
+
+    def count_tcp_evicted(self) -> None:
+        self.tcp_evicted += 1
+
     def request_cell(self, proto: str, qtype: str) -> Cell:
         cell = self._requests.get((proto, qtype))
         if cell is None:

@@ -34,8 +34,7 @@ Requests follow Go's net/http server, which kube-proxy's ports run on:
   half-closed and waits :data:`LINGER` for the peer's FIN, as Go's ``closeWriteAndWait``.
 * Connections. Go's server (so kube-proxy's) accepts any number. Here one server holds at
   most :data:`MAX_CONNECTIONS` (128), :data:`MAX_CONNECTIONS_PER_CLIENT` (16) of them from
-  one client address, with the rule TCP DNS follows (``kubeport/dns/server.py``
-  ``TcpConnections.admit``): at the global cap the connection idle longest (no request
+  one client address, with the rule TCP DNS follows (:mod:`kubeport.lib.admission`): at the global cap the connection idle longest (no request
   begun, no answer under way or unsent) is closed for the new one, at the per-client cap
   that client's own connection idle longest, and when none is idle the new one is reset at
   once. A probe or scrape opens one connection, or a few kept alive; the caps keep one
@@ -66,6 +65,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from kubeport.lib.admission import ConnectionAdmission
 
 log = logging.getLogger(__name__)
 
@@ -532,57 +533,15 @@ class ConnectionStats:
     #: idle connections closed to make room for a new one
     evicted: int = 0
 
+    def count_rejected(self) -> None:
+        self.rejected += 1
+
+    def count_evicted(self) -> None:
+        self.evicted += 1
+
 
 #: the process's servers count here unless given their own
 CONNECTION_STATS = ConnectionStats()
-
-
-class _Admission:
-    """The open connections of one server, and which a new one may join (the caps, the
-    eviction): ``kubeport/dns/server.py`` ``TcpConnections`` over HTTP connections."""
-
-    def __init__(self, limit: int, per_client: int, stats: ConnectionStats) -> None:
-        self.limit = limit
-        self.per_client = per_client
-        self.stats = stats
-        self.open: set[_Connection] = set()
-        self._per_client: dict[str, int] = {}
-
-    def admit(self, connection: _Connection) -> bool:
-        """Count ``connection`` in, closing the one idle longest at a cap; False: refused."""
-        client = connection.client
-        if self._per_client.get(client, 0) >= self.per_client:
-            if not self._evict_idle_longest([c for c in self.open if c.client == client and c.idle]):
-                return False
-        elif len(self.open) >= self.limit:
-            if not self._evict_idle_longest([c for c in self.open if c.idle]):
-                return False
-        self.open.add(connection)
-        self._per_client[client] = self._per_client.get(client, 0) + 1
-        return True
-
-    def _evict_idle_longest(self, idle: list[_Connection]) -> bool:
-        if not idle:
-            self.stats.rejected += 1
-            return False
-        self.stats.evicted += 1
-        oldest = min(idle, key=_last_activity)
-        self.discard(oldest)  # its connection_lost comes later; the place is free now
-        oldest.evict()
-        return True
-
-    def discard(self, connection: _Connection) -> None:
-        if connection in self.open:
-            self.open.discard(connection)
-            count = self._per_client[connection.client] - 1
-            if count:
-                self._per_client[connection.client] = count
-            else:
-                del self._per_client[connection.client]
-
-
-def _last_activity(connection: _Connection) -> float:
-    return connection.last_activity
 
 
 class HttpServer:
@@ -602,8 +561,9 @@ class HttpServer:
         self.max_head = max_head
         self._servers: list[Any] = []
         self.connections: set[_Connection] = set()
-        self._admission = _Admission(max_connections, max_connections_per_client,
-                                     CONNECTION_STATS if stats is None else stats)
+        counted = CONNECTION_STATS if stats is None else stats
+        self._admission: ConnectionAdmission[_Connection] = ConnectionAdmission(
+            max_connections, max_connections_per_client, rejected=counted.count_rejected, evicted=counted.count_evicted)
         self._drained: asyncio.Future[None] | None = None
         self._date_second = -1
         self._date = ""

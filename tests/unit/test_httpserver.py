@@ -424,7 +424,7 @@ async def answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, d
 
 @on_each_loop_capped
 async def test_at_the_per_client_cap_the_clients_idle_longest_connection_makes_room(http, port, stats) -> None:
-    """As TCP DNS (dns/server.py TcpConnections.admit): the client's new connection is served."""
+    """As TCP DNS (kubeport/lib/admission.py): the client's new connection is served."""
     first = await opened(http, port)
     second = await opened(http, port)
     assert await answered(*second) == [404]  # the second was used last: the first is idle longest
