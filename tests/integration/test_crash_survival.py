@@ -16,7 +16,7 @@ import pytest
 
 from support.netns import CommandFailed, KubeportDaemon, dig_in, kubeport, spawn_in, stop_process, until_sync
 from support.netns.apiserver import status
-from support.netns.daemon import kubeport_bin
+from support.netns.daemon import kubeport_bin, problems_of
 from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import ECHO_IP, WEB_IP, ClientLoop, manifests  # noqa: F401 (fixture)
 
@@ -95,10 +95,11 @@ def test_a_restart_without_its_manifests_serves_the_kept_state_until_they_come(t
     key = "web.demo.svc.cluster.local"
     until_sync(lambda: dig_in(topology.pod("a", 2), "+short", key, server=DNS_IP).split() == [WEB_IP],
                "DNS from the kept state", 10, ignore=(CommandFailed,))  # refused until DNS listens
-    until_sync(lambda: "not a directory" in daemon.readyz().body, "the missing directory named on /readyz", 10)
+    missing = until_sync(lambda: next((p for p in problems_of(daemon.ns) if "not a directory" in p), None),
+                         "the missing directory among the problems", 10)
+    assert str(manifests) in missing
     readyz = daemon.readyz()
-    assert readyz.status == 503
-    assert str(manifests) in readyz.body and "serving the last applied state from" in readyz.body
+    assert readyz.status == 503 and "serving the last applied state from" in readyz.body
     assert daemon.running
     unmounted.rename(manifests)
     daemon.wait_ready(timeout=20)

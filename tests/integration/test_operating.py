@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.netns import KubeportDaemon, curl_in, dig_in, http_url, run_in, spawn_in, udp_request, until_sync
+from support.netns.daemon import problems_of
 from support.netns.manifests import DAEMON_ARGS, endpoint_slice, node, service, write
 from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
     CLIENT_LOOP,
@@ -167,6 +168,7 @@ def test_a_node_ip_that_appears_after_start_gets_its_node_ports_at_once(topology
         return {line.split()[3] for line in run_in(node_ns, "ss", "-ltnH").stdout.splitlines()}
 
     assert not {f"{late_ip}:30191", f"{late_ip}:30190"} & listening()
+    until_sync(lambda: [p for p in problems_of(daemon.ns) if late_ip in p], "the nodePortAddresses problem", 10)
     run_in(node_ns, "ip", "link", "add", "late0", "type", "veth", "peer", "name", "late0p")
     request.addfinalizer(lambda: run_in(node_ns, "ip", "link", "del", "late0", check=False))
     run_in(node_ns, "ip", "link", "set", "late0", "up")
@@ -174,7 +176,8 @@ def test_a_node_ip_that_appears_after_start_gets_its_node_ports_at_once(topology
     assert set(took) == {"30191", "30190"}, f"the NodePort and health-check port on the late IP: {took}"
     print("seconds from the address added to the port accepting:", took)
     assert max(took.values()) < 0.1, took
-    until_sync(lambda: late_ip not in daemon.readyz().body, "the nodePortAddresses problem cleared", 10)
+    until_sync(lambda: not [p for p in problems_of(daemon.ns) if late_ip in p], "the nodePortAddresses problem cleared",
+               10)
 
     run_in(node_ns, "ip", "addr", "del", f"{late_ip}/24", "dev", "late0")  # RTM_DELADDR
     until_sync(lambda: not {f"{late_ip}:30191", f"{late_ip}:30190"} & listening(),
