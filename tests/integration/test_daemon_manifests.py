@@ -136,8 +136,7 @@ def test_allocations_live_reload_broken_files_and_restart(topology, tmp_path):
                           "the broken web.yaml is reported", 10)
     assert reported
     assert len(services(node)["shop/web"]["spec"]["ports"]) == 2
-    ready = daemon.readyz()
-    assert ready.status == 200 and "web.yaml" in ready.body  # still ready; the problem is in the detail
+    assert daemon.readyz().status == 200  # still ready; the problem is in the status API's detail
 
     # Other files still reload while one is broken.
     write(manifests, "api.yaml", WEB.replace("name: web", "name: api").replace("web-1", "api-1"))

@@ -9,6 +9,8 @@ import signal
 
 import pytest
 
+from kubeport.status import STATUS_SOCKET
+
 from support.netns import KubeportDaemon, curl_in, dig_in, http_url, kubeport, spawn_in, until_sync
 from support.netns.manifests import DAEMON_ARGS
 from support.netns.operating import (  # noqa: F401  (manifests: a fixture)
@@ -200,7 +202,8 @@ def test_an_old_pods_restarted_container_does_not_take_the_node_back(topology, m
     until_sync(lambda: "proxy: first snapshot applied" in restarted.log_text(), "it synced", 15)
     readyz = restarted.readyz()
     assert readyz.status == 503 and "still serves this node" in readyz.body, readyz
-    status = json.loads(kubeport(topology.node("a"), "get", "status", "--server", "127.0.0.1:10349", "-o", "json"))
+    status = json.loads(kubeport(topology.node("a"), "get", "status", "-o", "json",
+                                 "--socket", restarted.state_dir / STATUS_SOCKET))  # the restarted one's
     assert status["handover"] == {"generation": 1, "holdsNode": False, "predecessor": True, "refused": True,
                                   "successors": 0, "squatter": None}
     assert "taking over" not in new.log_text()
