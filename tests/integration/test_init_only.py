@@ -14,9 +14,8 @@ import pytest
 from support.netns import (
     CommandFailed,
     KubeportDaemon,
-    require_netns,
     run_in,
-    unique_prefix,
+    scratch_namespace,
 )
 from support.netns.daemon import kubeport_bin
 
@@ -32,14 +31,8 @@ READ_ONLY_PROC_SYS = ["unshare", "--mount", "--propagation", "private", "sh", "-
 
 @pytest.fixture
 def namespace():
-    require_netns()
-    ns = f"{unique_prefix()}-init"
-    run_in(None, "ip", "netns", "add", ns)
-    try:
-        run_in(ns, "ip", "link", "set", "lo", "up")
+    with scratch_namespace("init") as ns:
         yield ns
-    finally:
-        run_in(None, "ip", "netns", "del", ns, check=False)
 
 
 def sysctl(ns: str | None, name: str) -> str:

@@ -24,12 +24,11 @@ import pytest
 
 from support.netns import (
     python_in,
-    require_netns,
     run_in,
+    scratch_namespace,
     script_env,
     spawn_in,
     start_podserver,
-    unique_prefix,
     until_sync,
     wait_for_output,
 )
@@ -117,15 +116,9 @@ def run_client() -> None:
 
 @pytest.fixture
 def namespace():
-    require_netns()
-    ns = f"{unique_prefix()}-handover"
-    run_in(None, "ip", "netns", "add", ns)
-    try:
-        run_in(ns, "ip", "link", "set", "lo", "up")
+    with scratch_namespace("handover") as ns:
         run_in(ns, "sysctl", "-q", "-w", "net.ipv4.tcp_migrate_req=1")
         yield ns
-    finally:
-        run_in(None, "ip", "netns", "del", ns, check=False)
 
 
 def start_instance(ns: str, name: str) -> subprocess.Popen:

@@ -8,6 +8,7 @@ processes started by module fixtures); every wait goes through `until_sync`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -16,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,6 +184,19 @@ def unique_prefix() -> str:
         prefix = f"kp{os.getpid() % 10000}m{next(_prefix_counter)}"
         if not namespaces_with_prefix(prefix):
             return prefix
+
+
+@contextlib.contextmanager
+def scratch_namespace(suffix: str) -> Iterator[str]:
+    """A network namespace of the test's own, `lo` up and nothing else; deleted afterwards."""
+    require_netns()
+    ns = f"{unique_prefix()}-{suffix}"
+    run_in(None, "ip", "netns", "add", ns)
+    try:
+        run_in(ns, "ip", "link", "set", "lo", "up")
+        yield ns
+    finally:
+        run_in(None, "ip", "netns", "del", ns, check=False)
 
 
 @functools.cache
