@@ -27,8 +27,8 @@ from pathlib import Path
 from generate import endpoint_slice, http_service_objects
 
 from kubeport.endpoints import model
-from kubeport.endpoints import laststate
-from kubeport.endpoints.laststate import LastState
+from kubeport.survival import laststate
+from kubeport.survival.laststate import LastState
 from kubeport.endpoints.state import ClusterState
 
 TARGET = [{"name": "http", "port": 8080, "protocol": "TCP"}]

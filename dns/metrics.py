@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from kubeport import __version__
 from kubeport.dns.stats import DURATION_BUCKETS, PROGRAMMING_BUCKETS, SIZE_BUCKETS, DnsStats
+from kubeport.lib.version import __version__
 
 if TYPE_CHECKING:
     from kubeport.dns.server import DnsServer

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import ipaddress
 import logging
 import socket
@@ -32,8 +33,8 @@ from kubeport.dns.stats import DnsStats, ProgrammingHistogram
 from kubeport.dns.udp import UdpServing, bind_tcp, bind_udp, udp_listener
 from kubeport.dns.wire import CD, NOERROR, NXDOMAIN, REFUSED, question_reply
 from kubeport.endpoints.types import Snapshot
-from kubeport.lib import sockethold
 from kubeport.lib.admission import ConnectionAdmission
+from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,11 @@ class DnsServer:
     name = "dns"
 
     def __init__(self, config: DnsConfig, *, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, hold: HeldSockets = NOT_HELD):
         config = _with_host_search(config)
         self.config = config
+        #: the listening sockets are opened through it (adopted after a crash, else bound and kept)
+        self._hold = hold
         self.stats = DnsStats()
         self._clock = clock
         self._monotonic = monotonic
@@ -127,20 +130,13 @@ class DnsServer:
             family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
             # SO_REUSEPORT: a new kubeport instance binds the same address before this one
             # leaves (seamless restart); the kernel spreads queries over both meanwhile.
-            held = sockethold.hold()
-            label = f"dns-udp/{address}/{self.port}"
-            sock = held.adopt(label)
-            if sock is None:
-                sock = bind_udp(address, self.port, family)
-                held.keep(label, sock)
+            sock = self._hold.adopt_or_bind(f"dns-udp/{address}/{self.port}",
+                                            functools.partial(bind_udp, address, self.port, family))
             self._udp.append(UdpServing(sock, udp_listener(sock, self.answerer, self._forward, self.stats), loop))
             if self.port == 0:
                 self.port = sock.getsockname()[1]
-            label = f"dns-tcp/{address}/{self.port}"
-            listener = held.adopt(label)
-            if listener is None:
-                listener = bind_tcp(address, self.port, family)
-                held.keep(label, listener)
+            listener = self._hold.adopt_or_bind(f"dns-tcp/{address}/{self.port}",
+                                                functools.partial(bind_tcp, address, self.port, family))
             server = await loop.create_server(lambda: _TcpConnection(self), sock=listener)
             self._tcp.append(server)
 
@@ -156,10 +152,9 @@ class DnsServer:
         if lame_duck > 0:
             await asyncio.sleep(lame_duck)
         self._listening = False
-        held = sockethold.hold()
         for address in self.config.addresses:  # closed for good: the holder's copies first
-            held.release(f"dns-udp/{address}/{self.port}")
-            held.release(f"dns-tcp/{address}/{self.port}")
+            self._hold.release(f"dns-udp/{address}/{self.port}")
+            self._hold.release(f"dns-tcp/{address}/{self.port}")
         for server in self._tcp:
             server.close()
         if hand_over:

@@ -1,4 +1,5 @@
-"""The two seams of the data flow: a Source feeds the ClusterState, a Consumer follows its snapshots.
+"""The seams of the data flow: a Source feeds the ClusterState, a Consumer follows its snapshots,
+a Journal keeps what the state holds across a restart.
 
     Source (manifests | kube-apiserver) -> ClusterState -> Snapshot -> Consumer (proxy | dns)
 
@@ -12,7 +13,7 @@ asks which source or consumer it holds. Implementations:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from kubeport.endpoints.types import Snapshot
 
@@ -57,3 +58,28 @@ class Consumer(Protocol):
     def problems(self) -> list[str]:
         """What the consumer cannot serve as asked, one line each."""
         ...
+
+
+#: one object as the last applied state keeps it: (kind, (namespace, name), value)
+Entry = tuple[str, tuple[str, str], Any]
+
+
+class Journal(Protocol):
+    """Keeps every change of the ClusterState, so that a restarted daemon serves its last view
+    (:class:`~kubeport.survival.laststate.LastState`)."""
+
+    def attach(self, entries: Callable[[], Iterator[Entry]]) -> None:
+        """``entries`` lists everything held now (for a whole base)."""
+        ...
+
+    def record(self, kind: str, key: tuple[str, str], value: Any) -> None:
+        """One change; ``value`` None: the object is gone."""
+        ...
+
+
+class Saved(Protocol):
+    """A kept state read back: what :meth:`ClusterState.restore` serves until the first sync."""
+
+    entries: dict[tuple[str, tuple[str, str]], Any]
+    #: Unix time of the last change it holds
+    saved_at: float

@@ -16,11 +16,11 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
+from kubeport.endpoints.interfaces import Entry, Journal, Saved
 from kubeport.endpoints.types import NodeInfo, PodInfo, ServiceInfo, ServiceName, ServiceState, SliceInfo, Snapshot
 
 if TYPE_CHECKING:
     from kubeport.endpoints import convert, model
-    from kubeport.endpoints.laststate import Entry, LastState, SavedState
 else:
     convert = model = None  # imported by the first upsert (_import_models)
 
@@ -102,7 +102,7 @@ class ClusterState:
         self._published = asyncio.Event()
 
         #: where each change is also recorded (the last applied state, kept for a restart)
-        self._journal: LastState | None = None
+        self._journal: Journal | None = None
         #: restored from a saved state and not yet confirmed by the source, per kind: what the
         #: kind's first sync has not mentioned is deleted then
         self._unconfirmed: dict[str, set[tuple[str, str]]] = {}
@@ -213,7 +213,7 @@ class ClusterState:
 
     # --- the last applied state ---------------------------------------------------
 
-    def keep_in(self, journal: LastState) -> None:
+    def keep_in(self, journal: Journal) -> None:
         """Record every change in ``journal`` from now on."""
         self._journal = journal
         journal.attach(self.entries)
@@ -238,7 +238,7 @@ class ClusterState:
         for name, labels in namespaces:
             yield "Namespace", ("", name), labels
 
-    def restore(self, saved: SavedState) -> None:
+    def restore(self, saved: Saved) -> None:
         """Hold what ``saved`` holds until the source's first sync confirms or replaces it;
         the snapshots until then carry ``restored_at`` (servable, not synced)."""
         for (kind, (namespace, name)), value in saved.entries.items():

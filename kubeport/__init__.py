@@ -1,3 +1,5 @@
 """kubeport: a node-local Kubernetes data plane (service proxy + cluster DNS)."""
 
-__version__ = "0.1.0"
+from kubeport.lib.version import __version__
+
+__all__ = ["__version__"]

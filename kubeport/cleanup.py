@@ -14,9 +14,9 @@ import logging
 from pathlib import Path
 from typing import Callable, Iterable
 
-from kubeport import handover
 from kubeport.config import KubeportConfiguration
 from kubeport.proxy.host import leftovers
+from kubeport.survival import handover
 
 log = logging.getLogger(__name__)
 

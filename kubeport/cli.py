@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kubeport import __version__
 from kubeport import config as config_module
 from kubeport.config import ConfigError, KubeportConfiguration
 from kubeport.lib.logformat import configure_logging
+from kubeport.lib.version import __version__
 
 log = logging.getLogger("kubeport")
 
@@ -312,10 +312,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"kubeport: cleanup: {exc}", file=sys.stderr)
             return 1
         return 0
-    from kubeport.lib.sockethold import ENV as SUPERVISED
+    from kubeport.survival.sockethold import ENV as SUPERVISED
 
     if config.hold_sockets and SUPERVISED not in os.environ:
-        from kubeport.supervisor import supervise
+        from kubeport.survival.supervisor import supervise
 
         # -P: the daemon's modules are the installed ones, never a kubeport/ folder that
         # happens to be in the working directory (a checkout's, beside an installed wheel).
@@ -390,7 +390,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
 
 def _cmd_fd_store(args: argparse.Namespace) -> int:
-    from kubeport.fdstore import run
+    from kubeport.survival.fdstore import run
 
     return run(Path(args.directory), args.max)
 

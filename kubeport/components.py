@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # the parts are imported when built: `kubeport check` needs n
     from kubeport.proxy.service import ProxyService
 
 from kubeport.config import KubeportConfiguration
+from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.lib.logformat import configure_logging
 
 log = logging.getLogger("kubeport.daemon")
@@ -142,18 +144,20 @@ def dns_config(config: KubeportConfiguration) -> DnsConfig:
     )
 
 
-def build_dns(config: KubeportConfiguration, *registries: CollectorRegistry) -> DnsServer:
+def build_dns(config: KubeportConfiguration, *registries: CollectorRegistry,
+              hold: HeldSockets = NOT_HELD) -> DnsServer:
     """The DNS server, its metrics in every registry given (the daemon's and the DNS address's)."""
     from kubeport.dns.metrics import DnsCollector
     from kubeport.dns.server import DnsServer
 
-    server = DnsServer(dns_config(config))
+    server = DnsServer(dns_config(config), hold=hold)
     for registry in registries:
         registry.register(DnsCollector(server))
     return server
 
 
-def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry) -> ProxyService:
+def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry,
+                hold: HeldSockets = NOT_HELD) -> ProxyService:
     from kubeport.proxy.config import ProxyConfig
     from kubeport.proxy.service import ProxyService
 
@@ -174,7 +178,11 @@ def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry) -> P
 
     return ProxyService(proxy_config, config.hostname_override, registry,
                         families=proxier_families(config), require_node=config.source_kind != "manifests",
-                        address_events=AddressEvents())
+                        address_events=AddressEvents(), hold=hold, worker_command=RELAY_WORKER_COMMAND)
+
+
+#: a relay worker process: kubeport/relayworker.py gives it its channel to the socket holder
+RELAY_WORKER_COMMAND = (sys.executable, "-P", "-m", "kubeport.relayworker")
 
 
 #: What a SIGHUP can change without a restart.

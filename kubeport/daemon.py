@@ -9,7 +9,7 @@ sync never delays DNS.
 Shutdown (SIGTERM/SIGINT): readiness goes false; DNS and the proxy keep serving for the
 lame-duck period; the proxy stops accepting and drains established connections up to
 the shutdown grace period; addresses are removed; exit 0. A second signal ends the
-lame duck and the drain at once. When a new instance takes over (kubeport.handover),
+lame duck and the drain at once. When a new instance takes over (kubeport.survival.handover),
 the old one skips the lame duck and leaves the addresses to its successor; once drained it
 exits, or with ``--after-handover wait`` (a DaemonSet pod) waits for its SIGTERM and then
 exits without touching what the successor holds.
@@ -28,15 +28,14 @@ from typing import Any, Awaitable
 import uvloop
 from prometheus_client import disable_created_metrics
 
-from kubeport import components, handover, nodesettings
+from kubeport import components, nodesettings
 from kubeport.cleanup import report_previous_instance
 from kubeport.config import KubeportConfiguration, changed_fields
 from kubeport.dns.server import DnsServer
 from kubeport.endpoints.interfaces import Consumer, Source
-from kubeport.endpoints.laststate import LastState
 from kubeport.endpoints.types import Snapshot
-from kubeport.lib import sockethold
 from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
+from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.lib.sdnotify import Notifier
 from kubeport.process import process_registry, raise_open_file_limit, seconds_since_exec
 from kubeport.proxy.health import HealthResponse
@@ -44,6 +43,9 @@ from kubeport.proxy.service import ProxyService
 from kubeport.readiness import LiveFile, ReadyFile
 from kubeport.reload import Reloader
 from kubeport.status import STATUS_SOCKET, StatusServer
+from kubeport.survival import handover
+from kubeport.survival.laststate import LastState
+from kubeport.survival.sockethold import SocketHold
 from kubeport.systemd import SystemdNotifications
 
 log = logging.getLogger("kubeport.daemon")
@@ -71,8 +73,11 @@ class Daemon:
         config: KubeportConfiguration,
         config_file: Path | None = None,
         flags: dict[str, Any] | None = None,
+        hold: HeldSockets = NOT_HELD,
     ) -> None:
         self.config = config
+        #: the channel to --hold-sockets' supervisor, through which every listener is opened
+        self._hold = hold
         self.registry = process_registry()
         #: what the DNS metrics address serves: CoreDNS's series and the process's, as CoreDNS's :9153
         self.dns_registry = process_registry()
@@ -156,7 +161,7 @@ class Daemon:
             "dns": {"addresses": self.config.dns_addresses, "appliedGeneration": self._applied.get("dns")},
             "heap": {"trimmedGeneration": self._heap_trimmed_generation},
             "handover": self._instance.status(),
-            "socketHold": sockethold.hold().status(),
+            "socketHold": self._hold.status(),
             "lastState": {"restoredFrom": _iso(self._restored_at) if self._restored_at is not None else None,
                           "servingIt": snapshot.restored_at is not None,
                           "keptAt": _iso(self._last_state.saved_at) if self._last_state.saved_at else None},
@@ -169,8 +174,8 @@ class Daemon:
     # --- construction -------------------------------------------------------------------
 
     def _build(self) -> tuple[ProxyService, DnsServer]:
-        self._proxy = components.build_proxy(self.config, self.registry)
-        self._dns = components.build_dns(self.config, self.registry, self.dns_registry)
+        self._proxy = components.build_proxy(self.config, self.registry, self._hold)
+        self._dns = components.build_dns(self.config, self.registry, self.dns_registry, hold=self._hold)
         return self._proxy, self._dns
 
     def _build_source(self) -> Source:
@@ -476,7 +481,7 @@ class Daemon:
                 # Every listener of this view is open (adopted or new): what the holder kept
                 # for the previous process and nobody serves now must not take connections.
                 self._held_sockets_settled = True
-                sockethold.hold().release_unadopted()
+                self._hold.release_unadopted()
             if self._ready.is_set():
                 if snapshot.changed or snapshot.pods_changed:  # a Pod-only change frees heap too
                     self._heap_changed.set()
@@ -506,9 +511,10 @@ def run(config: KubeportConfiguration, config_file: Path | None = None, flags: d
     # so once at start, before any metric exists.
     disable_created_metrics()
     raise_open_file_limit()
-    sockethold.hold()  # before any relay worker starts: they are no party to the holder's channel
+    # Before any relay worker starts: they are no party to the holder's channel.
+    hold = SocketHold.from_environment()
     try:
-        uvloop.run(Daemon(config, config_file, flags).serve())
+        uvloop.run(Daemon(config, config_file, flags, hold).serve())
     except ExceptionGroup as group:
         # A task of the daemon failed in a way it cannot recover from (it logged the rest).
         for error in _leaves(group):

@@ -39,9 +39,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kubeport import printers
 from kubeport.config import split_host_port
 from kubeport.endpoints.types import Snapshot
-from kubeport.handover import peer_of, trusted
 from kubeport.lib.httpserver import HttpServer, Request, Response, Routes
 from kubeport.proxy.health import HealthResponse
+from kubeport.survival.handover import peer_of, trusted
 
 log = logging.getLogger(__name__)
 

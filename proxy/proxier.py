@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Awaitable, Callable, Iterable, Mapping
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, Snapshot
+from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.balancer import Balancer, Route, ServicePortPool, default_affinity_factory
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.host.addresses import AddressManager, NetlinkAddresses, canonical
@@ -55,10 +56,13 @@ class Proxier:
         firewall: Firewall | None = None,
         affinity_factory=default_affinity_factory,
         relay: bool = True,
+        hold: HeldSockets = NOT_HELD,
     ) -> None:
         self.config = config
         #: False: the relay workers listen and relay; this process programs the node only
         self._relay = relay
+        #: where the listeners are adopted from, or bound and kept, across a crash
+        self._hold = hold
         self.node_name = node_name
         self._addresses: AddressManager = addresses if addresses is not None else NetlinkAddresses(
             config.vip_interface)
@@ -100,7 +104,7 @@ class Proxier:
         """
         loop = asyncio.get_running_loop()
         self._fatal = loop.create_future()
-        self._ctx = RelayContext(loop, self.config, on_fatal=self._on_fatal)
+        self._ctx = RelayContext(loop, self.config, on_fatal=self._on_fatal, hold=self._hold)
         log.info("TCP relay: %s", self._ctx.tcp_relay)
         config = self.config
         self._sweeper = AffinitySweeper(loop, self._ctx.clock, config.affinity_sweep_interval,

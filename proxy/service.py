@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry
 
 from kubeport.endpoints.types import NodeInfo, Snapshot
+from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.fullsync import follow_node_addresses, keep_host_in_sync
 from kubeport.proxy.health import HealthResponse, ProxyHealth
@@ -26,7 +27,7 @@ from kubeport.proxy.healthcheck import DesiredHealthChecks, HealthCheckServers, 
 from kubeport.proxy.host.address_events import AddressEvents
 from kubeport.proxy.metrics import ProxyMetrics
 from kubeport.proxy.proxier import Proxier
-from kubeport.proxy.workers import ProxyWorkers, create_proxier
+from kubeport.proxy.workers import WORKER_COMMAND, ProxyWorkers, create_proxier
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class ProxyService:
         require_node: bool,
         clock: Callable[[], float] = time.time,
         address_events: AddressEvents | None = None,
+        hold: HeldSockets = NOT_HELD,
+        worker_command: Sequence[str] = WORKER_COMMAND,
     ) -> None:
         """
         :param families: the IP families proxied, primary first (one /healthz entry each).
@@ -53,7 +56,7 @@ class ProxyService:
             API server; manifest mode may have none).
         """
         self.node_name = node_name
-        self.relays: Proxier | ProxyWorkers = create_proxier(config, node_name)
+        self.relays: Proxier | ProxyWorkers = create_proxier(config, node_name, hold=hold, worker_command=worker_command)
         self.health = ProxyHealth(families=families, require_node=require_node)
         self.health_checks = HealthCheckServers(lambda: self.health.healthy(clock()))
         self.metrics = ProxyMetrics(registry, node_name)

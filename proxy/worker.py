@@ -1,4 +1,5 @@
-"""A relay worker process: ``python -P -m kubeport.proxy.worker FD`` (started by workers.py).
+"""A relay worker process's loop: started by workers.py as ``python -P -m kubeport.relayworker FD``,
+which hands it its channel to the socket holder.
 
 It runs a Proxier without addresses or firewall of its own, applies the snapshots the
 parent sends over the socketpair FD, reports statistics, and stops when told.
@@ -26,7 +27,7 @@ from types import MappingProxyType
 import uvloop
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, ServiceState, Snapshot
-from kubeport.lib import sockethold
+from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.host.addresses import SharedAddresses
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.worker_messages import (
@@ -119,7 +120,8 @@ class Link:
             pass  # the parent is gone: what it missed, a new one gets whole
 
 
-async def serve(fd: int, adoption_grace: float = ADOPTION_GRACE_S, orphan_drain: float = ORPHAN_DRAIN_S) -> None:
+async def serve(fd: int, hold: HeldSockets = NOT_HELD, adoption_grace: float = ADOPTION_GRACE_S,
+                orphan_drain: float = ORPHAN_DRAIN_S) -> None:
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_connection(sock=sock)
     start = await receive(reader)
@@ -128,7 +130,7 @@ async def serve(fd: int, adoption_grace: float = ADOPTION_GRACE_S, orphan_drain:
     _configure_logging(start.index, start.log_json, start.log_level)
     config = start.config
     shared = SharedAddresses()
-    proxier = Proxier(config, start.node_name, addresses=shared, firewall=None)
+    proxier = Proxier(config, start.node_name, addresses=shared, firewall=None, hold=hold)
     startup = logging.getLogger("kubeport.proxy.proxier")
     startup.setLevel(logging.ERROR)  # what start() has to say (SCTP support), the parent said
     await proxier.start(start.extra_addresses, start.reserved_frontends)
@@ -168,7 +170,7 @@ async def serve(fd: int, adoption_grace: float = ADOPTION_GRACE_S, orphan_drain:
                             # Every listener of this view is open: what the holder kept for
                             # this slot's previous worker and nobody serves now is closed.
                             held_settled = True
-                            sockethold.hold().release_unadopted()
+                            hold.release_unadopted()
                         await link.send(Applied(seq, proxier.problems))
                     case Start(index=index, log_json=log_json, log_level=log_level):  # an adoption
                         _configure_logging(index, log_json, log_level)
@@ -287,11 +289,13 @@ def _configure_logging(index: int, json_format: bool, level: int) -> None:
     root.setLevel(level)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], hold: HeldSockets = NOT_HELD) -> int:
+    """A worker process: ``argv[1]`` is its channel to the parent; ``hold`` its channel to
+    the socket holder, if it was given one (kubeport/relayworker.py)."""
     # SIGHUP too: `systemctl kill -s HUP` and pkill reach every process; reloading is the parent's.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    uvloop.run(serve(int(argv[1])))
+    uvloop.run(serve(int(argv[1]), hold))
     return 0
 
 

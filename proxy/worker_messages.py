@@ -25,8 +25,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
-from kubeport import __version__
 from kubeport.endpoints.types import NodeInfo, ServiceName, ServicePortName, ServiceState
+from kubeport.lib.version import __version__
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import Frontend

@@ -15,7 +15,7 @@ waits to be adopted. At its start this process looks for such orphans of the nod
 (``orphan_addresses``), adopts up to ``workers`` of them over their socket with the usual
 Start (answered ``Started(adopted=True)``) and a whole first Apply, and starts only the rest.
 
-The children are started fresh (``python -P -m kubeport.proxy.worker FD``), not forked
+The children are started fresh (``python -P -m kubeport.relayworker FD``), not forked
 from a process with threads and an event loop. Each talks to this process over a
 socketpair, in the messages of :mod:`.worker_messages`.
 
@@ -35,10 +35,10 @@ import signal
 import socket
 import sys
 from types import MappingProxyType
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 from kubeport.endpoints.types import ServicePortName, Snapshot
-from kubeport.lib import sockethold
+from kubeport.lib.heldsockets import HOLDER_FD_ENV, NOT_HELD, HeldSockets
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.stats import ServicePortStats
@@ -68,11 +68,16 @@ class ProxyWorkerError(RuntimeError):
     """A worker process failed or exited; the message names it."""
 
 
-def create_proxier(config: ProxyConfig, node_name: str, **kwargs: Any) -> "Proxier | ProxyWorkers":
+#: a worker process without a holder (-P: the working directory's kubeport/ is not imported)
+WORKER_COMMAND = (sys.executable, "-P", "-m", "kubeport.proxy.worker")
+
+
+def create_proxier(config: ProxyConfig, node_name: str, *, hold: HeldSockets = NOT_HELD,
+                   worker_command: Sequence[str] = WORKER_COMMAND, **kwargs: Any) -> "Proxier | ProxyWorkers":
     """The daemon's one call: a Proxier, or ProxyWorkers when ``config.workers`` > 1."""
     if config.workers > 1:
-        return ProxyWorkers(config, node_name, **kwargs)
-    return Proxier(config, node_name, **kwargs)
+        return ProxyWorkers(config, node_name, hold=hold, worker_command=worker_command, **kwargs)
+    return Proxier(config, node_name, hold=hold, **kwargs)
 
 
 def _log_setup() -> tuple[bool, int]:
@@ -113,9 +118,15 @@ class _Child:
 class ProxyWorkers:
     """Proxier's interface over N relay processes (``config.workers``) and this one's node programming."""
 
-    def __init__(self, config: ProxyConfig, node_name: str, **kwargs: Any) -> None:
+    def __init__(self, config: ProxyConfig, node_name: str, *, hold: HeldSockets = NOT_HELD,
+                 worker_command: Sequence[str] = WORKER_COMMAND, **kwargs: Any) -> None:
+        """``worker_command``: how a worker process is started (its channel's descriptor is
+        appended); one started with a channel to the holder must take it from the
+        environment (``HOLDER_FD_ENV``) and hold its listeners under its slot."""
         self.config = config
         self.node_name = node_name
+        self._hold = hold
+        self._worker_command = tuple(worker_command)
         self._local = Proxier(config, node_name, relay=False, **kwargs)
         self._children: list[_Child] = []
         self._failed: asyncio.Future | None = None
@@ -199,13 +210,12 @@ class ProxyWorkers:
     async def _spawn(self, index: int) -> _Child:
         parent_end, child_end = socket.socketpair()
         # Its listeners held across a crash under the worker's slot, as this process's are.
-        holder = sockethold.hold().channel_for_worker(index)
+        holder = self._hold.channel_for_worker(index)
         passed = (child_end.fileno(),) if holder is None else (child_end.fileno(), holder.fileno())
-        env = None if holder is None else {**os.environ, sockethold.ENV: str(holder.fileno())}
+        env = None if holder is None else {**os.environ, HOLDER_FD_ENV: str(holder.fileno())}
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-P", "-m", "kubeport.proxy.worker", str(child_end.fileno()),
-                pass_fds=passed, env=env,
+                *self._worker_command, str(child_end.fileno()), pass_fds=passed, env=env,
             )
         finally:
             child_end.close()

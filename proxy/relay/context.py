@@ -10,6 +10,7 @@ import time
 from collections import deque
 from typing import Callable, Iterable
 
+from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.relay.pipes import PipePool
 from kubeport.proxy.relay.poller import EdgePoller
@@ -126,10 +127,13 @@ class RelayContext:
         on_fatal: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
         reserve: DescriptorReserve | None = None,
+        hold: HeldSockets = NOT_HELD,
     ) -> None:
         self.loop = loop
         self.config = config
         self.clock = clock
+        #: every listener is opened through it (adopted after a crash, else bound and kept)
+        self.hold = hold
         #: the proxy's descriptors stop short of the process's last ones (reserve.py)
         self.reserve = reserve if reserve is not None else DescriptorReserve()
         self.pipes = PipePool(config.pipe_size, config.pipe_pool_size, self.reserve.within(os.pipe2))

@@ -25,7 +25,6 @@ import socket
 import struct
 from enum import Enum
 
-from kubeport.lib import sockethold
 from kubeport.lib.lograte import limit_repeats
 from kubeport.proxy.balancer import EndpointState, Route
 from kubeport.proxy.host import capture
@@ -591,12 +590,12 @@ class TcpListener:
     def open(self) -> None:
         family = socket.AF_INET6 if self.frontend.family == 6 else socket.AF_INET
         self._family = int(family)
-        held = sockethold.hold().adopt(self.hold_label)
-        if held is not None:  # kept open across a crash: its queued connections are served now
-            self.sock = held
-            self._fd = held.fileno()
-            self.ctx.loop.add_reader(self._fd, self._on_acceptable)
-            return
+        # A socket kept open across a crash has its queued connections served now.
+        self.sock = self.ctx.hold.adopt_or_bind(self.hold_label, lambda: self._bind(family))
+        self._fd = self.sock.fileno()
+        self.ctx.loop.add_reader(self._fd, self._on_acceptable)
+
+    def _bind(self, family: int) -> socket.socket:
         sock = socket.socket(family, _STREAM_NONBLOCK, self.proto)
         try:
             sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -609,10 +608,7 @@ class TcpListener:
         except OSError:
             sock.close()
             raise
-        sockethold.hold().keep(self.hold_label, sock)
-        self.sock = sock
-        self._fd = sock.fileno()
-        self.ctx.loop.add_reader(self._fd, self._on_acceptable)
+        return sock
 
     def close(self, *, accept_queued: bool = False) -> None:
         """Stop accepting; established connections are not touched.
@@ -635,7 +631,7 @@ class TcpListener:
                 self._paused = None
             if self.sock is None:
                 return  # an accept error closed it
-        sockethold.hold().release(self.hold_label)
+        self.ctx.hold.release(self.hold_label)
         self.sock.close()
         self.sock = None
 

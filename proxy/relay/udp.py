@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 
-from kubeport.lib import mmsg, sockethold
+from kubeport.lib import mmsg
 from kubeport.lib.lograte import limit_repeats
 from kubeport.lib.sockbuf import enlarge_receive_buffer
 from kubeport.proxy.balancer import Route
@@ -145,12 +145,12 @@ class UdpListener:
     def open(self) -> None:
         self._inbound, self._replies = _batches(self.ctx)
         family = socket.AF_INET6 if self.frontend.family == 6 else socket.AF_INET
-        held = sockethold.hold().adopt(self.hold_label)
-        if held is not None:  # kept open across a crash: its queued datagrams are answered now
-            self.sock = held
-            self.fd = held.fileno()
-            self.ctx.poller.register(self.fd, self._on_datagrams, LEVEL_INPUT)
-            return
+        # A socket kept open across a crash has its queued datagrams answered now.
+        self.sock = self.ctx.hold.adopt_or_bind(self.hold_label, lambda: self._bind(family))
+        self.fd = self.sock.fileno()
+        self.ctx.poller.register(self.fd, self._on_datagrams, LEVEL_INPUT)
+
+    def _bind(self, family: int) -> socket.socket:
         sock = socket.socket(family, _DGRAM_NONBLOCK)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -163,10 +163,7 @@ class UdpListener:
         except OSError:
             sock.close()
             raise
-        sockethold.hold().keep(self.hold_label, sock)
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.ctx.poller.register(self.fd, self._on_datagrams, LEVEL_INPUT)
+        return sock
 
     def drain(self, *, hand_over: bool = False) -> None:
         """Shutdown: keep serving (closing would orphan the flows), close once no flow is left.
@@ -193,7 +190,7 @@ class UdpListener:
         if self.sock is None:
             return
         self.ctx.poller.forget(self.fd)
-        sockethold.hold().release(self.hold_label)
+        self.ctx.hold.release(self.hold_label)
         self.sock.close()
         self.sock = None
         if self._timer is not None:

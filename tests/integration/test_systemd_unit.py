@@ -62,7 +62,7 @@ def children(systemd, pid: int) -> list[int]:
 
 
 def is_worker(systemd, pid: int) -> bool:
-    return "kubeport.proxy.worker" in systemd.run("cat", f"/proc/{pid}/cmdline", check=False).stdout
+    return "kubeport.relayworker" in systemd.run("cat", f"/proc/{pid}/cmdline", check=False).stdout
 
 
 def the_daemon(systemd) -> int | None:

@@ -45,7 +45,7 @@ def alive(pid: int) -> bool:
 def is_worker(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return b"kubeport.proxy.worker" in cmdline.read()
+            return b"kubeport.relayworker" in cmdline.read()
     except OSError:
         return False
 

@@ -12,7 +12,7 @@ import pytest
 
 from kubeport import cleanup
 from kubeport import config as cfg
-from kubeport.handover import instance_address
+from kubeport.survival.handover import instance_address
 from kubeport.proxy.host import leftovers
 from kubeport.proxy.host.leftovers import Leftovers
 

@@ -14,7 +14,7 @@ from dnslib import QTYPE, RCODE, RR, SOA, A, DNSRecord
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeport import __version__
+from kubeport.lib.version import __version__
 from kubeport.dns.config import DnsConfig
 from kubeport.dns.metrics import BUCKET_BOUNDS, DnsCollector, family_label, type_label
 from kubeport.dns.server import DnsServer

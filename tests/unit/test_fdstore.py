@@ -1,4 +1,4 @@
-"""The fd-store sidecar (kubeport/fdstore.py) over real Unix sockets: what the supervisor stores
+"""The fd-store sidecar (kubeport/survival/fdstore.py) over real Unix sockets: what the supervisor stores
 and removes with systemd's messages (sd_notify(3) FDSTORE=1, FDSTOREREMOVE=1), what a
 starting supervisor fetches back, and that a socket fetched back is the one stored (its
 queued connection is still there)."""
@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from kubeport.fdstore import FdStore, fd_name_valid
+from kubeport.survival.fdstore import FdStore, fd_name_valid
 from kubeport.lib.sdnotify import Notifier
-from kubeport.supervisor import STORE_CHECK_S, Supervisor
+from kubeport.survival.supervisor import STORE_CHECK_S, Supervisor
 
 
 @pytest.fixture

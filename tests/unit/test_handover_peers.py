@@ -13,7 +13,7 @@ import sys
 import pytest
 from support.wait import until
 
-from kubeport import handover
+from kubeport.survival import handover
 
 SQUAT = """
 import socket, sys

@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
-from kubeport.endpoints import laststate
-from kubeport.endpoints.laststate import LastState
+from kubeport.survival import laststate
+from kubeport.survival.laststate import LastState
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceName
 

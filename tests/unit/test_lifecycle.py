@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeport import components, config, handover
+from kubeport import components, config
+from kubeport.survival import handover
 from kubeport.readiness import LIVE_VALIDITY, LiveFile, ReadyFile
 from kubeport.reload import Reloader
 

@@ -89,3 +89,14 @@ def test_a_forgotten_subpackage_is_caught(tmp_path):
                      "kubeport/proxy/__init__.py", "kubeport/dns/__init__.py"):
             archive.writestr(name, "")
     assert tree_modules(source) - wheel_modules(wheel) == {"kubeport/endpoints/controllers/__init__.py"}
+
+
+def test_the_version_is_one_string():
+    """pyproject.toml's version is the one kubeport.lib.version carries (`kubeport version`,
+    coredns_build_info, the worker protocol and the last applied state's format)."""
+    import tomllib
+
+    from kubeport.lib.version import __version__
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert declared == __version__

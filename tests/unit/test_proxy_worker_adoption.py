@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from kubeport import __version__
+from kubeport.lib.version import __version__
 from kubeport.endpoints.types import ServiceName
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy import worker

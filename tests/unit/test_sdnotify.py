@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kubeport.lib.sdnotify import Notifier, fd_name, fd_store_size, label_of, socket_address, watchdog_period
-from kubeport.lib.sockethold import receive_with_fds
-from kubeport.supervisor import Supervisor
+from kubeport.survival.sockethold import receive_with_fds
+from kubeport.survival.supervisor import Supervisor
 from kubeport.systemd import SystemdNotifications
 
 

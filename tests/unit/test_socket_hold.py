@@ -8,8 +8,8 @@ from __future__ import annotations
 import socket
 import threading
 
-from kubeport.lib.sockethold import BATCH, SocketHold, worker_prefix
-from kubeport.supervisor import Supervisor
+from kubeport.survival.sockethold import BATCH, SocketHold, worker_prefix
+from kubeport.survival.supervisor import Supervisor
 
 
 def pump(supervisor: Supervisor, chan: socket.socket, prefix: str, messages: int) -> threading.Thread:

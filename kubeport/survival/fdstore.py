@@ -3,7 +3,7 @@ unit (``FileDescriptorStoreMax=``), so that the sockets the supervisor holds out
 kubeport container itself.
 
 A container ends with its first process, and with it every socket the supervisor
-(``--hold-sockets``, kubeport/supervisor.py) held: the kubelet starts the container again, but
+(``--hold-sockets``, kubeport/survival/supervisor.py) held: the kubelet starts the container again, but
 meanwhile the node refuses every connection and query. Run as a second container of the pod
 (a native sidecar, started before kubeport and kept while the pod lives), sharing DIR (an
 emptyDir) with kubeport's container and the node's network namespace (hostNetwork), this
@@ -15,7 +15,7 @@ The protocol is systemd's where it has one (sd_notify(3)): datagrams on ``DIR/no
 ``FDSTORE=1`` and ``FDNAME=`` and the descriptors attached, or ``FDSTOREREMOVE=1`` and
 ``FDNAME=``. systemd gives the descriptors back at exec; a sidecar cannot, so a supervisor
 connects to ``DIR/fetch`` (SOCK_SEQPACKET) and gets every stored descriptor in the socket
-hold's batches (kubeport/lib/sockethold.py), then the connection is closed.
+hold's batches (kubeport/survival/sockethold.py), then the connection is closed.
 
 Kept small for the supervisor's reason: nothing of the daemon is imported, so that it is not
 what crashes. DIR is created mode 0700; only what may write there may store.
@@ -31,9 +31,9 @@ import socket
 import sys
 from pathlib import Path
 
-from kubeport.lib.sockethold import BATCH, receive_with_fds, send
+from kubeport.survival.sockethold import BATCH, receive_with_fds, send
 
-log = logging.getLogger("kubeport.fdstore")
+log = logging.getLogger("kubeport.survival.fdstore")
 
 NOTIFY = "notify"
 FETCH = "fetch"

@@ -1,4 +1,4 @@
-"""Listening sockets held by the supervisor (kubeport/supervisor.py) across a crash of the
+"""Listening sockets held by the supervisor (kubeport/survival/supervisor.py) across a crash of the
 daemon: the daemon's side of the channel.
 
 Every service listener and DNS socket the daemon binds is also sent to the supervisor
@@ -32,11 +32,13 @@ import json
 import logging
 import os
 import socket
-from typing import Any
+from typing import Any, Callable
+
+from kubeport.lib.heldsockets import HOLDER_FD_ENV
 
 log = logging.getLogger(__name__)
 
-ENV = "KUBEPORT_SOCKET_HOLDER_FD"
+ENV = HOLDER_FD_ENV
 #: descriptors per message: the kernel's SCM_MAX_FD is 253
 BATCH = 250
 MESSAGE_BYTES = 1 << 20
@@ -139,6 +141,14 @@ class SocketHold:
             self.adopted += 1
         return sock
 
+    def adopt_or_bind(self, label: str, bind: Callable[[], socket.socket]) -> socket.socket:
+        """The held socket for ``label``, else ``bind()``'s, handed to the holder to keep."""
+        sock = self.adopt(label)
+        if sock is None:
+            sock = bind()
+            self.keep(label, sock)
+        return sock
+
     def keep(self, label: str, sock: socket.socket) -> None:
         """Hold ``sock`` (just bound) across a crash."""
         self._send({"op": "hold", "label": label}, [sock.fileno()])
@@ -184,13 +194,3 @@ class SocketHold:
             self._broken = True
             log.error("the socket holder is gone (%s): sockets are no longer held across a crash", exc)
 
-
-_hold: SocketHold | None = None
-
-
-def hold() -> SocketHold:
-    """This process's channel to the socket holder (inactive when there is none)."""
-    global _hold
-    if _hold is None:
-        _hold = SocketHold.from_environment()
-    return _hold

@@ -5,7 +5,7 @@ is killed or crashes, handing it the sockets back.
 While no daemon runs, the held sockets stay open: TCP handshakes complete into their accept
 queues and datagrams (DNS queries included) wait in their receive buffers, so a client
 sees a delay of the restart's length, not a refused connection or an ICMP port unreachable.
-The next daemon serves its last applied state at once (endpoints/laststate.py) on these
+The next daemon serves its last applied state at once (kubeport/survival/laststate.py) on these
 sockets.
 
 A parent rather than a helper child: a container's processes die with its PID 1, and a
@@ -28,7 +28,7 @@ itself, it is started again by ``Restart=`` with the sockets passed back as
 Connections and queries wait in their queues meanwhile, as they do while the daemon alone
 restarts. A container has nothing of the kind (it ends with its first process, and the
 kubelet starts it again): there ``--fd-store DIR`` names the directory of a ``kubeport
-fd-store`` sidecar (kubeport/fdstore.py), which keeps them in systemd's stead and hands them
+fd-store`` sidecar (kubeport/survival/fdstore.py), which keeps them in systemd's stead and hands them
 to the next supervisor when asked.
 """
 
@@ -46,15 +46,15 @@ import time
 from pathlib import Path
 
 from kubeport.lib import sdnotify
-from kubeport.lib.sockethold import BATCH, ENV, receive, send, worker_prefix, worker_slot
+from kubeport.survival.sockethold import BATCH, ENV, receive, send, worker_prefix, worker_slot
 
-#: the fd-store sidecar's sockets in its directory (kubeport/fdstore.py; not imported: the
+#: the fd-store sidecar's sockets in its directory (kubeport/survival/fdstore.py; not imported: the
 #: supervisor stays small)
 FD_STORE_NOTIFY, FD_STORE_FETCH = "notify", "fetch"
 #: how often the sidecar's socket is checked for a restart of the sidecar (it then starts empty)
 STORE_CHECK_S = 2.0
 
-log = logging.getLogger("kubeport.supervisor")
+log = logging.getLogger("kubeport.survival.supervisor")
 
 QUICK_CRASH = 10.0
 CRASH_LOOP = 5

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from kubeport.endpoints import types as kept_types
+from kubeport.endpoints.interfaces import Entry
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,6 @@ QUIET = 0.2
 #: ...unless the journal has grown this many times past the base: churn that never pauses
 FORCE_FACTOR = 4
 
-#: (kind, key, value): key as ClusterState.keys gives it, value None for a deletion.
-Entry = tuple[str, tuple[str, str], Any]
-
-
 def journal_name(generation: int) -> str:
     return f"{JOURNAL}.{generation}"
 
@@ -124,7 +121,7 @@ class SavedState:
 
 
 def _header() -> tuple[int, str]:
-    from kubeport import __version__
+    from kubeport.lib.version import __version__
 
     return FORMAT, __version__
 
