@@ -166,7 +166,6 @@ class ManifestSource:
         #: stored allocations of Services no file declares are released once every file parsed
         self._collect_pending = True
         self._batches = 0
-        self._batch_applied = asyncio.Event()
         self._gone_grace = gone_grace_ms / 1e3
         #: files gone from the directory, their objects kept: path -> when the grace ends (monotonic)
         self._vanished: dict[str, float] = {}
@@ -211,18 +210,9 @@ class ManifestSource:
         return len(self._objects.applied)
 
     def status(self) -> dict[str, int]:
-        return {"files": self.files_loaded, "objects": self.objects_loaded}
-
-    @property
-    def batches(self) -> int:
-        """Batches applied so far: the first load is 1, then one per burst of changes."""
-        return self._batches
-
-    async def wait_batch(self, after: int) -> int:
-        """The batch count once it is greater than ``after``."""
-        while self._batches <= after:
-            await self._batch_applied.wait()
-        return self._batches
+        """``batches``: the first load is 1, then one per burst of changes: an edit that
+        changed nothing was still read when the count moved past the one before it."""
+        return {"files": self.files_loaded, "objects": self.objects_loaded, "batches": self._batches}
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -335,8 +325,6 @@ class ManifestSource:
         self._state.commit()
         self._report()
         self._batches += 1
-        self._batch_applied.set()
-        self._batch_applied = asyncio.Event()
 
     def _list(self) -> dict[str, StatKey] | None:
         try:

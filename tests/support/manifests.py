@@ -106,9 +106,13 @@ class Harness:
         async with asyncio.timeout(DEADLINE):
             return await self.state.wait_newer(after.generation)
 
+    def batches(self) -> int:
+        """The batches the source applied (its status, as `kubeport get status` shows it)."""
+        return self.source.status()["batches"]
+
     async def until(self, condition: Callable[[], bool], what: str = "the manifests' state awaited") -> None:
-        """Wait, batch by batch, until ``condition`` holds (or fail at the deadline)."""
-        await until(condition, what, changed=lambda: self.source.wait_batch(self.source.batches))
+        """Wait until ``condition`` holds (or fail at the deadline)."""
+        await until(condition, what)
 
 
 @pytest.fixture

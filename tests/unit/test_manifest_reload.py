@@ -114,10 +114,10 @@ async def test_noop_rewrite_publishes_nothing_and_admits_nothing(manifests):
     async with running(harness):
         first = harness.state.snapshot
         admitted = len(harness.registry.admitted)
-        batches = harness.source.batches
+        batches = harness.batches()
         os.utime(manifests / "web.yaml")  # touch
         harness.write("api.yaml", "# same objects, new bytes\n" + service("api"))
-        await harness.until(lambda: harness.source.batches > batches)
+        await harness.until(lambda: harness.batches() > batches)
         # a real change after both: its snapshot must be the very next one
         harness.write("sentinel.yaml", service("sentinel"))
         snap = await harness.next_snapshot(first)
@@ -219,7 +219,7 @@ async def test_directory_moved_away_keeps_the_objects(manifests, tmp_path):
     harness.write("web.yaml", service())
     async with running(harness):
         first = harness.state.snapshot
-        batches = harness.source.batches
+        batches = harness.batches()
         manifests.rename(tmp_path / "elsewhere")
-        await harness.until(lambda: harness.source.batches > batches)
+        await harness.until(lambda: harness.batches() > batches)
         assert harness.state.snapshot is first

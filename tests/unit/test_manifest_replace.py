@@ -65,9 +65,9 @@ async def test_moved_away_then_recreated_within_the_grace__kept(manifests, tmp_p
     harness.write("web.yaml", service(port=80))
     async with running(harness), every_snapshot(harness) as seen:
         before = allocation(harness)
-        batches = harness.source.batches
+        batches = harness.batches()
         (manifests / "web.yaml").rename(tmp_path / "web.yaml.old")
-        await harness.until(lambda: harness.source.batches > batches)
+        await harness.until(lambda: harness.batches() > batches)
         assert harness.ports() == [80] and harness.source.problems == []
         harness.write("web.yaml", service(port=81))
         await harness.until(lambda: harness.ports() == [81])
@@ -93,9 +93,9 @@ async def test_emptied_then_appended_within_the_grace__never_absent(manifests):
     async with running(harness), every_snapshot(harness) as seen:
         before = allocation(harness)
         (manifests / "web.yaml").write_text("")
-        batches = harness.source.batches
+        batches = harness.batches()
         harness.write("sentinel.yaml", service("sentinel"))  # a batch after the emptying's
-        await harness.until(lambda: harness.source.batches > batches
+        await harness.until(lambda: harness.batches() > batches
                             and ServiceName("default", "sentinel") in harness.state.snapshot.services)
         assert harness.ports() == [80]
         with open(manifests / "web.yaml", "a") as out:
@@ -151,9 +151,9 @@ async def test_every_file_removed_at_once__held_until_the_marker(manifests):
         [problem] = harness.source.problems
         assert "all its 2 manifest files disappeared at once: serving the objects of api.yaml, web.yaml" in problem
         assert ALLOW_EMPTY_MARKER in problem
-        batches = harness.source.batches
+        batches = harness.batches()
         harness.write("other.yaml", service("other"))  # later batches, past the grace: still held
-        await harness.until(lambda: harness.source.batches > batches + 1 or len(harness.state.snapshot.services) == 3)
+        await harness.until(lambda: harness.batches() > batches + 1 or len(harness.state.snapshot.services) == 3)
         assert (allocation(harness), allocation(harness, API)) == before
         (manifests / ALLOW_EMPTY_MARKER).touch()
         await harness.until(lambda: set(harness.state.snapshot.services) == {ServiceName("default", "other")})
@@ -248,15 +248,15 @@ async def test_back_but_written_slower_than_the_grace__kept_until_complete(manif
     harness.write("web.yaml", service(port=80))
     async with running(harness):
         before = allocation(harness)
-        batches = harness.source.batches
+        batches = harness.batches()
         (manifests / "web.yaml").unlink()
-        await harness.until(lambda: harness.source.batches > batches)  # seen gone: its grace runs
+        await harness.until(lambda: harness.batches() > batches)  # seen gone: its grace runs
         with open(manifests / "web.yaml", "w") as writer:  # back, open past the grace's end
-            batches = harness.source.batches
+            batches = harness.batches()
             harness.write("sentinel.yaml", service("sentinel"))  # waits for the writer, up to 1 s
             await harness.until(lambda: ServiceName("default", "sentinel") in harness.state.snapshot.services)
             assert harness.ports() == [80]
-            assert harness.source.batches < batches + 5  # the grace's end is one batch, not one per loop turn
+            assert harness.batches() < batches + 5  # the grace's end is one batch, not one per loop turn
             writer.write(service(port=81))
         await harness.until(lambda: harness.ports() == [81])
         assert allocation(harness) == before
