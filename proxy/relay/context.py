@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 
 from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.config import ProxyConfig
+from kubeport.proxy.relay.kernel_relays import KernelRelays
 from kubeport.proxy.relay.pipes import PipePool
 from kubeport.proxy.relay.poller import EdgePoller
 from kubeport.proxy.relay.reserve import DescriptorReserve
@@ -160,8 +161,6 @@ class RelayContext:
         #: the directions the sockmap program relays (None: every TCP byte is spliced here).
         self.kernel = None
         if sockmap is not None:
-            from kubeport.proxy.relay.tcp import KernelRelays  # tcp.py imports this module
-
             self.kernel = KernelRelays(self, sockmap, config.sockmap_queue_limit, config.sockmap_sweep_interval)
 
     def conn_closed(self, conn) -> None:

@@ -70,7 +70,7 @@ class Direction:
         self._bulk = False
         #: bytes this process wrote into dst (the kernel's share is counted by the sockmap program).
         self.sent = 0
-        #: None: relayed here; KERNEL or PAUSED: by the sockmap program (tcp.py, sockmap.py).
+        #: None: relayed here; KERNEL or PAUSED: by the sockmap program (kernel_relays.py, sockmap.py).
         self.kernel = None
         #: the sockmap may relay this direction (False once the kernel gave it back: spliced).
         self.kernel_ok = conn.ctx.kernel is not None and not conn.proto

@@ -10,7 +10,7 @@ from kubeport.proxy.balancer import Route
 from kubeport.proxy.relay import steering
 from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.relay.reserve import DescriptorReserve
-from kubeport.proxy.relay.tcp import TcpListener
+from kubeport.proxy.relay.tcp_listener import TcpListener
 from kubeport.proxy.relay.udp import UdpListener
 from kubeport.proxy.table import Frontend, FrontendKind, FrontendRule, RuleChange
 

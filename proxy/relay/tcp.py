@@ -1,6 +1,7 @@
-"""TCP (and SCTP stream) frontends: accept, connect with retry, then relay.
+"""One relayed TCP (or SCTP stream) connection: connect with retry, then relay.
 
-Per connection: one accept, one non-blocking connect, two registrations in the edge
+The listener that accepts it is tcp_listener.py; the sockmap's side is kernel_relays.py.
+Per connection: one non-blocking connect, two registrations in the edge
 poller, two Directions (relay.py); pooled pipes only once a direction turns bulk. No
 task or coroutine objects.
 A connect that fails (refused, unreachable, timed out) is counted against the
@@ -12,7 +13,7 @@ A backend reset is passed on to the client as a reset (SO_LINGER 0), and vice ve
 With a sockmap (``--tcp-relay``, sockmap.py), a direction that turns bulk is handed to the
 kernel instead of splice: its bytes go from socket to socket in softirq and workqueue
 context; this process sees only the end (FIN, reset) and sweeps the queue bound
-(``KernelRelays``).
+(``KernelRelays``, kernel_relays.py).
 """
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ from enum import Enum
 
 from kubeport.lib.lograte import limit_repeats
 from kubeport.proxy.balancer import EndpointState, Route
-from kubeport.proxy.host import capture
 from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.relay.direction import Direction
 from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
-from kubeport.proxy.relay.sockmap import bytes_acked, bytes_consumed, bytes_written, cookie, send_queue
-from kubeport.proxy.table import Frontend
 
 log = logging.getLogger(__name__)
 limit_repeats(log)  # one failing client or endpoint fails every connection alike
@@ -49,11 +47,6 @@ _STREAM_NONBLOCK = socket.SOCK_STREAM | socket.SOCK_NONBLOCK
 RawSocket = _socket.socket
 _STREAM = int(socket.SOCK_STREAM)
 _AF_INET, _AF_INET6 = int(socket.AF_INET), int(socket.AF_INET6)
-_ACCEPT_BATCH = 64
-#: the descriptor or memory shortage errors: pause accepting, then retry (trio's list).
-_ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-#: the client went away between SYN and accept, or a firewall refused it: next one.
-_ACCEPT_SKIP = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR}
 
 
 
@@ -70,13 +63,6 @@ CONNECTING, RELAYING, CLOSED = ConnState.CONNECTING, ConnState.RELAYING, ConnSta
 _INPUT = EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP
 _CLOSED = EPOLLERR | EPOLLHUP | EPOLLRDHUP
 _OUTPUT = EPOLLOUT | EPOLLERR | EPOLLHUP
-#: Direction.kernel: the program relays the direction; it is about to leave the verdict map
-#: (HOLDING, see KernelRelays); or its source is out of the verdict map
-#: until the destination has every byte the program took (then it is spliced).
-KERNEL, HOLDING, PAUSED = "kernel", "holding", "paused"
-#: how long a held source waits to leave the verdict map: longer than a run of the program
-#: over a receive queue (microseconds) takes, short against the sweep interval.
-_HOLD_S = 0.001
 
 
 def reset(sock: RawSocket) -> None:
@@ -359,331 +345,3 @@ class Conn:
         self.stats.active -= 1
         self.up = self.down = None  # no cycles left: freed by reference counting, not the GC
         ctx.conn_closed(self)
-
-
-class KernelRelays:
-    """The directions the sockmap program relays, and the sweep that bounds their queues.
-
-    Each sweep (every ``interval`` while any is left) reads the program's byte counts of every
-    direction with one batch lookup, and a destination (TCP_INFO and SIOCOUTQ) only when its
-    count ran ``limit`` past what it was last seen to have taken, or its source sent its FIN.
-    A direction more than ``limit`` behind is paused (sockmap.py) and, once its destination
-    took every counted byte, spliced here for the rest of the connection: putting a source
-    back into the verdict map while it receives lost and repeated whole skbs on 6.18 (a
-    512 MiB stream with 12 pauses and resumes came through 196,449 bytes short, 196 bytes
-    repeated at 245 MiB); splicing after the pause lost nothing in the same test. A direction
-    whose source sent its FIN ends once its destination took every counted byte.
-
-    A pause can drop bytes: it deletes the source from ``verdict``, and ``sock_map_del_link``
-    -> ``sk_psock_stop_verdict`` clears the psock's program while ``sk_psock_verdict_data_ready``
-    may be running ``tcp_read_skb`` on the socket on another CPU; ``sk_psock_verdict_recv``
-    then finds no program and drops each skb it still takes (net/core/skmsg.c). The program
-    never counts those, so the destination does not wait for them and the stream would go on
-    with a hole. Before a paused direction is spliced, what its source's receive queue gave
-    up (``bytes_consumed``) is checked against the program's count; a difference is a hole,
-    and the connection is reset instead (counted in ``lost``).
-
-    Bytes the program counted but the destination never gets would leave such a direction
-    waiting forever, its client hanging on a stream that cannot complete. A direction still
-    short of its count after ``lost_after`` seconds in which its destination's send queue
-    stayed empty (so nothing blocked the psock from sending: ``sk_psock_backlog`` retries
-    every jiffy) and took nothing more is taken as a kernel loss: its connection is reset,
-    so both ends see an error instead of a hang, and ``lost`` counts it.
-    """
-
-    def __init__(self, ctx: RelayContext, sockmap, limit: int, interval: float, lost_after: float = 5.0) -> None:
-        self.ctx = ctx
-        self.sockmap = sockmap
-        self.limit = limit
-        self.interval = interval
-        self.lost_after = lost_after
-        self.directions: set[Direction] = set()
-        self._timer = None
-        #: sockets the kernel refused (map full, socket type): those directions were spliced.
-        self.refused = 0
-        #: directions the program has relayed; those paused as their destination fell behind.
-        self.taken = 0
-        self.pauses = 0
-        #: connections reset because counted bytes never reached their destination.
-        self.lost = 0
-
-    def take(self, direction: Direction) -> bool:
-        """Start relaying ``direction`` in the kernel (False: the kernel refused, nothing changed)."""
-        sockmap = self.sockmap
-        src_cookie = 0
-        try:
-            src_cookie = cookie(direction.src)
-            sockmap.link(src_cookie, direction.dst_fd)
-            # All this process wrote is in dst (nothing is pending); a SYN counts there too.
-            base = bytes_written(direction.dst)
-            src_base = bytes_consumed(direction.src)
-            sockmap.start(src_cookie, direction.src)
-        except OSError as exc:
-            self._refused(src_cookie, exc)
-            return False
-        direction.cookie = src_cookie
-        direction.base = base
-        direction.src_base = src_base
-        direction.kernel = KERNEL
-        direction.checked = direction.counted = 0
-        self.directions.add(direction)
-        self.taken += 1
-        if self._timer is None:
-            self._timer = self.ctx.loop.call_later(self.interval, self._sweep)
-        return True
-
-    def _refused(self, src_cookie: int, exc: OSError) -> None:
-        self.refused += 1
-        if src_cookie:
-            self.sockmap.unlink(src_cookie)
-        log.debug("sockmap refused a socket (%s): spliced instead", exc)
-
-    def account(self, direction: Direction) -> None:
-        """The kernel's last bytes of ``direction`` to the port's counters; it is no longer swept."""
-        if not direction.cookie:
-            return
-        self.directions.discard(direction)
-        try:
-            self._count(direction, self.sockmap.counted(direction.cookie))
-        except OSError:
-            pass
-        self.sockmap.unlink(direction.cookie)
-        direction.cookie = 0
-
-    @staticmethod
-    def _count(direction: Direction, counted: int) -> None:
-        """Add what the program counted since the last sweep to the port's byte counters."""
-        moved = counted - direction.counted
-        if moved:
-            direction.counted = counted
-            if direction.up:
-                direction.stats.bytes_to_backend += moved
-            else:
-                direction.stats.bytes_to_client += moved
-
-    def _give_back(self, direction: Direction) -> None:
-        """The kernel relayed all it took from a paused source; this process splices the rest."""
-        self.account(direction)
-        direction.kernel = None
-        direction.kernel_ok = False
-        direction.readable = direction.writable = True
-        direction.fin_clean = False  # read to the end, not to the first short read
-        direction.pump()
-
-    def _behind(self, direction: Direction, counted: int) -> int:
-        return counted - (bytes_written(direction.dst) - direction.base)
-
-    def _lost(self, direction: Direction, behind: int, written: int, queued: int, now: float) -> bool:
-        """``direction`` waits for ``behind`` counted bytes, its destination has taken ``written``
-        and holds ``queued`` unacknowledged: have the rest been lost (see the class)?"""
-        waiting = direction.waiting
-        if waiting is None or waiting[0] != written or queued:
-            direction.waiting = (written, now)
-            return False
-        if now - waiting[1] < self.lost_after:
-            return False
-        self.lost += 1
-        log.warning("sockmap: %d bytes the kernel took for %s never reached it in %.0fs; the connection is reset",
-                    behind, "the backend" if direction.up else "the client", now - waiting[1])
-        return True
-
-    def _dropped_at_pause(self, direction: Direction, counted: int) -> bool:
-        """Did the pause drop bytes the program never saw (see the class)? Then the stream has a hole."""
-        consumed = bytes_consumed(direction.src)
-        if consumed is None or direction.src_base is None:
-            return False
-        dropped = consumed - direction.src_base - counted
-        if dropped <= 1:  # a FIN's sequence number (bytes_consumed)
-            return False
-        self.lost += 1
-        log.warning("sockmap: pausing %s dropped %d bytes (net/core/skmsg.c sk_psock_verdict_recv without a "
-                    "program); the connection is reset", "the client" if direction.up else "the backend", dropped)
-        return True
-
-    def _pause_held(self, direction: Direction) -> None:
-        if direction.kernel is not HOLDING or direction not in self.directions:
-            return  # the connection ended meanwhile
-        try:
-            self.sockmap.pause(direction.cookie, direction.src)
-        except OSError as exc:
-            direction.conn.abort(exc)
-            return
-        direction.kernel = PAUSED
-        self.pauses += 1
-
-    def _sweep(self) -> None:
-        self._timer = None
-        sockmap, limit = self.sockmap, self.limit
-        try:
-            counts = sockmap.all_counted()
-        except OSError:  # a kernel without batch lookups (before 5.6): one lookup per direction
-            counts = {}
-        now = self.ctx.loop.time()
-        for direction in list(self.directions):
-            if direction not in self.directions:  # its connection was aborted by this sweep
-                continue
-            conn = direction.conn
-            try:
-                counted = counts.get(direction.cookie)
-                if counted is None:
-                    counted = sockmap.counted(direction.cookie)
-                self._count(direction, counted)
-                if direction.kernel is HOLDING:
-                    continue
-                if direction.kernel is PAUSED or direction.peer_closed:
-                    queued = send_queue(direction.dst)
-                    written = bytes_acked(direction.dst) + queued - direction.base
-                    behind = counted - written
-                    if behind > 0:
-                        if self._lost(direction, behind, written, queued, now):
-                            conn.abort()
-                        continue
-                    if direction.kernel is PAUSED:
-                        if self._dropped_at_pause(direction, counted):
-                            conn.abort()
-                        else:
-                            self._give_back(direction)
-                        continue
-                    conn.kernel_finished(direction)
-                elif counted - direction.checked > limit:
-                    behind = self._behind(direction, counted)
-                    direction.checked = counted - behind
-                    if behind > limit:
-                        sockmap.hold(direction.src)
-                        direction.kernel = HOLDING
-                        self.ctx.loop.call_later(_HOLD_S, self._pause_held, direction)
-            except OSError as exc:
-                conn.abort(exc)
-        if self.directions:
-            self._timer = self.ctx.loop.call_later(self.interval, self._sweep)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.directions.clear()
-        self.sockmap.close()
-
-
-class TcpListener:
-    """A listening socket on one frontend; ``route`` is swapped whole on endpoint changes."""
-
-    def __init__(self, ctx: RelayContext, frontend: Frontend, route: Route, proto: int = 0,
-                 transparent: bool = False) -> None:
-        self.ctx = ctx
-        self.frontend = frontend
-        self.route = route
-        self.proto = proto
-        #: an externalIP or LB frontend: its address may not be the node's (capture.py).
-        self.transparent = transparent
-        self.sock: socket.socket | None = None
-        self._fd = -1
-        self._paused: object | None = None
-        self._family = int(socket.AF_INET)
-        #: times accepting paused for lack of descriptors or memory.
-        self.accept_pauses = 0
-
-    @property
-    def hold_label(self) -> str:
-        return f"tcp/{self.proto}/{self.frontend.ip}/{self.frontend.port}"
-
-    def open(self) -> None:
-        family = socket.AF_INET6 if self.frontend.family == 6 else socket.AF_INET
-        self._family = int(family)
-        # A socket kept open across a crash has its queued connections served now.
-        self.sock = self.ctx.hold.adopt_or_bind(self.hold_label, lambda: self._bind(family))
-        self._fd = self.sock.fileno()
-        self.ctx.loop.add_reader(self._fd, self._on_acceptable)
-
-    def _bind(self, family: int) -> socket.socket:
-        sock = socket.socket(family, _STREAM_NONBLOCK, self.proto)
-        try:
-            sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(_SOL_SOCKET, socket.SO_REUSEPORT, 1)  # workers share listeners
-            capture.bind_anywhere(sock, family == socket.AF_INET6, self.transparent)  # inherited by accepted ones
-            if not self.proto:
-                sock.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)  # inherited by accepted sockets
-            sock.bind((self.frontend.ip, self.frontend.port))
-            sock.listen(self.ctx.config.backlog)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-
-    def close(self, *, accept_queued: bool = False) -> None:
-        """Stop accepting; established connections are not touched.
-
-        ``accept_queued``: first take the connections the kernel already queued (shutdown):
-        their clients completed the handshake and expect service, not a reset.
-        """
-        if self.sock is None:
-            return
-        if self._paused is not None:
-            self._paused.cancel()
-            self._paused = None
-        else:
-            self.ctx.loop.remove_reader(self._fd)
-        if accept_queued:
-            while self.sock is not None and self._on_acceptable():
-                pass
-            if self._paused is not None:  # out of descriptors: the rest get reset
-                self._paused.cancel()
-                self._paused = None
-            if self.sock is None:
-                return  # an accept error closed it
-        self.ctx.hold.release(self.hold_label)
-        self.sock.close()
-        self.sock = None
-
-    def _on_acceptable(self) -> bool:
-        """Accept one batch; True when the batch was full (more may be queued)."""
-        # _accept() + the C socket type is socket.accept() without its Python layer. The accepted
-        # socket stays blocking (accept4 without SOCK_NONBLOCK; an ioctl would cost a syscall):
-        # the relay passes MSG_DONTWAIT, and makes it non-blocking only to splice.
-        accept = self.sock._accept
-        family, proto = self._family, self.proto
-        for _ in range(_ACCEPT_BATCH):
-            try:
-                fd, address = accept()
-            except BlockingIOError:
-                return False
-            except OSError as exc:
-                if exc.errno in _ACCEPT_SKIP:
-                    continue
-                if exc.errno in _ACCEPT_PAUSE:
-                    self._pause(exc)
-                    return False
-                self._fail(exc)
-                return False
-            self._place(RawSocket(family, _STREAM, proto, fd), address[0])
-        return True
-
-    def _place(self, client: RawSocket, client_ip: str) -> None:
-        ctx = self.ctx
-        route = self.route
-        route.stats.total += 1
-        candidates, keys = route.candidates, route.keys
-        if route.local_candidates is not None and ctx.local_clients(client_ip):
-            candidates, keys = route.local_candidates, route.local_keys
-        endpoint = route.balancer.pick(candidates, keys, client_ip, ctx.clock())
-        if endpoint is None:
-            route.stats.connect_giveups += 1
-            reset(client)
-            return
-        Conn(ctx, route, client, client_ip, candidates, keys, self.proto).connect(endpoint)
-
-    def _pause(self, exc: OSError) -> None:
-        self.accept_pauses += 1
-        log.warning("%s: accept failed (%s); pausing %.2fs", self.frontend, exc, self.ctx.config.accept_pause)
-        self.ctx.loop.remove_reader(self._fd)
-        self._paused = self.ctx.loop.call_later(self.ctx.config.accept_pause, self._resume)
-
-    def _resume(self) -> None:
-        self._paused = None
-        if self.sock is not None:
-            self.ctx.loop.add_reader(self._fd, self._on_acceptable)
-
-    def _fail(self, exc: OSError) -> None:
-        log.error("%s: accept failed: %s", self.frontend, exc)
-        self.close()
-        self.ctx.on_fatal(exc)

@@ -23,7 +23,7 @@ from kubeport.proxy.balancer import Balancer, Route, ServicePortPool
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.relay.context import RelayContext
-from kubeport.proxy.relay.tcp import TcpListener
+from kubeport.proxy.relay.tcp_listener import TcpListener
 from kubeport.proxy.table import Frontend
 from kubeport.proxy.workers import ProxyWorkers, create_proxier
 
