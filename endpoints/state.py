@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 def _import_models() -> None:
     """The API models and their conversion, at the first object a source gives: building the
-    pydantic models costs ~30 ms, which a daemon serving its last applied state (restored
-    without them) spends after its first answers."""
+    pydantic models is a noticeable part of a start, which a daemon serving its last applied
+    state (restored without them) spends after its first answers."""
     global convert, model
     from kubeport.endpoints import convert, model
 
@@ -382,7 +382,7 @@ class ClusterState:
         self._services[info.name] = info
         self._dirty.add(info.name)
         # Only the EndpointSlice controller makes a service's state depend on Pods; without
-        # it the index would cost ~3.5 MiB at 10,000 services with selectors, for nothing.
+        # it the index would grow with every service that has a selector, for nothing.
         if info.selector_labels is not None and self._pod_slices is not None:
             self._with_selector.add(info.name)
             for key, value in info.selector_labels:

@@ -346,8 +346,8 @@ class Informer:
                 continue
             received = True
             # Neither the chunk nor its lines stay in this frame while it awaits the next one:
-            # after the initial events they are the last MiBs read (at 10,000 services, ~6 MiB
-            # of RSS held by the Services' and EndpointSlices' watches).
+            # after the initial events they are the last large buffers read, and would stay
+            # held by each watch for as long as it waits.
             pending = self._handle_batch(pending + chunk)
             chunk = b""
 

@@ -163,8 +163,8 @@ def collector_paused() -> Iterator[None]:
     """No cyclic garbage collection inside; afterwards every object alive is frozen out of it.
 
     A first load creates a million long-lived objects (models, slim types) and no reference
-    cycles: the collector would traverse them again and again as they pile up (a fifth of
-    the load's CPU at 10,000 services) and find nothing. Frozen (``gc.freeze``), they stay
+    cycles: the collector would traverse them again and again as they pile up (a large
+    share of a big load's CPU) and find nothing. Frozen (``gc.freeze``), they stay
     out of later collections; they are still freed by reference counting when dropped.
     """
     enabled = gc.isenabled()

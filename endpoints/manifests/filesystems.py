@@ -4,8 +4,8 @@ A read from a local disk or from memory returns; one from a network or FUSE file
 wait for a server that does not answer, for as long as it likes. The source reads a file
 where it may hang in a thread with a deadline (:class:`~kubeport.endpoints.manifests.batch.Disk`),
 and every other file on the event loop: the hand-over to a thread per file more than doubled
-a first load of 5,000 one-Service files from a local disk (medians of 4 loads, 2 cores:
-0.94 s read on the loop, 2.08 s in the thread).
+a first load of many small files from a local disk (bench/RESULTS.md, "Measurements behind
+the design").
 
 The device of a file (``st_dev``, in the listing's stat) is looked up in
 ``/proc/self/mountinfo``, whose fields give each mount's ``major:minor`` and its file system

@@ -188,11 +188,11 @@ class LastGoodFiles:
         start, the next change matters now. Small files are copied on the event loop, large
         ones in a thread.
 
-        Why not always at once in a thread: measured at 10,000 services with a change every
-        few ms, saving two 1 KiB files took 1-7 ms in a thread (three renames of ~0.25 ms each
-        on overlayfs), convoying with the loop on the GIL: the loop stalled up to 5 ms (the
-        switch interval) while it applied the next change. On the loop the same save is ~1 ms
-        of syscalls, which a quiet moment can spare."""
+        Why not always at once in a thread: under a steady stream of changes a save in a
+        thread convoys with the loop on the GIL, and the loop stalls up to the interpreter's
+        switch interval while it applies the next change. On the loop the same save is a
+        few syscalls, which a quiet moment can spare (bench/RESULTS.md, "Measurements
+        behind the design")."""
         while True:
             await quiet_moment(wanted, quiet=quiet, max_delay=max_delay)
             pending = self.take()

@@ -132,9 +132,8 @@ class ManifestSource:
         :param debounce_ms: quiet time that ends a burst of file events that only wrote
             (created, rewrote, renamed in) manifest files; other bursts wait longer
             (:mod:`~kubeport.endpoints.manifests.watch`). None by default: a complete file is
-            read at once, and what lands while a batch runs is the next batch (measured at
-            10,000 services: a 2 ms quiet time was 2 of the ~5 ms from a rename to new
-            connections using it).
+            read at once, and what lands while a batch runs is the next batch (the quiet time
+            is a large share of the time from a rename to new connections using it).
         :param log_problems: log each new problem once at WARNING (``kubeport check`` prints them).
         :param last_good: the last good version of each file, and who held contested objects:
             what the daemon served before a restart, served again after it.

@@ -2,8 +2,7 @@
 
 Why not watchfiles: its Rust side polls its change list every ``step`` ms in a thread that
 takes the GIL back at each step, and yields a burst only after a quiet step, so a change
-waits one to two steps (measured: 50 ms steps, 80 ms; 5 ms steps, 9 ms; 1 ms steps, 2 ms but
-2.4 % of a core spent idling). Here the inotify descriptor is a reader of the event loop: an
+waits one to two steps, and short steps cost a core idling. Here the inotify descriptor is a reader of the event loop: an
 event is seen when it happens, and an idle daemon does nothing.
 
 The core (:class:`Burst`, and :func:`~kubeport.lib.inotify.parse_events`) is pure, with time passed in. A burst ends

@@ -12,12 +12,10 @@ appended to a journal once the proxy and DNS have applied it, and the journal is
 new base only once it has grown past the base's size, so the full rewrite costs about as much
 as the changes it absorbs. A base is written on the event loop in pieces of 25
 entries, each in a quiet moment (no change for 0.2 s), so that a change never waits behind
-more than one piece. Measured at 10,000 services x 10 endpoints (bench/laststate_cost.py): a
-5.1 MB base, each piece pickled in at most 1 ms; an endpoint change appends about 565 bytes.
-No fsync: this survives the process dying, which is what it is for; after a power loss the
+more than one piece (the sizes and times: bench/laststate_cost.py). No fsync: this survives the process dying, which is what it is for; after a power loss the
 source is read again, as without it. Recording starts with the first base, once the daemon is
-ready: the first sync's objects recorded one by one cost 3.4 MiB of heap holes at 10,000
-services, for entries the first base holds anyway.
+ready: the first sync's objects recorded one by one leave holes in the heap, for entries
+the first base holds anyway.
 
 The records are pickles of kubeport's own frozen dataclasses, in a directory only root
 writes (the state directory, where the allocations are too): reading them back is about
@@ -61,7 +59,7 @@ copyreg.pickle(types.MappingProxyType, lambda proxy: (_read_only, (dict(proxy),)
 def _by_constructor(cls: type) -> Callable[[Any], tuple]:
     """Pickle an instance as ``cls(*fields)``. A frozen slotted dataclass pickles by default as
     its state, restored by dataclasses' ``_dataclass_setstate``, which calls ``fields()`` for
-    every object: 85% of loading a 9.2 MB state of 10,000 services (0.84 of 0.99 s). Its
+    every object, most of a load's time. Its
     generated ``__init__`` takes the fields as they are."""
     names = [f.name for f in dataclasses.fields(cls)]
     values = operator.attrgetter(*names)
@@ -99,8 +97,8 @@ MIN_FOLD_BYTES = 4 << 20
 #: seconds a change waits to be written, with the ones that follow it
 COALESCE = 0.05
 #: a base is written in pieces of this many entries, each only after this many seconds
-#: without a change (pickling 10,000 services and their 100,000 endpoints takes about half a
-#: second of the interpreter: in one go it would delay the changes arriving meanwhile)
+#: without a change (pickling a large state takes the interpreter long enough to delay the
+#: changes arriving meanwhile, were it done in one go)
 CHUNK = 25
 QUIET = 0.2
 #: ...unless the journal has grown this many times past the base: churn that never pauses
@@ -133,7 +131,7 @@ class LastState:
     def __init__(self, directory: Path, *, clock: Callable[[], float] = time.time,
                  base_written: Callable[[], None] = lambda: None) -> None:
         """:param base_written: called after each base is whole: pickling one leaves the
-            heap 0.7 MiB larger at 10,000 services until it is trimmed (lib/heap.py)."""
+            heap larger until it is trimmed (lib/heap.py)."""
         self.directory = directory
         self._clock = clock
         self._base_written = base_written
@@ -225,8 +223,8 @@ class LastState:
                     base = None
                 if pending:
                     # On the loop: a thread would hold the GIL while pickling and keep the loop
-                    # waiting for it up to the interpreter's 5 ms switch interval (measured: the
-                    # p99 of change -> connections at 10,000 services went from 9 to 12 ms).
+                    # waiting for it up to the interpreter's switch interval, on the path of
+                    # every change.
                     changes = [(kind, key, value) for (kind, key), value in pending.items()]
                     self._journal_bytes += self._append(changes, now)
                 if base is None and (self._written_generation != self._generation_in_use
