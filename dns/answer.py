@@ -25,7 +25,7 @@ from dnslib.label import DNSBuffer
 from kubeport.dns import autopath
 from kubeport.dns.answer_cache import AnswerCache, CachedAnswer, TurningAnswer
 from kubeport.dns.config import DnsConfig
-from kubeport.dns.encode import T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, Packer, Record, same_name
+from kubeport.dns.encode import Packer, Record, same_name
 from kubeport.dns.forward.forwarder import StoredMessage
 from kubeport.dns.forward.replies import ForwardedAnswers, ForwardedReply, TurningReply
 from kubeport.dns.lookup import Lookup, Resolution, qtype_name, reverse_records, soa_record
@@ -40,6 +40,12 @@ from kubeport.dns.wire import (
     RCODE_NAMES,
     REFUSED,
     SERVFAIL,
+    T_A,
+    T_AAAA,
+    T_CNAME,
+    T_NS,
+    T_PTR,
+    T_SOA,
     TC,
     Ignored,
     Query,

@@ -16,8 +16,8 @@ import socket
 import struct
 from typing import NamedTuple, Union
 
-T_A, T_NS, T_CNAME, T_SOA, T_PTR, T_TXT, T_AAAA, T_SRV = 1, 2, 5, 6, 12, 16, 28, 33
-CLASS_IN = 1
+from kubeport.dns.wire import CLASS_IN, T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, T_SRV
+
 #: types whose RDATA names may be compressed (RFC 3597 section 4)
 COMPRESSED_DATA = frozenset({T_NS, T_CNAME, T_SOA, T_PTR})
 #: a compression pointer holds 14 bits of offset

@@ -22,14 +22,13 @@ from dnslib import QTYPE
 from kubeport.dns.encode import Record, address_record, same_name, soa_data, srv_record, txt_data
 from kubeport.dns.names import POD, InvalidName, Request, match, parse_request, pod_address
 from kubeport.dns.records import NO_PORT, NO_PORTS, RecordIndex, ServiceRecords
-from kubeport.dns.wire import NOERROR, NXDOMAIN, SERVFAIL
+from kubeport.dns.wire import NOERROR, NXDOMAIN, SERVFAIL, T_A, T_AAAA, T_CNAME, T_NS, T_PTR, T_SOA, T_SRV, T_TXT
 from kubeport.endpoints.types import ServiceName
 
 DNS_SCHEMA_VERSION = "1.1.0"  # kubernetes/dns docs/specification.md
 DNS_VERSION_TTL = 28800
 MAX_CNAME_CHAIN = 7  # CoreDNS: "len(previousRecords) > 7" stops chasing
 
-T_A, T_NS, T_CNAME, T_SOA, T_PTR, T_MX, T_TXT, T_AAAA, T_SRV = 1, 2, 5, 6, 12, 15, 16, 28, 33
 
 
 class NoSuchName(Exception):

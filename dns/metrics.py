@@ -238,7 +238,8 @@ def _add_sizes(families: dict[str, Any], stats: DnsStats, block: list[str]) -> N
     for (proto, request, response), count in stats.sizes.items():
         requests.setdefault(proto, Counter())[request] += count
         responses.setdefault(proto, Counter())[response] += count
-    for name, by_proto in (("coredns_dns_request_size_bytes", requests), ("coredns_dns_response_size_bytes", responses)):
+    sized = (("coredns_dns_request_size_bytes", requests), ("coredns_dns_response_size_bytes", responses))
+    for name, by_proto in sized:
         for proto, sizes in sorted(by_proto.items()):
             buckets = [(floatToGoString(bound), sum(count for size, count in sizes.items() if size <= bound))
                        for bound in SIZE_BOUNDS]

@@ -21,9 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from kubeport.dns.wire import read_name, walk_message
+from kubeport.dns.wire import T_A, T_AAAA, read_name, walk_message
 
-T_A, T_AAAA = 1, 28
 #: type and RDLENGTH of an address record by its size with a 2-byte owner (a pointer):
 #: owner 2 + type, class, TTL, RDLENGTH 10 + RDATA
 FIXED_ADDRESS = {16: (T_A, 4), 28: (T_AAAA, 16)}

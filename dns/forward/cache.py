@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 
 from dnslib import DNSRecord
 
-from kubeport.dns.wire import NOERROR, NXDOMAIN, SERVFAIL, TC, TYPE_OPT, RecordSpan, walk_message
-
-T_SOA = 6
+from kubeport.dns.wire import NOERROR, NXDOMAIN, SERVFAIL, T_SOA, TC, TYPE_OPT, RecordSpan, walk_message
 
 #: CoreDNS cache's defaults: an answer stays at least MIN_TTL seconds whatever its TTL
 #: (minsuccess/mindenial 5), a negative answer without records 5 s (MinimalDefaultTTL), and

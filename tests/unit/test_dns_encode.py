@@ -10,11 +10,6 @@ import pytest
 from dnslib import DNSRecord
 
 from kubeport.dns.encode import (
-    T_CNAME,
-    T_NS,
-    T_PTR,
-    T_SOA,
-    T_TXT,
     Packer,
     Record,
     address_record,
@@ -23,6 +18,7 @@ from kubeport.dns.encode import (
     srv_record,
     txt_data,
 )
+from kubeport.dns.wire import T_CNAME, T_NS, T_PTR, T_SOA, T_TXT
 
 from support.zonetext import record_lines
 
