@@ -30,7 +30,7 @@ add nothing to ``_sum``, so ``_count`` still equals the number of requests.
 
 ``coredns_kubernetes_dns_programming_duration_seconds{service_kind}``: from an EndpointSlice's
 last-change-trigger-time (or a change's arrival) to the moment its answers are dropped, so
-the next query gets the new answer (see :func:`kubeport.dns.records.programming_starts`).
+the next query gets the new answer (see :func:`kubeport.dns.records.programming_kinds`).
 
 ``coredns_forward_request_duration_seconds{to,rcode}`` (CoreDNS before 1.11) and
 ``coredns_proxy_request_duration_seconds{proxy_name="forward",to,rcode}`` (since): each

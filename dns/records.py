@@ -23,6 +23,7 @@ from typing import Iterable, Iterator, Mapping, Union
 from kubeport.dns.names import endpoint_name
 from kubeport.dns.selectors import Selector
 from kubeport.endpoints.names import ip_facts
+from kubeport.endpoints.programming import programming_starts
 from kubeport.endpoints.types import (
     EndpointInfo,
     EndpointPortInfo,
@@ -178,17 +179,18 @@ def same_dns(old: ServiceRecords, new: ServiceRecords, pod_names: bool) -> bool:
     return all(_same_slice(a, b, pod_names) for a, b in zip(old.slices, new.slices))
 
 
-def programming_starts(old: Snapshot, new: Snapshot, names: Iterable[ServiceName],
-                       not_before: float) -> Iterator[tuple[str, float]]:
+def programming_kinds(old: Snapshot, new: Snapshot, names: Iterable[ServiceName],
+                      not_before: float) -> Iterator[tuple[str, float]]:
     """(service_kind, when the change began) per DNS change, for CoreDNS's
     coredns_kubernetes_dns_programming_duration_seconds (plugin/kubernetes/metrics.go).
 
-    A headless service's: one per EndpointSlice added or changed, from the controller's
-    last-change-trigger-time if later than ``not_before`` (CoreDNS records only these,
-    as ``headless_with_selector``), else from when the change reached kubeport (manifests
-    carry no trigger time). A ClusterIP service's (its Service changed): from when the change
-    reached kubeport, as ``cluster_ip``, a kind CoreDNS names but never records.
+    A headless service's: one per EndpointSlice added or changed
+    (:func:`kubeport.endpoints.programming.programming_starts`; CoreDNS records only those
+    with a trigger time, as ``headless_with_selector``). A ClusterIP service's (its Service
+    changed): from when the change reached kubeport, as ``cluster_ip``, a kind CoreDNS
+    names but never records.
     """
+    headless: dict[ServiceName, str] = {}
     for name in names:
         state = new.services.get(name)
         if state is None or state.service.type == "ExternalName":
@@ -198,17 +200,9 @@ def programming_starts(old: Snapshot, new: Snapshot, names: Iterable[ServiceName
             if new.changed_at is not None:
                 yield "cluster_ip", new.changed_at
             continue
-        kind = "headless_with_selector" if info.selector else "headless_without_selector"
-        before = old.services.get(name)
-        held = {s.name: s for s in before.slices} if before is not None else {}
-        for slice_ in state.slices:
-            if held.get(slice_.name) == slice_:
-                continue
-            if slice_.trigger_time is not None:
-                if slice_.trigger_time > not_before:
-                    yield kind, slice_.trigger_time
-            elif new.changed_at is not None:
-                yield kind, new.changed_at
+        headless[name] = "headless_with_selector" if info.selector else "headless_without_selector"
+    for name, started in programming_starts(old, new, not_before, headless):
+        yield headless[name], started
 
 
 def pod_namespaces(snapshot: Snapshot) -> dict[str, str]:

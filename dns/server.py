@@ -26,7 +26,7 @@ from kubeport.dns.config import DnsConfig, default_upstreams, search_domains
 from kubeport.dns.forward.forwarder import Forwarder, StoredMessage, UpstreamCache
 from kubeport.dns.forward.policy import FORWARD_DEADLINE
 from kubeport.dns.lookup import qtype_name
-from kubeport.dns.records import RecordIndex, programming_starts
+from kubeport.dns.records import RecordIndex, programming_kinds
 from kubeport.dns.stats import DnsStats, ProgrammingHistogram
 from kubeport.dns.tcp import TcpConnection
 from kubeport.dns.udp import UdpServing, bind_tcp, bind_udp, udp_listener
@@ -189,7 +189,7 @@ class DnsServer:
         if previous is not None and change.services:
             now = self._clock()  # answered from here on: the changed answers are dropped
             programming = self.stats.programming
-            for kind, started in programming_starts(previous, snapshot, change.services, self._started):
+            for kind, started in programming_kinds(previous, snapshot, change.services, self._started):
                 histogram = programming.get(kind)
                 if histogram is None:
                     histogram = programming[kind] = ProgrammingHistogram()

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kubeport.endpoints.programming import programming_starts
 from kubeport.endpoints.types import ServiceName, Snapshot
 from kubeport.lib import httpserver
 from kubeport.proxy.table import TableContext, local_policy_drops
@@ -99,7 +100,7 @@ class ProxyMetrics:
         self.service_changes_pending.set(0)
         self.endpoint_changes_pending.set(0)
         if self._applied is not None:
-            for started in programming_starts(self._applied, snapshot, self._started):
+            for _, started in programming_starts(self._applied, snapshot, self._started):
                 self.programming.observe(max(0.0, now - started))
         self._count_no_local(snapshot)
         self._applied = snapshot
@@ -117,31 +118,6 @@ class ProxyMetrics:
             totals[1] += external
         self.no_local_endpoints.labels(traffic_policy="internal").set(totals[0])
         self.no_local_endpoints.labels(traffic_policy="external").set(totals[1])
-
-
-def programming_starts(old: Snapshot, new: Snapshot, not_before: float) -> Iterator[float]:
-    """Where each change's network programming latency starts, one per EndpointSlice added
-    or changed (kube-proxy observes each trigger time its endpoints tracker collected).
-
-    The controller's trigger-time annotation when present, if later than ``not_before``
-    (kube-proxy ignores those from before it started); else, for slices that carry none
-    (manifests), the time the change reached kubeport. A Service-only change observes
-    nothing: its slices' trigger times cover it.
-    """
-    for name in new.changed_since(old):
-        state = new.services.get(name)
-        if state is None:
-            continue
-        before = old.services.get(name)
-        held = {s.name: s for s in before.slices} if before is not None else {}
-        for slice_ in state.slices:
-            if held.get(slice_.name) == slice_:
-                continue
-            if slice_.trigger_time is not None:
-                if slice_.trigger_time > not_before:
-                    yield slice_.trigger_time
-            elif new.changed_at is not None:
-                yield new.changed_at
 
 
 def _split_changes(old: Snapshot | None, new: Snapshot) -> tuple[int, int]:

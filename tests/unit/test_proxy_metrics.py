@@ -11,10 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubeport.endpoints import model
 from kubeport.endpoints.convert import TRIGGER_TIME_ANNOTATION, slice_info
+from kubeport.endpoints.programming import programming_starts
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceState
 from kubeport.lib.httpserver import ConnectionStats
-from kubeport.proxy.metrics import HttpConnectionsCollector, ProxyMetrics, RelayCollector, programming_starts
+from kubeport.proxy.metrics import HttpConnectionsCollector, ProxyMetrics, RelayCollector
 
 from support.slim import endpoint, endpoint_slice, port, service, snapshot
 
@@ -215,7 +216,7 @@ def _programmed(old_slices, new_slices, changed_at=50.0, not_before=10.0, servic
     old = snapshot([ServiceState(_web(), tuple(old_slices))])
     new = replace(snapshot([ServiceState(_web(**(service_fields or {})), tuple(new_slices))], previous=old),
                   changed_at=changed_at)
-    return list(programming_starts(old, new, not_before))
+    return [started for _, started in programming_starts(old, new, not_before)]
 
 
 def _traced(slice_, trigger):
