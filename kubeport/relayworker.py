@@ -1,5 +1,5 @@
 """A relay worker process (``--workers N``): its channel to the socket holder, if it was
-started with one, then the proxy's worker loop (kubeport/proxy/worker.py).
+started with one, then the proxy's worker loop (kubeport/proxy/workers/worker.py).
 
 The worker loop is the proxy's; the holder is kubeport's own (kubeport/survival): this entry
 joins them, so that the proxy never imports the survival machinery.
@@ -11,7 +11,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from kubeport.proxy.worker import main as worker_main
+    from kubeport.proxy.workers.worker import main as worker_main
     from kubeport.survival.sockethold import SocketHold
 
     return worker_main(argv, SocketHold.from_environment())

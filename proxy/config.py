@@ -61,7 +61,7 @@ class ProxyConfig:
     #: listen(2) backlog.
     backlog: int = 4096
     #: relay processes sharing the listeners through SO_REUSEPORT: above 1, ``workers`` children fed
-    #: the same snapshots, which outlive a crash of this one (workers.py). 1: this process only.
+    #: the same snapshots, which outlive a crash of this one (workers/parent.py). 1: this process only.
     workers: int = 1
     #: seconds between worker statistics reports to the parent (the merged stats lag by this much).
     worker_stats_interval: float = 1.0

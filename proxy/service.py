@@ -26,8 +26,8 @@ from kubeport.proxy.health import HealthResponse, ProxyHealth
 from kubeport.proxy.healthcheck import DesiredHealthChecks, HealthCheckServers, update_health_checks
 from kubeport.proxy.host.address_events import AddressEvents
 from kubeport.proxy.metrics import ProxyMetrics
-from kubeport.proxy.proxier import Proxier
-from kubeport.proxy.workers import WORKER_COMMAND, ProxyWorkers, create_proxier
+from kubeport.proxy.relays import Relays
+from kubeport.proxy.workers.parent import WORKER_COMMAND, ProxyWorkers, create_proxier
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ProxyService:
             API server; manifest mode may have none).
         """
         self.node_name = node_name
-        self.relays: Proxier | ProxyWorkers = create_proxier(config, node_name, hold=hold, worker_command=worker_command)
+        self.relays: Relays = create_proxier(config, node_name, hold=hold, worker_command=worker_command)
         self.health = ProxyHealth(families=families, require_node=require_node)
         self.health_checks = HealthCheckServers(lambda: self.health.healthy(clock()))
         self.metrics = ProxyMetrics(registry, node_name)

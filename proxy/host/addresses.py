@@ -205,7 +205,7 @@ class NetlinkAddresses:
 class SharedAddresses:
     """A relay worker's view: another process owns the addresses; the node's link addresses are told.
 
-    Workers (see workers.py) bind with IP_FREEBIND, so they need no address of their own;
+    Workers (see workers/parent.py) bind with IP_FREEBIND, so they need no address of their own;
     they only need the node's link addresses for NodePort selection and local clients.
     """
 

@@ -150,7 +150,7 @@ class _Served:
 
 class ServedElsewhere(Listeners):
     """The frontends as Listeners reconciles them, without a socket of this process: the relay
-    workers listen on them (workers.py), and this process's established connections would not
+    workers listen on them (workers/parent.py), and this process's established connections would not
     outlive it. ``open_frontends`` then says what the workers serve."""
 
     def _start(self, frontend: Frontend, rule: FrontendRule, route_for: RouteFor) -> None:

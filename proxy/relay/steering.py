@@ -1,6 +1,6 @@
 """Which worker gets a client: a classic BPF program on the SO_REUSEPORT group.
 
-With several relay processes (workers.py) sharing a frontend, the kernel picks the
+With several relay processes (workers/parent.py) sharing a frontend, the kernel picks the
 socket by a hash of the 4-tuple, so two connections of one client usually land in
 different processes, each with its own ClientIP affinity table. For service ports
 with session affinity, a cBPF program attached to the group (SO_ATTACH_REUSEPORT_CBPF)

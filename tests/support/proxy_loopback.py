@@ -25,7 +25,7 @@ from kubeport.proxy.proxier import Proxier
 from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.relay.tcp_listener import TcpListener
 from kubeport.proxy.table import Frontend
-from kubeport.proxy.workers import ProxyWorkers, create_proxier
+from kubeport.proxy.workers.parent import ProxyWorkers, create_proxier
 
 from .fake_host import FakeAddresses, FakeFirewall
 from .slim import endpoint, endpoint_slice, port, service, snapshot

@@ -11,19 +11,18 @@ import ipaddress
 import socket
 
 import pytest
-
-from kubeport.endpoints.types import ServiceName, ServiceState
-from kubeport.proxy.relay.context import LocalClients
-from kubeport.proxy.healthcheck import HealthCheckServers
-from kubeport.proxy.host.kernel import sctp_supported
-from kubeport.proxy.config import ProxyConfig
-from kubeport.proxy.table import Frontend
-from kubeport.proxy.workers import create_proxier
-
-from support.proxy_loopback import apply_states, echoed, greeted_connection, greeting, on_uvloop, running_proxier, web
 from support.fake_host import FakeAddresses, FakeFirewall
+from support.proxy_loopback import apply_states, echoed, greeted_connection, greeting, on_uvloop, running_proxier, web
 from support.slim import endpoint, endpoint_slice, port, service
 from support.wait import DEADLINE, until
+
+from kubeport.endpoints.types import ServiceName, ServiceState
+from kubeport.proxy.config import ProxyConfig
+from kubeport.proxy.healthcheck import HealthCheckServers
+from kubeport.proxy.host.kernel import sctp_supported
+from kubeport.proxy.relay.context import LocalClients
+from kubeport.proxy.table import Frontend
+from kubeport.proxy.workers.parent import create_proxier
 
 
 async def refused(host: str, port_: int) -> bool:

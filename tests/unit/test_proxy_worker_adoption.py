@@ -10,25 +10,6 @@ import signal
 import socket
 
 import pytest
-
-from kubeport.lib.version import __version__
-from kubeport.endpoints.types import ServiceName
-from kubeport.proxy.config import ProxyConfig
-from kubeport.proxy import worker
-from kubeport.proxy.worker import SnapshotMirror
-from kubeport.proxy.worker_messages import (
-    SAME_NODE,
-    Applied,
-    Apply,
-    Start,
-    Started,
-    orphan_address,
-    orphan_addresses,
-    receive,
-    send,
-)
-from kubeport.proxy.workers import ProxyWorkers
-
 from support.fake_host import FakeAddresses, FakeFirewall
 from support.proxy_loopback import (
     NODE,
@@ -41,6 +22,24 @@ from support.proxy_loopback import (
     web,
 )
 from support.wait import DEADLINE, until
+
+from kubeport.endpoints.types import ServiceName
+from kubeport.lib.version import __version__
+from kubeport.proxy.config import ProxyConfig
+from kubeport.proxy.workers import worker
+from kubeport.proxy.workers.messages import (
+    SAME_NODE,
+    Applied,
+    Apply,
+    Start,
+    Started,
+    orphan_address,
+    orphan_addresses,
+    receive,
+    send,
+)
+from kubeport.proxy.workers.parent import ProxyWorkers
+from kubeport.proxy.workers.worker import SnapshotMirror
 
 WEB, API = ServiceName("default", "web"), ServiceName("default", "api")
 

@@ -7,13 +7,6 @@ import os
 import signal
 
 import pytest
-
-from kubeport.endpoints.types import ServiceName
-from kubeport.proxy.stats import ServicePortStats
-from kubeport.proxy.table import Frontend
-from kubeport.proxy.worker import SnapshotMirror, StatsReporter
-from kubeport.proxy.workers import SAME_NODE, ProxyWorkerError, create_proxier
-
 from support.proxy_loopback import (
     NODE,
     apply_states,
@@ -25,6 +18,12 @@ from support.proxy_loopback import (
     web,
 )
 from support.wait import DEADLINE, until
+
+from kubeport.endpoints.types import ServiceName
+from kubeport.proxy.stats import ServicePortStats
+from kubeport.proxy.table import Frontend
+from kubeport.proxy.workers.parent import SAME_NODE, ProxyWorkerError, create_proxier
+from kubeport.proxy.workers.worker import SnapshotMirror, StatsReporter
 
 WEB, API = ServiceName("default", "web"), ServiceName("default", "api")
 

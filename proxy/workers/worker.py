@@ -1,4 +1,4 @@
-"""A relay worker process's loop: started by workers.py as ``python -P -m kubeport.relayworker FD``,
+"""A relay worker process's loop: started by parent.py as ``python -P -m kubeport.relayworker FD``,
 which hands it its channel to the socket holder.
 
 It runs a Proxier without addresses or firewall of its own, applies the snapshots the
@@ -7,7 +7,7 @@ parent sends over the socketpair FD, reports statistics, and stops when told.
 A parent gone without a Stop (killed, crashed: EOF on the channel) is the control plane's
 crash, not the data plane's: the worker keeps its listeners, connections, UDP flows and last
 table, and waits on an abstract Unix socket named after the node and its pid for the next
-daemon to adopt it (workers.py). If none comes within ``ADOPTION_GRACE_S`` it stops accepting,
+daemon to adopt it (parent.py). If none comes within ``ADOPTION_GRACE_S`` it stops accepting,
 lets its connections end (up to ``ORPHAN_DRAIN_S``), and exits.
 SIGINT, SIGTERM and SIGHUP are ignored: a terminal's Ctrl-C or systemd's stop reach the whole
 process group, and draining is the parent's call. An orphan ends at SIGTERM, resetting its
@@ -30,7 +30,7 @@ from kubeport.endpoints.types import ServiceName, ServicePortName, ServiceState,
 from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.host.addresses import SharedAddresses
 from kubeport.proxy.proxier import Proxier
-from kubeport.proxy.worker_messages import (
+from kubeport.proxy.workers.messages import (
     SAME_NODE,
     Abort,
     Applied,

@@ -10,14 +10,14 @@ exists once per node: VIP addresses and the nftables table. It relays nothing it
 and the workers' outlive it. The children only relay: their Proxier has no firewall, and
 its address manager (SharedAddresses) only reads the node addresses this process sends.
 
-A worker outlives this process's crash (worker.py): it relays on with its last table and
+A worker outlives this process's crash (workers/worker.py): it relays on with its last table and
 waits to be adopted. At its start this process looks for such orphans of the node
 (``orphan_addresses``), adopts up to ``workers`` of them over their socket with the usual
 Start (answered ``Started(adopted=True)``) and a whole first Apply, and starts only the rest.
 
 The children are started fresh (``python -P -m kubeport.relayworker FD``), not forked
 from a process with threads and an event loop. Each talks to this process over a
-socketpair, in the messages of :mod:`.worker_messages`.
+socketpair, in the messages of :mod:`.messages`.
 
 ``apply`` sends only the services that changed since the last snapshot sent, and
 returns once every child has applied it. Statistics come back every
@@ -41,9 +41,10 @@ from kubeport.endpoints.types import ServicePortName, Snapshot
 from kubeport.lib.heldsockets import HOLDER_FD_ENV, NOT_HELD, HeldSockets
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.proxier import Proxier
+from kubeport.proxy.relays import Relays
 from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import Frontend, FrontendRule
-from kubeport.proxy.worker_messages import (
+from kubeport.proxy.workers.messages import (
     SAME_NODE,
     Abort,
     Applied,
@@ -69,11 +70,11 @@ class ProxyWorkerError(RuntimeError):
 
 
 #: a worker process without a holder (-P: the working directory's kubeport/ is not imported)
-WORKER_COMMAND = (sys.executable, "-P", "-m", "kubeport.proxy.worker")
+WORKER_COMMAND = (sys.executable, "-P", "-m", "kubeport.proxy.workers.worker")
 
 
 def create_proxier(config: ProxyConfig, node_name: str, *, hold: HeldSockets = NOT_HELD,
-                   worker_command: Sequence[str] = WORKER_COMMAND, **kwargs: Any) -> "Proxier | ProxyWorkers":
+                   worker_command: Sequence[str] = WORKER_COMMAND, **kwargs: Any) -> Relays:
     """The daemon's one call: a Proxier, or ProxyWorkers when ``config.workers`` > 1."""
     if config.workers > 1:
         return ProxyWorkers(config, node_name, hold=hold, worker_command=worker_command, **kwargs)
