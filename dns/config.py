@@ -7,7 +7,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, replace
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Mapping
 
 from kubeport.dns.names import REVERSE_ZONES, ZoneError, zone_labels
 from kubeport.dns.selectors import Selector, SelectorError, parse_selector
@@ -191,6 +191,35 @@ class DnsConfig:
 
     def with_changes(self, **changes: object) -> "DnsConfig":
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, object], *, addresses: Iterable[str]) -> "DnsConfig":
+        """The server's configuration from the configuration file's and flags' ``dns`` section
+        (kubeport.config.DnsSettings, as ``dict(settings)``): each setting goes to the field of
+        its name (:data:`SETTING_FIELDS` for those named otherwise here), so an option is
+        declared there and here and copied by no one. Computed: the upstreams parsed (none
+        given: the host's), the listen addresses (the daemon's default), the TTL caps whole
+        seconds. A setting this has no field for is a TypeError, not a silent drop."""
+        values = {SETTING_FIELDS.get(name, name): value for name, value in settings.items()
+                  if name not in NOT_SERVER_SETTINGS}
+        upstreams = values.get("upstreams")
+        values["upstreams"] = tuple(parse_upstream(u) for u in upstreams) if upstreams else None  # type: ignore[union-attr]
+        values["addresses"] = tuple(addresses)
+        for name in ("cache_max_ttl", "cache_max_negative_ttl"):
+            if name in values:
+                values[name] = int(values[name])  # type: ignore[call-overload]
+        return cls(**values)  # type: ignore[arg-type]
+
+
+#: DnsSettings names (CoreDNS's, kube-proxy's) -> the DnsConfig field of another name
+SETTING_FIELDS = {
+    "cluster_domain": "zone",
+    "cache_max_denial_ttl": "cache_max_negative_ttl",
+    "serve_stale_refresh_mode": "serve_stale_refresh",
+    "forward_expire": "upstream_expire",
+}
+#: DnsSettings the daemon uses around the server (how long it answers after SIGTERM)
+NOT_SERVER_SETTINGS = frozenset({"lame_duck"})
 
 
 def _zones(texts: Iterable[str], field_name: str) -> tuple[tuple[str, ...], ...]:

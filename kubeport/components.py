@@ -112,36 +112,11 @@ def pod_scope(config: KubeportConfiguration) -> str:
 
 
 def dns_config(config: KubeportConfiguration) -> DnsConfig:
-    from kubeport.dns.config import DnsConfig, parse_upstream
+    """The DNS server's configuration: the ``dns`` settings field by field
+    (:meth:`DnsConfig.from_settings`), the listen addresses defaulted by the daemon."""
+    from kubeport.dns.config import DnsConfig
 
-    dns = config.dns
-    return DnsConfig(
-        zone=dns.cluster_domain,
-        ttl=dns.ttl,
-        pods=dns.pods,
-        endpoint_pod_names=dns.endpoint_pod_names,
-        namespaces=tuple(dns.namespaces),
-        ignore_empty_service=dns.ignore_empty_service,
-        noendpoints=dns.noendpoints,
-        autopath=dns.autopath,
-        labels=dns.labels,
-        namespace_labels=dns.namespace_labels,
-        reverse_zones=tuple(dns.reverse_zones),
-        fallthrough=tuple(dns.fallthrough),
-        upstreams=[parse_upstream(u) for u in dns.upstreams] if dns.upstreams else None,
-        addresses=config.dns_addresses,
-        port=dns.port,
-        cache_size=dns.cache_size,
-        cache_max_ttl=int(dns.cache_max_ttl),
-        cache_max_negative_ttl=int(dns.cache_max_denial_ttl),
-        serve_stale=dns.serve_stale,
-        prefetch=dns.prefetch,
-        prefetch_duration=dns.prefetch_duration,
-        prefetch_percentage=dns.prefetch_percentage,
-        serve_stale_refresh=dns.serve_stale_refresh_mode,
-        upstream_expire=dns.forward_expire,
-        max_concurrent_forwards=dns.max_concurrent_forwards,
-    )
+    return DnsConfig.from_settings(dict(config.dns), addresses=config.dns_addresses)
 
 
 def build_dns(config: KubeportConfiguration, *registries: CollectorRegistry,
@@ -219,6 +194,6 @@ def proxier_families(config: KubeportConfiguration) -> tuple[str, ...]:
     Services get their clusterIPs from serviceClusterIPRange, so its CIDRs are the families
     served: an IPv6-only cluster must not report an IPv4 proxier, a dual-stack one reports both.
     """
-    from kubeport.proxy.health import IPV4, IPV6
+    from kubeport.proxy.healthcheck.proxier_health import IPV4, IPV6
 
     return tuple(IPV6 if network.version == 6 else IPV4 for network in config.service_cluster_ip_range)
