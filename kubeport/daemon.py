@@ -38,7 +38,7 @@ from kubeport.lib.heap import keep_heap_trimmed, release_freed_memory
 from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.lib.sdnotify import Notifier
 from kubeport.process import process_registry, raise_open_file_limit, seconds_since_exec
-from kubeport.proxy.health import HealthResponse
+from kubeport.proxy.healthcheck.proxier_health import HealthResponse
 from kubeport.proxy.service import ProxyService
 from kubeport.readiness import LiveFile, ReadyFile
 from kubeport.reload import Reloader

@@ -40,7 +40,7 @@ from kubeport import printers
 from kubeport.config import split_host_port
 from kubeport.endpoints.types import Snapshot
 from kubeport.lib.httpserver import HttpServer, Request, Response, Routes
-from kubeport.proxy.health import HealthResponse
+from kubeport.proxy.healthcheck.proxier_health import HealthResponse
 from kubeport.survival.handover import peer_of, trusted
 
 log = logging.getLogger(__name__)

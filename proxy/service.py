@@ -22,8 +22,8 @@ from kubeport.endpoints.types import NodeInfo, Snapshot
 from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.fullsync import follow_node_addresses, keep_host_in_sync
-from kubeport.proxy.health import HealthResponse, ProxyHealth
-from kubeport.proxy.healthcheck import DesiredHealthChecks, HealthCheckServers, update_health_checks
+from kubeport.proxy.healthcheck.proxier_health import HealthResponse, ProxyHealth
+from kubeport.proxy.healthcheck.service_health import DesiredHealthChecks, HealthCheckServers, update_health_checks
 from kubeport.proxy.host.address_events import AddressEvents
 from kubeport.proxy.metrics import ProxyMetrics
 from kubeport.proxy.relays import Relays

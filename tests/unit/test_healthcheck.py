@@ -19,7 +19,7 @@ from kubeport.endpoints.types import (
     ServiceState,
     SliceInfo,
 )
-from kubeport.proxy.healthcheck import (
+from kubeport.proxy.healthcheck.service_health import (
     HealthCheckServers,
     desired_health_checks,
     local_ready_endpoints,

@@ -9,11 +9,10 @@ import socket
 
 import aiohttp
 import pytest
+from support.wait import until
 
 from kubeport.endpoints.types import ServiceName
-from kubeport.proxy.healthcheck import RETRY_MAX, HealthCheckServers, next_retry_delay
-
-from support.wait import until
+from kubeport.proxy.healthcheck.service_health import RETRY_MAX, HealthCheckServers, next_retry_delay
 
 WEB = ServiceName("default", "web")
 

@@ -15,8 +15,8 @@ import uvloop
 import kubeport.daemon
 from prometheus_client import CollectorRegistry
 from kubeport.endpoints.types import ServiceName, Snapshot
-from kubeport.proxy.health import ProxyHealth
-from kubeport.proxy.healthcheck import HealthCheckServers
+from kubeport.proxy.healthcheck.proxier_health import ProxyHealth
+from kubeport.proxy.healthcheck.service_health import HealthCheckServers
 from kubeport.status import StatusServer
 
 

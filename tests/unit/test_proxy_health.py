@@ -8,7 +8,7 @@ import pytest
 
 from kubeport import components, config
 from kubeport.endpoints.types import NodeInfo
-from kubeport.proxy.health import GO_ZERO_TIME, IPV4, IPV6, ProxyHealth, go_time
+from kubeport.proxy.healthcheck.proxier_health import GO_ZERO_TIME, IPV4, IPV6, ProxyHealth, go_time
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 NODE = NodeInfo(name="node-a")

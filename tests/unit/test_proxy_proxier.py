@@ -18,7 +18,7 @@ from support.wait import DEADLINE, until
 
 from kubeport.endpoints.types import ServiceName, ServiceState
 from kubeport.proxy.config import ProxyConfig
-from kubeport.proxy.healthcheck import HealthCheckServers
+from kubeport.proxy.healthcheck.service_health import HealthCheckServers
 from kubeport.proxy.host.kernel import sctp_supported
 from kubeport.proxy.relay.context import LocalClients
 from kubeport.proxy.table import Frontend

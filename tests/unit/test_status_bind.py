@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kubeport.endpoints.types import Snapshot
-from kubeport.proxy.health import HealthResponse
+from kubeport.proxy.healthcheck.proxier_health import HealthResponse
 from kubeport.status import StatusServer
 
 

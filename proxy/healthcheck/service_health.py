@@ -23,7 +23,7 @@ from typing import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from kubeport.endpoints.types import ServiceInfo, ServiceName, ServiceState
 from kubeport.lib.httpserver import HttpServer, Request, Response
-from kubeport.proxy.health import JSON_HEADERS, HealthResponse
+from kubeport.proxy.healthcheck.proxier_health import JSON_HEADERS, HealthResponse
 
 log = logging.getLogger(__name__)
 
