@@ -23,7 +23,6 @@ import struct
 from typing import Callable
 
 from kubeport.lib.mmsg import (  # noqa: F401  (the names dns/udp.py reads through this module)
-    _FUNCTIONS,
     FLAGS,
     IOV,
     IOVEC_SIZE,
@@ -38,6 +37,7 @@ from kubeport.lib.mmsg import (  # noqa: F401  (the names dns/udp.py reads throu
     address_of,
     available,
 )
+from kubeport.lib.mmsg import LIBC_MMSG as _FUNCTIONS
 
 SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and answered FORMERR (udp.py)
 ID_SIZE = 2

@@ -40,11 +40,12 @@ def libc_functions() -> tuple[Callable[..., int], Callable[..., int]] | None:
     return recvmmsg, sendmmsg
 
 
-_FUNCTIONS = libc_functions()
+#: libc's (recvmmsg, sendmmsg), or None where they are not available (see ``available``).
+LIBC_MMSG = libc_functions()
 
 
 def available() -> bool:
-    return _FUNCTIONS is not None
+    return LIBC_MMSG is not None
 
 
 def address_of(name: bytes) -> tuple:

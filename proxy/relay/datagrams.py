@@ -22,7 +22,7 @@ import errno
 import mmap
 import struct
 
-from kubeport.lib.mmsg import _FUNCTIONS, IOVEC_SIZE, MMSGHDR_SIZE, MSG_DONTWAIT, MSG_TRUNC, SOCKADDR_SIZE
+from kubeport.lib.mmsg import IOVEC_SIZE, LIBC_MMSG, MMSGHDR_SIZE, MSG_DONTWAIT, SOCKADDR_SIZE
 
 #: one slot per datagram: the largest UDP payload (65,507 bytes over IPv4) fits.
 SLOT_SIZE = 65536
@@ -47,8 +47,8 @@ class _Slots:
     for sending (the datagram's length), and two header arrays."""
 
     def __init__(self, count: int) -> None:
-        assert _FUNCTIONS is not None
-        self._recvmmsg, self._sendmmsg = _FUNCTIONS
+        assert LIBC_MMSG is not None
+        self._recvmmsg, self._sendmmsg = LIBC_MMSG
         self.count = count
         self._data = mmap.mmap(-1, count * SLOT_SIZE)  # untouched pages cost no memory
         # receive iovecs, send iovecs, receive headers, send headers (one per slot, then as many
