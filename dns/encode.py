@@ -1,8 +1,8 @@
 """Resource records as plain values and their wire encoding, without dnslib. Pure.
 
 An answer is built once per question shape and then served from a cache, but that first
-build is on the query path too (a cold cache, a name asked once): it must cost a few
-microseconds, not the tens that dnslib's object model costs. A :class:`Record` is a
+build is on the query path too (a cold cache, a name asked once), so it must not pay for
+dnslib's object model (an object per record, field and label). A :class:`Record` is a
 tuple of labels, a type, a TTL and its RDATA as parts: bytes as they are, or a domain
 name (a tuple of labels). :class:`Packer` writes a message with name compression
 (RFC 1035 4.1.4) where it is allowed: owner names and the names inside NS, CNAME, PTR

@@ -25,8 +25,9 @@ still only bumps one integer.
 ``coredns_dns_request_duration_seconds``: only answers that are built (answer-cache
 misses) and upstream round trips are timed, two clock reads each. Answers served from a
 cache (encoded cluster answers, cached upstream answers, errors written without a lookup)
-take microseconds and are not timed: they are counted in the first bucket (0.25 ms) and
-add nothing to ``_sum``, so ``_count`` still equals the number of requests.
+are not timed (the two clock reads would be a large part of their cost): they are counted
+in the first bucket and add nothing to ``_sum``, so ``_count`` still equals the number of
+requests.
 
 ``coredns_kubernetes_dns_programming_duration_seconds{service_kind}``: from an EndpointSlice's
 last-change-trigger-time (or a change's arrival) to the moment its answers are dropped, so

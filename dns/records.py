@@ -5,7 +5,7 @@ argument). Each service becomes a frozen :class:`ServiceRecords` cut down to wha
 reads; reverse maps (IP -> services) are maintained incrementally from the old and new
 records of each changed service, so an update costs what the change costs.
 
-Memory is what scales here (10,000 services, 100,000 endpoints): the records *share* the
+Memory is what grows with the cluster (services and endpoints): the records *share* the
 snapshot's own objects (its port tuples, its SliceInfo and EndpointInfo objects) instead
 of copying them, endpoint names are worked out when a query needs them, and a reverse map
 holds the owning ServiceName itself, not a container, in the usual one-owner case.

@@ -117,8 +117,9 @@ class DnsStats:
     #: answers what it cannot unpack
     oversized: int = 0
     #: qtype name -> durations of the answers that were timed: answers built (answer cache
-    #: misses) and upstream round trips. Cached answers are not timed (they take
-    #: microseconds); coredns_dns_request_duration_seconds counts them in its first bucket.
+    #: misses) and upstream round trips. Cached answers are not timed (timing would cost a
+    #: large part of what they cost); coredns_dns_request_duration_seconds counts them in its
+    #: first bucket.
     durations: dict[str, DurationHistogram] = field(default_factory=dict)
 
     def count_tcp_rejected(self) -> None:

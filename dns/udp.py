@@ -34,8 +34,6 @@ MAX_DATAGRAM = 65535
 #: a longer query is answered FORMERR unread: miekg/dns reads a datagram into a buffer
 #: of its UDP size and answers FORMERR for what it then cannot unpack.
 MAX_QUERY = batch_io.SLOT_SIZE
-#: receive buffer asked for: room for bursts (the kernel default drops after ~200 KiB)
-
 Address = tuple  # (host, port) or (host, port, flowinfo, scope_id)
 
 
@@ -165,13 +163,10 @@ class BatchedUdpListener(UdpListener):
         relayed answer due to age, every query after one that got no reply in the batch)
         takes :meth:`_answer_slot`, which answers any query as :meth:`Answerer.answer` does.
 
-        Measured with bench/dns_cpu.py (the benchmark's queries, dnsperf at max load, 2 shared
-        cores, two sessions of runs alternating with a loop that sends every query through
-        :meth:`Answerer.cached`, medians of 6): CPU per cached query 8.8-9.1 to 6.8-7.6 us
-        (user 2.6-3.0 to 1.6-2.1; knot 7.0-8.4, user 1.1-1.5), per forwarded one 8.5 to
-        7.6-8.2 us (user 2.6-3.1 to 2.1-2.5; unbound 8.1-9.7); the Python part of a kept
-        answer ~1,050 to ~450 ns per query, cluster or relayed (sendmmsg stubbed, batches
-        of 8 to 32).
+        Why a loop of its own: most queries on a node are plain stub queries for names already
+        answered, and for them the generic path's work (parsing the question, building a
+        Query, looking the key up by its parts) is most of the CPU spent; here such a query
+        costs a copy, a dict lookup and the ID patch (bench/dns_cpu.py measures CPU per query).
         """
         io = self.io
         data, iovecs, bodies = io.data_view, io.send_iovecs_view, io.bodies
