@@ -36,7 +36,7 @@ def default_affinity_factory(timeout_seconds: int) -> Affinity:
 class EndpointState:
     """Runtime state of one endpoint of one service port (kept while the port uses it).
 
-    One exists per endpoint of every proxied port (100,000 at scale), so it holds only
+    One exists per endpoint of every proxied port (a large cluster has many), so it holds only
     what cannot be derived: the socket address is built per connect, the "IP:port" key
     on first use (affinity, logs), and the set of live relays once a relay is tracked.
     """
@@ -200,7 +200,7 @@ class ServicePortPool:
 
     def __init__(self, name: ServicePortName, balancer: Balancer) -> None:
         self.name = name
-        #: in the order of the last sync; a tuple, not a dict: there are 10,000 pools at scale, and
+        #: in the order of the last sync; a tuple, not a dict: there is a pool per service port, and
         #: the routes of a port that uses every endpoint share this very tuple as their candidates.
         self.endpoints: tuple[EndpointState, ...] = ()
         self.balancer = balancer
@@ -222,7 +222,7 @@ class ServicePortPool:
         """Keep the states of ``wanted`` endpoints (by IP and port), add new ones; the removed states.
 
         The states are keyed by (IP, port), not by the PortEndpoint's key string: that string
-        would outlive the PortEndpoint (100,000 of them at scale) for nothing.
+        would outlive the PortEndpoint (one per endpoint of every port) for nothing.
         """
         current = {(state.ip, state.port): state for state in self.endpoints}
         fresh: dict[tuple[str, int], EndpointState] = {}

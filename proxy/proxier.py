@@ -295,7 +295,7 @@ class Proxier:
                 host.account(service_changes)
                 changes += service_changes
             if not count % _SERVICES_PER_TURN:
-                # A cold start builds 10,000 services: let the loop serve meanwhile, and the
+                # A cold start builds every service at once: let the loop serve meanwhile, and the
                 # netlink thread start on the addresses counted so far.
                 host.begin_adding()
                 await asyncio.sleep(0)
@@ -403,7 +403,7 @@ class Proxier:
         for count, change in enumerate(changes, 1):
             listeners.apply(change, self._route_for)
             if not count % _LISTENERS_PER_TURN:
-                await asyncio.sleep(0)  # opening 10,000 listeners takes a second: keep serving
+                await asyncio.sleep(0)  # a cold start opens every listener at once: keep serving
                 if self._stopping:
                     return
         listeners.retry_failed(self._route_for)

@@ -8,7 +8,7 @@ transport refuses AF_NETLINK); only the message types are read (netlink.py). An 
 again": the addresses are then dumped whole (netlink.py), so a lost event costs nothing but
 time, and a receive buffer overflow (ENOBUFS) counts as a change.
 
-The VIPs are routes, not addresses (addresses.py): adding 10,000 of them raises no event here.
+The VIPs are routes, not addresses (addresses.py): adding them, however many, raises no event here.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """The few rtnetlink requests the proxy makes, encoded by hand: batches of local routes (the
 VIPs), a route dump, an address dump, a link lookup.
 
-pyroute2 encodes a netlink request in ~400 us (measured: 2,000 address adds took 0.8 s to
-compile), about seven times what the kernel needs to apply it, so 10,000 ClusterIPs cost
-seconds at cold start. The messages are three fixed attributes; encoding them here and sending
-them in batches, one ack per message, brings an add to ~60 us. The dump and the link
-lookup are a few fixed structs too, done here as well: pyroute2's dump of 10,000 addresses
-builds an object per attribute. The address and link events (address_events.py) only need
-their message types, read here too.
+pyroute2 takes several times as long to encode a netlink request as the kernel needs to
+apply it, and a cold start adds one per ClusterIP. The messages are three fixed attributes;
+encoding them here and sending them in batches, one ack per message, leaves the kernel's
+work as most of an add. The dump and the link lookup are a few fixed structs too, done here
+as well: pyroute2's dump builds an object per attribute of every address. The address and
+link events (address_events.py) only need their message types, read here too.
 
 pyroute2 is the tests' reference decoder (test_proxy_netlink_batch.py): the daemon does not
 import it, because its package imports every netlink family it knows (IPDB, NDB with sqlite3,
-nl80211, ...): 54 ms of a start and 8.2 MiB of RSS, measured with `python -X importtime` and
-the control benchmark at 10,000 services, for a job of a dozen lines.
+nl80211, ...), which costs start time and resident memory for a job of a dozen lines.
 """
 
 from __future__ import annotations

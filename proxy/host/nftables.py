@@ -9,10 +9,9 @@ the input hook. Each sync sends one ``nft -f -`` batch holding only the changed
 elements (atomic: all or nothing).
 
 The chain is hooked only while it has something to drop: every packet the node
-receives, relayed or not, walks a hooked chain (its set lookups were ~2% of the
-proxy's CPU in the new-connections benchmark, and 4% more connections per second
-without the chain). Most clusters never need it (no Local policy without local
-endpoints, no loadBalancerSourceRanges).
+receives, relayed or not, walks a hooked chain (its set lookups cost the proxy CPU
+and new connections per second in the new-connections benchmark). Most clusters never
+need it (no Local policy without local endpoints, no loadBalancerSourceRanges).
 
 * ``drop4``/``drop6``: every client is dropped (ClusterIP with iTP=Local).
 * ``dropext4``/``dropext6``: only clients outside the pod CIDRs (``local4``/``local6``)
@@ -227,7 +226,8 @@ def render_setup(cluster_cidrs: Iterable[str], drops: DropSet | None = None, all
             lines += [f"  chain {name} {{", f"    {hook}", *(f"    {rule}" for rule in rules), "  }"]
     for name, hook, rules in _vip_chains():
         if hook is None or vips.addresses:  # the reject chain costs nothing until jumped to
-            lines += [f"  chain {name} {{", *([f"    {hook}"] if hook else []), *(f"    {rule}" for rule in rules), "  }"]
+            lines += [f"  chain {name} {{", *([f"    {hook}"] if hook else []),
+                      *(f"    {rule}" for rule in rules), "  }"]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -285,7 +285,8 @@ def render_changes(current: DropSet, desired: DropSet, current_allowed: AllowSet
         for name, _, _ in CAPTURE_CHAINS:
             lines += [f"flush chain {TABLE} {name}", f"delete chain {TABLE} {name}"]
     if desired_vips.addresses and not current_vips.addresses:
-        lines += [f"add chain {TABLE} {VIP_CHAIN} {{ {CHAIN_HOOK} }}", *(f"add rule {TABLE} {VIP_CHAIN} {rule}" for rule in VIP_RULES)]
+        lines += [f"add chain {TABLE} {VIP_CHAIN} {{ {CHAIN_HOOK} }}",
+                  *(f"add rule {TABLE} {VIP_CHAIN} {rule}" for rule in VIP_RULES)]
     elif current_vips.addresses and not desired_vips.addresses:
         lines += [f"flush chain {TABLE} {VIP_CHAIN}", f"delete chain {TABLE} {VIP_CHAIN}"]
     return "".join(line + "\n" for line in lines)

@@ -4,7 +4,7 @@ Both are counted change by change (a VIP stays while any frontend uses it) and s
 in the order listeners need: addresses are added while listeners open (they bind with
 IP_FREEBIND, so they need not wait) and removed after they close; the firewall is synced
 before listeners open. Only what changed reaches the address manager and the firewall:
-at 10,000 services a one-endpoint change must not cost a pass over every VIP. A failure
+with many services a one-endpoint change must not cost a pass over every VIP. A failure
 is logged and kept as a problem; the next sync retries (last good state wins).
 """
 
@@ -40,7 +40,7 @@ class HostState:
         self._held: set[str] = set()
         self._in_flight: set[str] = set()
         #: the difference between what is wanted and ``_held | _in_flight``, kept change by
-        #: change: a sync costs what changed, not the 10,000 VIPs there are.
+        #: change: a sync costs what changed, not every VIP there is.
         self._to_add: set[str] = set()
         self._to_remove: set[str] = set()
         #: additions handed to the address manager and not awaited yet.
@@ -120,7 +120,7 @@ class HostState:
     def begin_adding(self) -> None:
         """Hand the addresses counted so far to the address manager, without waiting.
 
-        The kernel takes seconds for 10,000 addresses on one link (in the netlink thread):
+        The kernel is slow to add many addresses on one link (in the netlink thread):
         started while the table is still being built, that work overlaps with the rest.
         """
         if self._to_add:
@@ -227,7 +227,8 @@ class HostState:
             self._held, self._to_add, self._to_remove = set(wanted), set(), set()
             if restored:
                 log.warning("VIP addresses: %d were missing from the link (removed by something else) and were "
-                            "added back (%s)", len(restored), ", ".join(restored[:5]) + (" ..." if len(restored) > 5 else ""))
+                            "added back (%s)", len(restored),
+                            ", ".join(restored[:5]) + (" ..." if len(restored) > 5 else ""))
 
     def _is_wanted(self, address: str) -> bool:
         return address in self._vip_frontends or address in self._extra

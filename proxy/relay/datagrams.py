@@ -2,7 +2,7 @@
 
 A request/response through the relay costs four system calls one datagram at a time
 (receive from the client, send to the endpoint, receive the reply, send it back), each
-~2 µs on these machines, and every send may wake the peer and be preempted by it. Here
+a kernel entry and exit, and every send may wake the peer and be preempted by it. Here
 one recvmmsg reads a burst from a frontend, one sendmmsg per flow passes it on, one
 recvmmsg per ready flow reads the replies and one sendmmsg per frontend answers them all.
 

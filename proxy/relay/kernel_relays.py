@@ -38,8 +38,8 @@ class KernelRelays:
     A direction more than ``limit`` behind is paused (sockmap.py) and, once its destination
     took every counted byte, spliced here for the rest of the connection: putting a source
     back into the verdict map while it receives lost and repeated whole skbs on 6.18 (a
-    512 MiB stream with 12 pauses and resumes came through 196,449 bytes short, 196 bytes
-    repeated at 245 MiB); splicing after the pause lost nothing in the same test. A direction
+    long stream paused and resumed again and again came through short, with bytes
+    repeated); splicing after the pause lost nothing in the same test. A direction
     whose source sent its FIN ends once its destination took every counted byte.
 
     A pause can drop bytes: it deletes the source from ``verdict``, and ``sock_map_del_link``

@@ -2,7 +2,7 @@
 port keep answering when relayed connections use up ``RLIMIT_NOFILE``.
 
 Everything shares one limit, and Linux hands out the lowest free descriptor, so whoever
-accepts first takes the last ones: 1,000 relayed connections at ``ulimit -n 1024`` left the
+accepts first takes the last ones: relayed connections up to ``ulimit -n`` left the
 status API unreachable. While the proxy accepts (and makes the backend socket of what it
 accepted, in the same callback) or takes datagrams (a new UDP flow opens a socket), the soft
 limit is lowered by the reserve, and raised back after: the proxy meets ``EMFILE`` with the

@@ -14,17 +14,17 @@ Maps (all keyed by the source socket's cookie, ``SO_COOKIE`` here and
 * ``verdict`` (sockhash, the program attached as BPF_SK_SKB_STREAM_VERDICT): cookie(src) -> src.
 * ``counts`` (hash): cookie(src) -> bytes the program has seen from src.
 
-What the kernel does not do, measured on 6.18 and read in net/core/skmsg.c:
+What the kernel does not do, seen on 6.18 and read in net/core/skmsg.c:
 
 * Backpressure. ``sk_psock_verdict_recv`` takes each skb off the source's receive queue
   (which uncharges it, so the TCP window stays open) and ``sk_psock_skb_redirect`` appends
   it to the peer psock's ``ingress_skb`` list, which has no limit: with a reader that does
-  not read, 850 MB were accepted in 3 s. The relay bounds it: when the bytes counted by the
+  not read, the kernel accepts without bound. The relay bounds it: when the bytes counted by the
   program run more than ``limit`` ahead of what the destination socket has taken
   (``tcpi_bytes_acked`` + SIOCOUTQ), the source leaves ``verdict`` (``pause``): its data
   stays in its own receive queue, whose TCP window closes; once the peer has every counted
   byte the direction is spliced by the relay (re-inserting the source corrupted streams,
-  see tcp.py ``KernelRelays``). The check is a sweep, so the bound is ``limit`` plus what
+  see kernel_relays.py ``KernelRelays``). The check is a sweep, so the bound is ``limit`` plus what
   arrives in one sweep interval, and depends on the event loop running the sweep on time.
 * Data already queued when a socket enters ``verdict`` waits for the next segment
   (``sk_psock_start_verdict`` only replaces ``sk_data_ready``); SO_RCVLOWAT runs
@@ -35,8 +35,8 @@ What the kernel does not do, measured on 6.18 and read in net/core/skmsg.c:
   A FIN without data reaches the program as an empty skb, which it drops (see
   ``verdict_program``). A reset is an error on either socket, passed on with SO_LINGER 0.
 * Partly read skbs. ``tcp_read_skb`` hands the program whole skbs from the head of the
-  receive queue, whatever an earlier ``recv`` took of the first one (measured: the 56 bytes
-  already relayed were sent again). The relay inserts a source only right after a read that
+  receive queue, whatever an earlier ``recv`` took of the first one (the bytes already relayed are
+  sent again). The relay inserts a source only right after a read that
   emptied its queue (direction.py).
 """
 

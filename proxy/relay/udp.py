@@ -157,7 +157,7 @@ class UdpListener:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             capture.bind_anywhere(sock, family == socket.AF_INET6, self.transparent)
             # kube-proxy's DNAT has no queue to overflow; here a burst of new clients waits
-            # while their flows are made, and the default buffer dropped ~17% of 400 at once.
+            # while their flows are made, and the default buffer is too small to hold it.
             enlarge_receive_buffer(sock)
             sock.bind((self.frontend.ip, self.frontend.port))
         except OSError:
