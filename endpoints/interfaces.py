@@ -3,8 +3,9 @@ a Journal keeps what the state holds across a restart.
 
     Source (manifests | kube-apiserver) -> ClusterState -> Snapshot -> Consumer (proxy | dns)
 
-The daemon wires one source and two consumers through these protocols only: it never
-asks which source or consumer it holds. Implementations:
+The daemon wires one source and two consumers through these protocols only (and, for
+what only one of the consumers does, :mod:`kubeport.consumers`' ``ProxyConsumer`` and
+``DnsConsumer``): it never asks which source or consumer it holds. Implementations:
 
 - :class:`~kubeport.endpoints.manifests.source.ManifestSource`,
   :class:`~kubeport.endpoints.apiserver.source.ApiServerSource`;
@@ -45,6 +46,10 @@ class Consumer(Protocol):
 
     #: "proxy" or "dns": log lines, readiness lines and status keys
     name: str
+
+    async def start(self) -> None:
+        """Open what it serves on (listeners, addresses) before its first snapshot."""
+        ...
 
     def snapshot_queued(self, snapshot: Snapshot) -> None:
         """A newer snapshot exists and will be applied next (kube-proxy's "sync queued")."""

@@ -132,9 +132,14 @@ class ProxyService:
     def problems(self) -> list[str]:
         return self.relays.problems + [problem for _, problem in sorted(self.health_checks.failures.items())]
 
-    def healthy(self) -> bool:
-        """kube-proxy's /livez verdict now (the pod's liveness file follows it)."""
-        return self.health.healthy(self._clock())
+    def healthy(self, now: float | None = None) -> bool:
+        """kube-proxy's /livez verdict at ``now`` (default: now; the pod's liveness file and
+        systemd's watchdog follow it)."""
+        return self.health.healthy(self._clock() if now is None else now)
+
+    def health_request(self, path: str, code: int) -> None:
+        """Count a ``/healthz`` or ``/livez`` request answered with ``code`` (the status server's hook)."""
+        self.metrics.health_request(path, code)
 
     def health_response(self, path: str, node: NodeInfo | None) -> HealthResponse:
         """kube-proxy's ``/healthz`` (``path == "healthz"``) or ``/livez`` for ``node`` as it is now."""
