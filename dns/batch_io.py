@@ -37,7 +37,7 @@ from kubeport.lib.mmsg import (  # noqa: F401  (the names dns/udp.py reads throu
     address_of,
     available,
 )
-from kubeport.lib.mmsg import LIBC_MMSG as _FUNCTIONS
+from kubeport.lib.mmsg import LIBC_MMSG
 
 SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and answered FORMERR (udp.py)
 ID_SIZE = 2
@@ -64,10 +64,10 @@ class BatchIO:
         """``namelen``: the size of the socket's sockaddrs (16 for IPv4, 28 for IPv6).
         ``sendmmsg``: libc's by default; a stand-in sees (fd, address of the first mmsghdr,
         count, flags) and returns what the kernel would (a count, or -1 with errno)."""
-        assert _FUNCTIONS is not None
+        assert LIBC_MMSG is not None
         self.fd = fd
         self.slots = slots
-        self._recvmmsg, self._sendmmsg = _FUNCTIONS
+        self._recvmmsg, self._sendmmsg = LIBC_MMSG
         if sendmmsg is not None:
             self._sendmmsg = sendmmsg
         self.received = ctypes.create_string_buffer(slots * MMSGHDR_SIZE)

@@ -2,9 +2,9 @@
 proxy's health, its health-check node ports, its full syncs and its metrics.
 
 Inside: a :class:`~kubeport.proxy.proxier.Proxier` (or
-:class:`~kubeport.proxy.workers.ProxyWorkers` with ``--workers N``) for listeners, VIPs and
-nftables; :class:`~kubeport.proxy.health.ProxyHealth` for kube-proxy's ``/healthz`` and
-``/livez``; :class:`~kubeport.proxy.healthcheck.HealthCheckServers` for the
+:class:`~kubeport.proxy.workers.parent.ProxyWorkers` with ``--workers N``) for listeners, VIPs and
+nftables; :class:`~kubeport.proxy.healthcheck.proxier_health.ProxyHealth` for kube-proxy's ``/healthz`` and
+``/livez``; :class:`~kubeport.proxy.healthcheck.service_health.HealthCheckServers` for the
 ``healthCheckNodePort`` of each ``externalTrafficPolicy: Local`` LoadBalancer; the full-sync
 loop (:mod:`.fullsync`); and the kube-proxy metrics (:mod:`.metrics`).
 """
