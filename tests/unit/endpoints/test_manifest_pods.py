@@ -14,7 +14,7 @@ from kubeport.endpoints.validation import validate
 
 from support import api
 
-DUMP = Path(__file__).resolve().parents[1] / "fixtures" / "kubectl-dump"
+DUMP = Path(__file__).resolve().parents[2] / "fixtures" / "kubectl-dump"
 
 
 def test_the_kubectl_dump_has_no_problem_and_skips_nothing() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # The tree's folders and the import package each installs as.
 MAPPED = {"kubeport": "kubeport", "endpoints": "kubeport/endpoints", "proxy": "kubeport/proxy", "dns": "kubeport/dns"}
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", *MAPPED)

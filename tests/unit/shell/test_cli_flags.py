@@ -210,7 +210,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback__kubeport_get_status_head(
     assert done.returncode == 141
 
 
-KUBEADM_CONFIG = Path(__file__).parent.parent / "fixtures" / "kubeadm" / "config.conf"
+KUBEADM_CONFIG = Path(__file__).parents[2] / "fixtures" / "kubeadm" / "config.conf"
 
 
 def test_kube_proxys_command_line_without_a_subcommand(tmp_path):

@@ -290,7 +290,7 @@ def test_describe(key, text):
 def test_every_example_manifest_parses():
     from pathlib import Path
 
-    examples = Path(__file__).resolve().parents[2] / "examples"
+    examples = Path(__file__).resolve().parents[3] / "examples"
     files = list_manifest_files(examples)
     assert files, "examples/ holds the README demo manifests"
     for relative in files:

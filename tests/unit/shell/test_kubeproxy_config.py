@@ -13,7 +13,7 @@ from kubeport import config as cfg
 from kubeport import kubeproxy_config
 from kubeport.cli import build_parser, flag_names, flag_values
 
-KUBEADM = Path(__file__).parent.parent / "fixtures" / "kubeadm" / "config.conf"
+KUBEADM = Path(__file__).parents[2] / "fixtures" / "kubeadm" / "config.conf"
 
 
 def write(tmp_path: Path, changes: dict) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 from kubeport import config
 from kubeport.cli import build_parser
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
 
 def unit() -> configparser.ConfigParser:

@@ -15,7 +15,7 @@ from kubeport.cli import build_configuration, build_parser
 from kubeport.config import KubeportConfiguration
 from kubeport.readiness import LIVE_RENEW, LIVE_VALIDITY
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 KUBERNETES_VERSION = "1.35.0"
 MANIFESTS = ("daemonset.yaml", "rbac.yaml", "configmap.yaml")
 

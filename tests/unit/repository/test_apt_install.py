@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "netns-scripts" / "apt-install.sh"
+SCRIPT = Path(__file__).resolve().parents[3] / "netns-scripts" / "apt-install.sh"
 
 #: An apt-get that fails with apt's lock message while $LOCKED_TIMES is above the calls made.
 STAND_IN = """#!/bin/sh

@@ -11,7 +11,7 @@ import pytest
 from kubeport.endpoints.manifests.holders import Holders
 from kubeport.endpoints.manifests.check import check_directory
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
 BROKEN = REPO / "tests" / "fixtures" / "broken"
 
