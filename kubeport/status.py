@@ -39,7 +39,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kubeport import printers
 from kubeport.config import split_host_port
 from kubeport.endpoints.types import Snapshot
-from kubeport.lib.httpserver import HttpServer, Request, Response, Routes
+from kubeport.lib.http.request import Request
+from kubeport.lib.http.response import Response
+from kubeport.lib.http.routes import Routes
+from kubeport.lib.http.server import HttpServer
 from kubeport.proxy.healthcheck.proxier_health import HealthResponse
 from kubeport.survival.handover import peer_of, trusted
 

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from kubeport.endpoints.programming import programming_starts
 from kubeport.endpoints.types import ServiceName, Snapshot
-from kubeport.lib import httpserver
+from kubeport.lib.http import server as http_server
 from kubeport.proxy.table import TableContext, local_policy_drops
 
 #: kube-proxy's sync histogram: 1 ms doubling, 15 buckets.
@@ -135,10 +135,10 @@ def _split_changes(old: Snapshot | None, new: Snapshot) -> tuple[int, int]:
 
 class HttpConnectionsCollector(Collector):
     """The HTTP servers' connections turned away at their caps (the health, metrics and
-    health-check node ports: ``kubeport/lib/httpserver.py``), read at scrape time."""
+    health-check node ports: ``kubeport/lib/http/server.py``), read at scrape time."""
 
-    def __init__(self, stats: httpserver.ConnectionStats | None = None) -> None:
-        self._stats = httpserver.CONNECTION_STATS if stats is None else stats
+    def __init__(self, stats: http_server.ConnectionStats | None = None) -> None:
+        self._stats = http_server.CONNECTION_STATS if stats is None else stats
 
     def describe(self) -> list:
         return []

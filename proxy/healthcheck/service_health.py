@@ -22,7 +22,9 @@ import logging
 from typing import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from kubeport.endpoints.types import ServiceInfo, ServiceName, ServiceState
-from kubeport.lib.httpserver import HttpServer, Request, Response
+from kubeport.lib.http.request import Request
+from kubeport.lib.http.response import Response
+from kubeport.lib.http.server import HttpServer
 from kubeport.proxy.healthcheck.proxier_health import JSON_HEADERS, HealthResponse
 
 log = logging.getLogger(__name__)

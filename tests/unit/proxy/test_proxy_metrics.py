@@ -14,7 +14,7 @@ from kubeport.endpoints.convert import TRIGGER_TIME_ANNOTATION, slice_info
 from kubeport.endpoints.programming import programming_starts
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import ServiceState
-from kubeport.lib.httpserver import ConnectionStats
+from kubeport.lib.http.server import ConnectionStats
 from kubeport.proxy.metrics import HttpConnectionsCollector, ProxyMetrics, RelayCollector
 
 from support.slim import endpoint, endpoint_slice, port, service, snapshot
@@ -272,7 +272,7 @@ def test_trigger_time_annotation_is_read(annotation, expected):
 
 
 def test_http_connections_turned_away_are_scraped_from_the_servers_counters():
-    """The health, metrics and health-check node ports' caps (kubeport/lib/httpserver.py)."""
+    """The health, metrics and health-check node ports' caps (kubeport/lib/http/server.py)."""
     stats = ConnectionStats(rejected=3, evicted=5)
     registry = CollectorRegistry()
     registry.register(HttpConnectionsCollector(stats))

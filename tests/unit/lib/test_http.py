@@ -1,4 +1,4 @@
-"""kubeport.lib.httpserver: the request reader and routes as tables, then the server on loopback."""
+"""kubeport.lib.http: the request reader and routes as tables, then the server on loopback."""
 
 from __future__ import annotations
 
@@ -11,18 +11,10 @@ import pytest
 import uvloop
 from support.wait import until
 
-from kubeport.lib.httpserver import (
-    MAX_DISCARDED_BODY,
-    BadRequest,
-    ConnectionStats,
-    HttpServer,
-    Request,
-    RequestReader,
-    Response,
-    Routes,
-    encode_response,
-    http_date,
-)
+from kubeport.lib.http.request import MAX_DISCARDED_BODY, BadRequest, Request, RequestReader
+from kubeport.lib.http.response import Response, encode_response, http_date
+from kubeport.lib.http.routes import Routes
+from kubeport.lib.http.server import ConnectionStats, HttpServer
 
 H = "Host: x\r\n"
 
