@@ -235,8 +235,8 @@ def run(workdir: Path, rounds: int, quick: bool, with_kubeport: bool, progress: 
         "a change counts when the first reply naming the new endpoint has been read).",
         "cold start: spawn -> /readyz 200 -> last service's VIP accepts and its name resolves -> probe serves.",
         "RSS: after the changes, once the daemon has returned the heap they freed to the kernel (1 s after the "
-        "last change; /api/v1/status heap.trimmedGeneration); the RSS right after the last change is in the "
-        "JSON (extra.right_after_changes_mib).",
+        "last change; waited on as its RSS unchanged over 5 reads 0.2 s apart); the RSS right after the last "
+        "change is in the JSON (extra.right_after_changes_mib).",
         "kube-proxy for scale: nftables mode needs ~141 ms to add one service with 10k present; "
         "CoreDNS sizes at (pods+services)/1000 + 54 MB = 164 MB for this cluster.",
         "No peer runs here: kube-proxy and CoreDNS need a kube-apiserver; their published figures are quoted.",

@@ -92,14 +92,19 @@ class KubeportDaemon:
         """`kubeport get status -o json`: the daemon's /api/v1/status."""
         return self.status_api("/api/v1/status")
 
-    def wait_at_rest(self, timeout: float) -> float:
-        """Until the daemon has given the heap freed by the last change back to the kernel (it
-        does once no change came for a moment: kubeport/lib/heap.py)."""
-        def trimmed() -> bool:
-            status = self.status() or {}
-            done = (status.get("heap") or {}).get("trimmedGeneration")
-            return done is not None and done >= status.get("generation", 0)
-        return wait_for(trimmed, timeout, "kubeport to trim its heap after the last change", interval=0.2)
+    def wait_at_rest(self, timeout: float, reads: int = 5, interval: float = 0.2) -> float:
+        """Until the daemon's RSS (what a user sees: /proc/<pid>/statm) stays unchanged over
+        ``reads`` consecutive reads ``interval`` seconds apart: the daemon has given the heap
+        freed by the last change back to the kernel (it does once no change came for a moment:
+        kubeport/lib/heap.py) and nothing else moves it. Returns the seconds waited."""
+        seen: list[int | None] = []
+
+        def steady() -> bool:
+            seen.append(self.rss())
+            del seen[:-reads]
+            return len(seen) == reads and seen[0] is not None and len(set(seen)) == 1
+        return wait_for(steady, timeout, f"kubeport's RSS unchanged over {reads} reads {interval} s apart",
+                        interval=interval)
 
     def stop(self) -> None:
         stop_process(self.proc, timeout=15)

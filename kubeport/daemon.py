@@ -63,7 +63,7 @@ class Daemon:
         self.dns_registry = process_registry()
         self.state = components.build_state(self.config)
         self._reloader = Reloader(config_file, flags or {})
-        self._heap = gctuning.Heap(lambda: self.state.snapshot.generation)
+        self._heap = gctuning.Heap()
         self._ready_file = ReadyFile(config.ready_file)
         self._stop = Stopping(self._ready_file)
         self._live_file = LiveFile(config.live_file)
@@ -73,7 +73,7 @@ class Daemon:
         self._last_state = LastState(config.state_dir / "last-state", base_written=self._heap.changed.set)
         #: what the status server reads; the daemon fills in what it builds and applies
         self.view = StatusView(lambda: self.config, self.state, self._instance, hold, self._last_state,
-                               self._heap, self._stop.requested)
+                               self._stop.requested)
         self._follower = Follower(self.state, self.view, hold, self._heap, self._readiness_changed)
 
     # --- lifecycle --------------------------------------------------------------------

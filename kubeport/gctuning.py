@@ -54,22 +54,15 @@ class Heap:
     """When the freed heap goes back to the kernel: once the first synced view is served,
     then after changes, in a quiet moment."""
 
-    def __init__(self, generation: Callable[[], int]) -> None:
-        self._generation = generation
+    def __init__(self) -> None:
         #: set when a change was applied: the freed heap goes back to the kernel in a quiet moment
         self.changed = asyncio.Event()
-        #: the snapshot generation served when the heap was last trimmed (status: the bench waits on it)
-        self.trimmed_generation: int | None = None
 
     def first_view_served(self) -> None:
         """Everything built for the first view lives long: out of the collector's
         generations, and what its building freed back to the kernel."""
         gc.freeze()
-        if release_freed_memory():
-            self._trimmed()
+        release_freed_memory()
 
     async def keep_trimmed(self) -> None:
-        await keep_heap_trimmed(self.changed, self._trimmed)
-
-    def _trimmed(self) -> None:
-        self.trimmed_generation = self._generation()
+        await keep_heap_trimmed(self.changed)

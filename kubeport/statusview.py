@@ -12,7 +12,6 @@ from kubeport.consumers import DnsConsumer, ProxyConsumer
 from kubeport.endpoints.interfaces import Consumer, Source
 from kubeport.endpoints.state import ClusterState
 from kubeport.endpoints.types import Snapshot
-from kubeport.gctuning import Heap
 from kubeport.lib.heldsockets import HeldSockets
 from kubeport.survival.handover import Instance
 from kubeport.survival.laststate import LastState
@@ -24,13 +23,12 @@ if TYPE_CHECKING:
 
 class StatusView:
     def __init__(self, config: Callable[[], KubeportConfiguration], state: ClusterState, instance: Instance,
-                 hold: HeldSockets, last_state: LastState, heap: Heap, stopping: asyncio.Event) -> None:
+                 hold: HeldSockets, last_state: LastState, stopping: asyncio.Event) -> None:
         self._config = config
         self._state = state
         self._instance = instance
         self._hold = hold
         self._last_state = last_state
-        self._heap = heap
         self._stopping = stopping
         self.source: Source | None = None
         #: why the source of a start from the last applied state cannot be built (retried)
@@ -101,7 +99,6 @@ class StatusView:
             "proxy": {**(self.proxy.status() if self.proxy is not None else {"listeners": 0}),
                       "appliedGeneration": self.applied.get("proxy")},
             "dns": {"addresses": config.dns_addresses, "appliedGeneration": self.applied.get("dns")},
-            "heap": {"trimmedGeneration": self._heap.trimmed_generation},
             "handover": self._instance.status(),
             "socketHold": self._hold.status(),
             "lastState": {"restoredFrom": iso(self.restored_at) if self.restored_at is not None else None,
