@@ -28,6 +28,7 @@ from kubeport.lib.mmsg import (  # noqa: F401  (the names dns/udp.py reads throu
     IOVEC_SIZE,
     IOVLEN,
     LENGTH,
+    LIBC_MMSG,
     MMSGHDR_SIZE,
     MSG_DONTWAIT,
     MSG_TRUNC,
@@ -37,7 +38,6 @@ from kubeport.lib.mmsg import (  # noqa: F401  (the names dns/udp.py reads throu
     address_of,
     available,
 )
-from kubeport.lib.mmsg import LIBC_MMSG
 
 SLOT_SIZE = 4096  # a query longer than this is cut (MSG_TRUNC) and answered FORMERR (udp.py)
 ID_SIZE = 2
