@@ -136,6 +136,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--tcp-relay", choices=["auto", "sockmap", "splice"],
                      help="bulk TCP bytes: spliced through pipes (default splice), in the kernel through a BPF "
                           "sockmap (experimental), or auto: the sockmap when it loads")
+    run.add_argument("--keep-client-address", action=argparse.BooleanOptionalAction, default=None,
+                     help="endpoints see the client's address where kube-proxy keeps it (default on); "
+                          "--no-keep-client-address: always the node's")
     run.add_argument("--after-handover", choices=["exit", "wait"],
                      help="once a new instance took over: exit (default), or wait for SIGTERM (a DaemonSet pod)")
     run.add_argument("--handover-generation", metavar="N",
@@ -180,6 +183,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "logFormat": ("--log-format",),
     "workers": ("--workers",),
     "tcpRelay": ("--tcp-relay",),
+    "keepClientAddress": ("--keep-client-address",),
     "afterHandover": ("--after-handover",),
     "readyFile": ("--ready-file",),
     "liveFile": ("--live-file",),

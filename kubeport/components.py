@@ -147,6 +147,7 @@ def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry,
         reserved_frontends=frozenset(reserved),
         workers=config.workers,
         tcp_relay=config.tcp_relay,
+        keep_client_address=config.keep_client_address,
     )
     # Manifest mode may have no Node object at all: then the node counts as eligible.
     from kubeport.proxy.host.address_events import AddressEvents

@@ -153,6 +153,11 @@ class KubeportConfiguration(_Section):
         "splice", description="How bulk TCP bytes move: `sockmap` (a BPF sockhash redirects them in the kernel; "
         "the start fails without CAP_BPF and CAP_NET_ADMIN or kernel support), `splice` (through pipes in "
         "the relay process), `auto` (sockmap when it can be loaded, else splice).")
+    keep_client_address: bool = Field(
+        True, description="The relay's upstream side binds the client's address (IP_TRANSPARENT) wherever "
+        "kube-proxy keeps it: pods (clusterCIDR) reaching a ClusterIP, externalIP or LB IP, and any client of an "
+        "externalTrafficPolicy Local NodePort, externalIP or LB IP; elsewhere, and where the node cannot, the "
+        "node's address.")
     after_handover: Literal["exit", "wait"] = Field(
         "exit",
         description="What this process does once a new instance has taken the node over: exit, or "

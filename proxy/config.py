@@ -54,6 +54,9 @@ class ProxyConfig:
     #: "auto": sockmap when the kernel and the privileges (CAP_BPF, CAP_NET_ADMIN) allow it, else splice.
     #: splice by default: in the benchmark the sockmap was no faster on any figure (bench/RESULTS.md).
     tcp_relay: str = "splice"
+    #: --keep-client-address: the upstream socket binds the client's address where kube-proxy keeps
+    #: it (clientaddress.py says where); replies come back through host/replies.py.
+    keep_client_address: bool = True
     #: bytes a kernel-relayed direction may run ahead of its destination before its source pauses.
     sockmap_queue_limit: int = 1 << 20
     #: seconds between the sweeps that enforce ``sockmap_queue_limit`` and pass FINs on.
