@@ -6,9 +6,11 @@ given explicitly and lives in a namespace of the benchmark, so no query leaves i
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +20,20 @@ from .topology import Topology, TopologyError, stop_process, wait_for
 
 HEALTHZ = "127.0.0.1:10256"
 METRICS = "127.0.0.1:10249"
+
+
+def missing_run_flag(flag: str) -> str:
+    """Why `kubeport run` of this interpreter cannot take ``flag`` ("" when its --help names it)."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kubeport", "run", "--help"], capture_output=True, text=True,
+                              timeout=30, cwd=tempfile.gettempdir())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`kubeport run --help` did not run: {exc}"
+    if proc.returncode != 0:
+        return f"`kubeport run --help` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-200:]}"
+    if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", proc.stdout):
+        return f"`kubeport run` has no {flag} (its --help does not name it)"
+    return ""
 
 
 class KubeportDaemon:

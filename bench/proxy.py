@@ -13,8 +13,8 @@ from pathlib import Path
 
 from . import backends, dnspeers, generate, probes, tools
 from .harness import KUBEPORT, KUBEPORT_SOCKMAP, Bench, Figure, Progress, Sample, Target, run_plan, run_rounds
-from .kubeport_daemon import KubeportDaemon
-from .procinfo import rss_bytes
+from .kubeport_daemon import KubeportDaemon, missing_run_flag
+from .procinfo import CpuMeter, MachineMeter, rss_bytes
 from .profiles import Profiler, furthest_from_target, profile_name
 from .topology import Topology, TopologyError, stop_process, wait_for
 
@@ -137,9 +137,12 @@ class Kubeport(Subject):
         ])
         self.daemon = KubeportDaemon(setup.topo, "node", setup.workdir / "kubeport", manifests,
                                      dns_address=DNS_VIP, upstream=f"{setup.topo.addr('be')}:53",
-                                     extra_args=["--workers", str(setup.workers), "--tcp-relay", self.tcp_relay])
+                                     extra_args=self.daemon_args())
         self.daemon.start()
         self.daemon.wait_ready(60)
+
+    def daemon_args(self) -> list[str]:
+        return ["--workers", str(self.setup.workers), "--tcp-relay", self.tcp_relay]
 
     def pid(self) -> int | None:
         return None if self.daemon is None else self.daemon.pid
@@ -340,3 +343,190 @@ def profile_pass(setup: Setup, bench: Bench, profiler: Profiler, progress: Progr
         except Exception as exc:  # a failed profile run is reported, not fatal
             progress.say(f"profile run failed: {exc}")
         bench.profiles.extend(profiler.profiles[first:])
+
+
+# --- client address (run.py --only client-address) ---------------------------------------------
+#
+# What keeping the client's address costs: kubeport with --keep-client-address (the relay's upstream
+# socket binds the client's address, IP_TRANSPARENT; replies come back by nftables `socket transparent`,
+# a fwmark and policy routing) against the same daemon with --no-keep-client-address (the upstream
+# socket binds the node's address), in the same rounds. --cluster-cidr 10.77.0.0/16 makes the client
+# (10.77.1.2, on the node's own subnet) a pod of this node, the clients the feature applies to.
+
+CLIENT_ADDRESS = "client-address"
+#: the subjects: kubeport (the numerator of every ratio) keeps the client's address, the other does not
+KEEP, NODE_ADDRESS = KUBEPORT, "kubeport --no-keep-client-address"
+KEEP_FLAG, NO_KEEP_FLAG = "--keep-client-address", "--no-keep-client-address"
+CLUSTER_CIDR = "10.77.0.0/16"
+#: nginx in be answers the peer address it saw ($remote_addr): the client's, or the node's
+WHO = 8080
+CLIENT_ADDRESS_FIGURES = [
+    Figure("conn_rate", "new connections/s (wrk, Connection: close, 64 conc.)", "req/s", digits=0,
+           label="new conn/s"),
+    Figure("cpu_per_conn", "kubeport CPU per new connection (daemon and relay workers)", "µs",
+           higher_is_better=False, digits=1, label="CPU per conn"),
+]
+#: targets, stated and judged in the report, never asserted: keeping the address costs at most 10%
+CLIENT_ADDRESS_TARGETS = [Target("conn_rate", ">=", 0.9, NODE_ADDRESS),
+                          Target("cpu_per_conn", "<=", 1.1, NODE_ADDRESS)]
+
+
+class KubeportClientAddress(Kubeport):
+    """kubeport with the client's address kept (``keep``) or not; the pods' CIDR holds the client."""
+
+    name = KEEP
+    keep = True
+    #: "" when `kubeport run` takes --keep-client-address / --no-keep-client-address, else why not
+    flag_missing = ""
+
+    def daemon_args(self) -> list[str]:
+        args = [*super().daemon_args(), "--cluster-cidr", CLUSTER_CIDR]
+        if not self.flag_missing:
+            args.append(KEEP_FLAG if self.keep else NO_KEEP_FLAG)
+        return args
+
+    def expected_peer(self) -> tuple[str, str]:
+        """The address the backend must see, and whose it is."""
+        topo = self.setup.topo
+        return (topo.addr("client"), "the client") if self.keep else (topo.node_addr("be"), "the node")
+
+
+class KubeportNodeAddress(KubeportClientAddress):
+    name = NODE_ADDRESS
+    keep = False
+
+
+def start_who_nginx(topo: Topology, workdir: Path) -> None:
+    """nginx in be on WHO answering the address of the peer that connected to it."""
+    directory = workdir / "nginx-who"
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = directory / "nginx.conf"
+    conf.write_text(f"""worker_processes 1;
+pid {directory}/nginx.pid;
+error_log {directory}/error.log error;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    default_type text/plain;
+    server {{ listen {WHO}; location / {{ return 200 "$remote_addr\\n"; }} }}
+}}
+""")
+    topo.spawn("be", ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"], "nginx-who")
+
+
+def backend_saw(topo: Topology) -> str:
+    """The peer address the backend saw on one new connection from the client through the VIP."""
+    reply = topo.call_in("client", probes.http_body, VIP, WHO, 2.0)
+    if not reply or b"200 OK" not in reply:
+        raise TopologyError(f"no answer from the backend through {VIP}:{WHO}: {reply!r}")
+    return reply.split(b"\r\n\r\n", 1)[-1].decode(errors="replace").strip()
+
+
+def measure_client_address(setup: Setup, subject: KubeportClientAddress, round_no: int,
+                           progress: Progress) -> list[Sample]:
+    """One wrk run of new connections; the backend's view of the peer checked before and after it."""
+    topo, seconds = setup.topo, setup.seconds
+
+    seen: dict = {}
+
+    def failed(note: str) -> list[Sample]:
+        return [Sample(CLIENT_ADDRESS, f.key, subject.name, round_no, None, note=note[:500], extra=dict(seen))
+                for f in CLIENT_ADDRESS_FIGURES]
+
+    if subject.keep and subject.flag_missing:
+        progress.say(f"skipped: {subject.flag_missing}")
+        return failed(f"skipped: {subject.flag_missing}")
+    expected, whose = subject.expected_peer()
+    try:
+        subject.start()
+        try:
+            before = backend_saw(topo)
+            seen.update(backend_saw=f"backend saw {before}", expected=f"{expected} ({whose})")
+            if before != expected:
+                raise TopologyError(f"backend saw {before}, not {expected} ({whose})")
+            meter, machine = CpuMeter(subject.pid()).start(), MachineMeter().start()
+            with progress.ticking("conn_rate", seconds):
+                result = tools.wrk(topo, "client", f"http://{VIP}:{HTTP}/", seconds, close=True)
+            cpu, busy = meter.stop(), machine.stop()
+            after = backend_saw(topo)
+            seen["backend_saw"] = f"backend saw {after}" + ("" if after == before else f" (before the load {before})")
+            if after != expected:
+                raise TopologyError(f"backend saw {before} before the load and {after} after it, "
+                                    f"not {expected} ({whose})")
+        finally:
+            subject.stop()
+    except TopologyError as exc:
+        progress.say(f"FAILED: {exc}")
+        return failed(str(exc))
+    connections = result.requests_per_second * seconds  # one request per connection (Connection: close)
+    if cpu is None or connections <= 0:
+        return failed(f"no connections or no CPU reading ({connections:.0f} connections, cpu {cpu})")
+    per_connection = cpu / connections * 1e6
+    extra = {**seen, "connections": round(connections), "errors": result.errors, "latency_ms": result.latency_ms,
+             "machine_steal": machine.stolen, "daemon_args": subject.daemon_args()}
+    progress.say(f"backend saw {after} ({whose}); {result.requests_per_second:,.0f} new conn/s, "
+                 f"{per_connection:,.1f} µs CPU per connection (cpu {cpu:.2f} s)")
+    return [Sample(CLIENT_ADDRESS, "conn_rate", subject.name, round_no, result.requests_per_second, cpu,
+                   machine_busy=busy, extra=dict(extra)),
+            Sample(CLIENT_ADDRESS, "cpu_per_conn", subject.name, round_no, per_connection, cpu,
+                   machine_busy=busy, extra=dict(extra))]
+
+
+def address_notes(bench: Bench) -> list[str]:
+    """What the backend saw in each configuration, over every round that measured."""
+    notes = []
+    for subject, flag in ((KEEP, KEEP_FLAG), (NODE_ADDRESS, NO_KEEP_FLAG)):
+        checked = [s for s in bench.samples if s.subject == subject and s.figure == "conn_rate"
+                   and s.extra.get("backend_saw")]
+        if not checked:
+            notes.append(f"{flag}: the backend's view not checked (see the failures).")
+            continue
+        seen = ", ".join(sorted({s.extra["backend_saw"] for s in checked}))
+        wrong = sum(1 for s in checked if s.value is None)
+        verdict = (f"wrong in {wrong} of {len(checked)} rounds: those rounds measured nothing" if wrong
+                   else "checked on a new connection before and after each round's load")
+        notes.append(f"{flag}: {seen} (expected {checked[0].extra['expected']}); {verdict}.")
+    return notes
+
+
+def run_client_address(workdir: Path, rounds: int, seconds: float, workers: int,
+                       progress: Progress) -> Bench:
+    """New connections/s and kubeport's CPU per connection with and without the client's address kept."""
+    flag_missing = missing_run_flag(KEEP_FLAG)
+    if flag_missing:
+        progress.say(f"{CLIENT_ADDRESS}: {flag_missing}: the {KEEP_FLAG} side is skipped, the other "
+                     f"runs without the flag (the node's address)")
+    keep = type("KubeportKeep", (KubeportClientAddress,), {"flag_missing": flag_missing, "tcp_relay": "splice"})
+    node = type("KubeportNode", (KubeportNodeAddress,), {"flag_missing": flag_missing, "tcp_relay": "splice"})
+    makers: dict[str, type[KubeportClientAddress]] = {KEEP: keep, NODE_ADDRESS: node}
+    bench = Bench(CLIENT_ADDRESS, f"Client address: kubeport {KEEP_FLAG} (kubeport) / {NO_KEEP_FLAG}",
+                  list(makers), CLIENT_ADDRESS_FIGURES, CLIENT_ADDRESS_TARGETS, workers=workers,
+                  workers_note=(f"both configurations `--workers {workers}`; "
+                                + ("CPU is the daemon's (it relays itself)." if workers == 1 else
+                                   f"CPU is the daemon's and its {workers} relay workers' together.")))
+    forwards = [backends.Forward("http", "TCP", HTTP, "10.77.2.2", HTTP),
+                backends.Forward("who", "TCP", WHO, "10.77.2.2", WHO)]
+    with Topology("clientaddr", ["client", "be"], workdir) as topo:
+        assert topo.addr("be") == "10.77.2.2"
+        setup = Setup(topo, workdir, seconds, 0, workers, forwards=forwards)
+        progress.context = bench.label
+        progress.say("starting backends: nginx (ok on 80, the peer's address on 8080)")
+        backends.start_nginx(topo, "be", workdir, HTTP, IDLE)
+        start_who_nginx(topo, workdir)
+        be = topo.addr("be")
+        for port in (HTTP, WHO):
+            wait_for(lambda p=port: topo.call_in("client", probes.tcp_open, be, p), 20, f"backend port {port}")
+        bench.notes += [
+            f"Both subjects are kubeport, `--cluster-cidr {CLUSTER_CIDR}` (the client {topo.addr('client')} is a "
+            f"pod on the node's own subnet), `--tcp-relay splice`: kubeport with {KEEP_FLAG} (the backend sees "
+            f"the client) and with {NO_KEEP_FLAG} (the backend sees the node, {topo.node_addr('be')}). Ratios are "
+            "with / without, same round; the targets (at most 10% slower, 10% more CPU) are targets.",
+            "CPU per connection: user+system CPU seconds of the daemon and its relay workers (/proc/<pid>/stat) "
+            "during the wrk run / connections (wrk's requests/s x run seconds, one request per connection).",
+        ]
+        if flag_missing:
+            bench.notes.append(f"{KEEP_FLAG} skipped: {flag_missing}; the other subject ran without the flag.")
+        run_rounds(bench, rounds, lambda name, r: measure_client_address(setup, makers[name](setup), r, progress),
+                   progress)
+        bench.notes += address_notes(bench)
+    return bench

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Run kubeport's benchmarks against the peers, in one invocation.
 
-    sudo .venv/bin/python bench/run.py [--quick] [--only proxy|dns|control|control-api] [--rounds 3]
-                                       [--workers 1,2]
+    sudo .venv/bin/python bench/run.py [--quick] [--only proxy|client-address|dns|control|control-api]
+                                       [--rounds 3] [--workers 1,2]
 
 Installs missing peers from Debian's packages, builds one network-namespace topology per
 benchmark, alternates peers and kubeport within each round, then writes
@@ -91,12 +91,13 @@ def kubeport_runs() -> tuple[bool, str]:
     return proc.returncode == 0, (proc.stderr or proc.stdout).strip()[-300:]
 
 
-#: in the order they run; control-api is the control plane through the API watch.
-BENCHMARKS = ["proxy", "dns", "control", "control-api"]
+#: in the order they run; client-address is kubeport's proxy with and without --keep-client-address,
+#: control-api the control plane through the API watch.
+BENCHMARKS = ["proxy", "client-address", "dns", "control", "control-api"]
 
 
 #: the benchmarks whose subjects take a worker count; the others run once, whatever --workers says
-PER_WORKER_COUNT = ("proxy", "dns")
+PER_WORKER_COUNT = ("proxy", "client-address", "dns")
 DEFAULT_WORKERS = (1, 2)
 
 
@@ -124,8 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per benchmark (>= 3 for a real run)")
     parser.add_argument("--seconds", type=float, help="duration of each tool run (default 5, quick 2)")
     parser.add_argument("--workers", type=worker_counts, default=DEFAULT_WORKERS, metavar="N[,N...]",
-                        help="the proxy and DNS benchmarks run once per count: kubeport --workers N = HAProxy "
-                             "nbthread N = the DNS peers' workers (default 1,2; --workers 1 for one worker only)")
+                        help="the proxy, client-address and DNS benchmarks run once per count: kubeport "
+                             "--workers N = HAProxy nbthread N = the DNS peers' workers (default 1,2; --workers 1 "
+                             "for one worker only)")
     parser.add_argument("--no-kubeport", action="store_true", help="measure the peers only")
     parser.add_argument("--tcp-relay", choices=["both", "splice", "sockmap"], default="both",
                         help="kubeport's TCP relay path in the proxy benchmark: both (two subjects, "
@@ -165,6 +167,12 @@ def run_one(name: str, args: argparse.Namespace, workdir: Path, with_kubeport: b
             relays = ("splice", "sockmap") if args.tcp_relay == "both" else (args.tcp_relay,)
             return proxy.run(workdir, args.rounds, args.seconds, idle_connection_count(args.quick),
                              workers, with_kubeport, progress, profiler, tcp_relays=relays)
+        if name == "client-address":
+            if not with_kubeport:
+                progress.say("client-address: skipped with --no-kubeport (both its subjects are kubeport)")
+                return None
+            from kubeport_bench import proxy
+            return proxy.run_client_address(workdir, args.rounds, args.seconds, workers, progress)
         if name == "dns":
             from kubeport_bench import dns
             return dns.run(workdir, args.rounds, args.seconds, workers, with_kubeport, progress, profiler)
