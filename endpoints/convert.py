@@ -26,6 +26,8 @@ from kubeport.endpoints.types import (
 _intern = sys.intern
 T = TypeVar("T")
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+#: the one value of the kubeport.io/proxy-protocol annotation acted on
+PROXY_PROTOCOL_V2 = "v2"
 
 #: Equal immutable values converted from different objects, shared: the port list of
 #: thousands of services is often the same (memory, not speed). Bounded; cleared when full.
@@ -66,6 +68,7 @@ def service_info(svc: model.Service) -> ServiceInfo:
     topology_mode = annotations.get(model.ANNOTATION_TOPOLOGY_AWARE_HINTS)
     if topology_mode is None:
         topology_mode = annotations.get(model.ANNOTATION_TOPOLOGY_MODE)
+    proxy_protocol = annotations.get(model.ANNOTATION_PROXY_PROTOCOL)
     return ServiceInfo(
         name=ServiceName(_intern(meta.namespace), _intern(meta.name)),
         uid=meta.uid or "",
@@ -107,7 +110,19 @@ def service_info(svc: model.Service) -> ServiceInfo:
         ip_families=tuple(spec.ip_families or ()),
         # interned and shared: Services of one app carry the same keys, often the same set
         labels=_label_pairs(meta.labels),
+        proxy_protocol=proxy_protocol == PROXY_PROTOCOL_V2,
+        problems=_proxy_protocol_problems(meta.namespace, meta.name, proxy_protocol),
     )
+
+
+def _proxy_protocol_problems(namespace: str, name: str, value: str | None) -> tuple[str, ...]:
+    """A value other than "v2" is reported, and the Service served without the header (a
+    typo must not take a Service down; kube-proxy likewise serves on with a bad topology
+    annotation, though silently)."""
+    if not value or value == PROXY_PROTOCOL_V2:
+        return ()
+    return (f'Service {namespace}/{name}: annotation {model.ANNOTATION_PROXY_PROTOCOL}: "{value}" is not '
+            f'supported (only "{PROXY_PROTOCOL_V2}"); served without a PROXY protocol header',)
 
 
 def _label_pairs(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:

@@ -27,6 +27,8 @@ LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 ANNOTATION_TOPOLOGY_MODE = "service.kubernetes.io/topology-mode"
 ANNOTATION_TOPOLOGY_AWARE_HINTS = "service.kubernetes.io/topology-aware-hints"
+#: kubeport's own: "v2" has each TCP connection open with a PROXY protocol v2 header
+ANNOTATION_PROXY_PROTOCOL = "kubeport.io/proxy-protocol"
 TAINT_TO_BE_DELETED = "ToBeDeletedByClusterAutoscaler"
 
 Protocol = Literal["TCP", "UDP", "SCTP"]

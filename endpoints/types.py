@@ -88,6 +88,10 @@ class ServiceInfo:
     ip_families: tuple[str, ...] = ()
     #: metadata.labels as sorted pairs, for DNS's ``labels`` selector (CoreDNS ``labels``)
     labels: tuple[tuple[str, str], ...] = ()
+    #: annotation kubeport.io/proxy-protocol: "v2": TCP connections open with a PROXY protocol v2 header
+    proxy_protocol: bool = False
+    #: what the conversion found it cannot do as asked, one line each (the service is still served)
+    problems: tuple[str, ...] = ()
 
     @property
     def proxied(self) -> bool:

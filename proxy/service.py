@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from kubeport.endpoints.types import NodeInfo, Snapshot
+from kubeport.endpoints.types import NodeInfo, ServiceName, Snapshot
 from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.fullsync import follow_node_addresses, keep_host_in_sync
@@ -63,6 +63,8 @@ class ProxyService:
         self.metrics.attach_proxier(self.relays)
         self._clock = clock
         self._desired_health_checks: DesiredHealthChecks = {}
+        #: what the conversion reported for each service that has a problem (a bad annotation)
+        self._service_problems: dict[ServiceName, tuple[str, ...]] = {}
         self._applied: Snapshot | None = None
         #: SIGHUP: the node's addresses and nftables table are put right in full
         self._resync = asyncio.Event()
@@ -118,10 +120,21 @@ class ProxyService:
         await self.relays.apply(snapshot)
         self._desired_health_checks = update_health_checks(
             self._desired_health_checks, snapshot.services, snapshot.changed_since(self._applied), self.node_name)
+        self._note_service_problems(snapshot)
         self._applied = snapshot
         await self._sync_health_checks()
         self.metrics.synced(snapshot, time.monotonic() - started)
         self.health.updated(self._clock())
+
+    def _note_service_problems(self, snapshot: Snapshot) -> None:
+        """Kept per service, updated for the changed ones only (a snapshot holds thousands)."""
+        for name in snapshot.changed_since(self._applied):
+            state = snapshot.services.get(name)
+            problems = state.service.problems if state is not None else ()
+            if problems:
+                self._service_problems[name] = problems
+            else:
+                self._service_problems.pop(name, None)
 
     async def _sync_health_checks(self) -> None:
         await self.health_checks.sync(self._desired_health_checks, self.relays.health_check_addresses)
@@ -130,7 +143,8 @@ class ProxyService:
 
     @property
     def problems(self) -> list[str]:
-        return self.relays.problems + [problem for _, problem in sorted(self.health_checks.failures.items())]
+        return (self.relays.problems + [problem for _, problem in sorted(self.health_checks.failures.items())]
+                + [problem for _, problems in sorted(self._service_problems.items()) for problem in problems])
 
     def healthy(self, now: float | None = None) -> bool:
         """kube-proxy's /livez verdict at ``now`` (default: now; the pod's liveness file and
