@@ -262,15 +262,20 @@ class Route:
     switched on or off (it is part of the frontend rule).
     """
 
-    __slots__ = ("pool", "balancer", "stats", "candidates", "keys", "local_candidates", "local_keys")
+    __slots__ = ("pool", "balancer", "stats", "candidates", "keys", "local_candidates", "local_keys",
+                 "proxy_protocol")
 
     def __init__(
         self,
         pool: ServicePortPool,
         candidates: tuple[EndpointState, ...],
         local_candidates: tuple[EndpointState, ...] | None = None,
+        *,
+        proxy_protocol: bool = False,
     ) -> None:
         self.pool = pool
+        #: each connection opens with a PROXY protocol v2 header to the backend (proxyprotocol.py)
+        self.proxy_protocol = proxy_protocol
         self.balancer = pool.balancer
         self.stats = pool.stats
         self.candidates = candidates

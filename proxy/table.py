@@ -81,6 +81,9 @@ class FrontendRule:
     #: LB VIP frontends with loadBalancerSourceRanges: the only sources let in (normalised CIDRs);
     #: None: every source (kube-proxy applies them to VIP-mode LB IPs only: proxier.go syncProxyRules).
     source_ranges: tuple[str, ...] | None = None
+    #: TCP frontends of a service annotated kubeport.io/proxy-protocol: "v2": each relayed
+    #: connection opens with a PROXY protocol v2 header (proxyprotocol.py)
+    proxy_protocol: bool = False
 
     @property
     def needs_listener(self) -> bool:
@@ -148,15 +151,17 @@ def _rule(
     local_policy: bool,
     short_circuit: bool,
     affinity: int,
+    proxy_protocol: bool = False,
 ) -> FrontendRule:
     """One frontend's behaviour from the endpoint sets (REJECT, DROP or forward, as syncProxyRules)."""
     if not sets.has_any:
-        return FrontendRule(port_name, kind, Action.REFUSE, affinity_timeout=affinity)
+        return FrontendRule(port_name, kind, Action.REFUSE, affinity_timeout=affinity, proxy_protocol=proxy_protocol)
     chosen = sets.local if local_policy else sets.cluster
     local_clients = (sets.cluster or ()) if short_circuit else None
     if not chosen:
-        return FrontendRule(port_name, kind, Action.DROP, (), local_clients, affinity)
-    return FrontendRule(port_name, kind, Action.FORWARD, chosen, local_clients, affinity)
+        return FrontendRule(port_name, kind, Action.DROP, (), local_clients, affinity, proxy_protocol=proxy_protocol)
+    return FrontendRule(port_name, kind, Action.FORWARD, chosen, local_clients, affinity,
+                        proxy_protocol=proxy_protocol)
 
 
 def _endpoint_sets(
@@ -198,9 +203,12 @@ def _port_rules(
     node_ips = _of_family(ctx.nodeport_addresses, family) if port.node_port else ()
     sets, external_local = _endpoint_sets(info, port, endpoints, family, ctx)
     affinity = info.affinity_timeout
+    # the header is a TCP stream's first bytes; a datagram (UDP) or SCTP port has no such place
+    proxy_protocol = info.proxy_protocol and port.protocol == "TCP"
     internal = _rule(
         port_name, FrontendKind.CLUSTER_IP, sets,
         local_policy=info.internal_policy_local, short_circuit=False, affinity=affinity,
+        proxy_protocol=proxy_protocol,
     )
     rules: dict[Frontend, FrontendRule] = {}
     for ip in _of_family(info.cluster_ips, family):
@@ -216,6 +224,7 @@ def _port_rules(
         rule = _rule(
             port_name, kind, sets,
             local_policy=external_local, short_circuit=external_local, affinity=affinity,
+            proxy_protocol=proxy_protocol,
         )
         # Without endpoints kube-proxy builds no source-range firewall (usesFWChain needs
         # hasEndpoints): every client is refused rather than outsiders timing out.
