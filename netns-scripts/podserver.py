@@ -10,7 +10,8 @@ HTTP/1.1 with keep-alive (defaults to port 8080):
   GET /bytes/<N>    -> N bytes of the pattern byte[i] = (i + seed) % 251 (?seed=S, default 0);
                        251 is prime, so a lost or repeated power-of-two sized chunk breaks the checksum
   GET /sleep/<sec>  -> waits, then "pod=<name> client=<ip>:<port> slept=<sec>\\n" (drain tests)
-UDP (defaults to port 9090): each datagram is answered with "<name> <payload>".
+UDP (defaults to port 9090): each datagram is answered with "<name> <payload>", and the
+datagram "peer?" with "<name> client=<ip>:<port>" (the address the pod saw).
 TCP echo (--echo, off by default): echoes everything, and after the client's EOF shuts down
 its write side (half-close).
 
@@ -157,6 +158,8 @@ def serve_udp(sock: socket.socket, name: str) -> None:
     prefix = name.encode() + b" "
     while True:
         payload, peer = sock.recvfrom(65535)
+        if payload == b"peer?":
+            payload = f"client={client_text(peer)}".encode()
         try:
             sock.sendto(prefix + payload, peer)
         except OSError:

@@ -263,7 +263,7 @@ class Route:
     """
 
     __slots__ = ("pool", "balancer", "stats", "candidates", "keys", "local_candidates", "local_keys",
-                 "proxy_protocol")
+                 "proxy_protocol", "keep")
 
     def __init__(
         self,
@@ -272,8 +272,11 @@ class Route:
         local_candidates: tuple[EndpointState, ...] | None = None,
         *,
         proxy_protocol: bool = False,
+        keep: int = 0,
     ) -> None:
         self.pool = pool
+        #: whose address the upstream side may bind: clientaddress.Keep (0: the node's, always)
+        self.keep = keep
         #: each connection opens with a PROXY protocol v2 header to the backend (proxyprotocol.py)
         self.proxy_protocol = proxy_protocol
         self.balancer = pool.balancer

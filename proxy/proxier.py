@@ -19,10 +19,12 @@ from typing import Awaitable, Callable, Iterable, Mapping
 from kubeport.endpoints.types import ServiceName, ServicePortName, Snapshot
 from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.balancer import Balancer, Route, ServicePortPool, default_affinity_factory
+from kubeport.proxy.clientaddress import frontend_keep
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.host.addresses import AddressManager, NetlinkAddresses, canonical
 from kubeport.proxy.host.kernel import requests_migrate, sctp_supported
 from kubeport.proxy.host.nftables import Firewall, NftFirewall
+from kubeport.proxy.host.replies import ClientReplies, NodeLinks, RepliesError, read_links, transparent_allowed
 from kubeport.proxy.host.state import HostState
 from kubeport.proxy.housekeeping import AffinitySweeper
 from kubeport.proxy.nodeview import NodeView
@@ -32,6 +34,7 @@ from kubeport.proxy.stats import ServicePortStats
 from kubeport.proxy.table import (
     ForwardingTable,
     Frontend,
+    FrontendKind,
     FrontendRule,
     RuleChange,
     TableContext,
@@ -69,6 +72,11 @@ class Proxier:
         if firewall is None and config.firewall:
             firewall = NftFirewall()
         self._host = HostState(self._addresses, firewall)
+        #: the process that programs the host also takes replies to clients' addresses back to
+        #: the relays (relay workers only bind them: their parent programs the tables)
+        self._replies = ClientReplies() if firewall is not None and config.keep_client_address else None
+        #: where the client's address is kept: "client", or "node: <why>" (status)
+        self._client_address = "node: --no-keep-client-address" if not config.keep_client_address else "client"
         self._affinity_factory = affinity_factory
         self._rng = random.Random(config.seed)
         self._table = ForwardingTable()
@@ -122,6 +130,35 @@ class Proxier:
         self._listeners = listeners(self._ctx, sctp=sctp, steer_affinity=config.workers > 1)
         await self._host.start(self._extra_addresses, config.cluster_cidrs, config.service_cidrs,
                                extra_ports=(f for f in self._reserved if f.ip in self._extra_addresses))
+        await self._start_client_address()
+
+    async def _start_client_address(self) -> None:
+        """Decide once whether upstream sockets bind the client's address, before any route."""
+        if not self.config.keep_client_address:
+            return
+        if self._replies is not None:
+            await self._replies.start(await self._read_links())
+            problem = self._replies.problem
+        else:
+            problem = transparent_allowed()
+        if problem is not None:
+            self._client_address = f"node: {problem}"
+
+    async def _read_links(self) -> NodeLinks:
+        try:
+            return await read_links()
+        except (RepliesError, OSError) as exc:
+            log.warning("reading the node's links for pod subnets and bridges: %s", exc)
+            return NodeLinks((), ())
+
+    @property
+    def client_address(self) -> str:
+        """What endpoints see where kube-proxy keeps the client's address: "client", or why the node's."""
+        return self._client_address
+
+    @property
+    def _keeps_client(self) -> bool:
+        return self._client_address == "client"
 
     async def stop(
         self, grace: float = 0.0, *, abort: asyncio.Event | None = None, release: bool = True,
@@ -165,6 +202,8 @@ class Proxier:
         if release and keep_if is not None and await keep_if():
             release = False
         await self._host.stop(release=release)
+        if self._replies is not None:
+            await self._replies.stop(release=release)
         self._ctx = None
         self._stopped.set()
 
@@ -234,6 +273,8 @@ class Proxier:
         if self._host.unfiltered:
             found.append(self._host.unfiltered)
         found += self._node.problems
+        if self.config.keep_client_address and not self._keeps_client:
+            found.append(f"endpoints see the node's address, not the client's ({self._client_address[6:]})")
         if self._listeners is not None:
             found += self._listeners.problems()
         return found
@@ -315,6 +356,11 @@ class Proxier:
         local = await self._addresses.interface_addresses()
         selection = self._node.select(node, local)
         self._ctx.local_clients.set_node_addresses(local)
+        if self._keeps_client:
+            links = await self._read_links()
+            self._ctx.client_addresses.set_node(local, links.networks)
+            if self._replies is not None:
+                self._replies.set_bridges(links.bridges)
         self._host.set_node_addresses(local)
         return TableContext(
             node_name=self.node_name,
@@ -357,6 +403,7 @@ class Proxier:
         return FrontendRule(
             rule.port_name, rule.kind, rule.action, pool.states(rule.endpoints),
             pool.states(local) if local is not None else None, rule.affinity_timeout, rule.source_ranges,
+            rule.proxy_protocol,
         )
 
     def _pool(self, port_name: ServicePortName, affinity_timeout: int) -> ServicePortPool:
@@ -399,6 +446,10 @@ class Proxier:
     async def _reconcile(self, changes: list[RuleChange]) -> None:
         host = self._host
         await host.before_listeners()
+        if self._replies is not None and self._keeps_client:
+            self._replies.account(_endpoint_elements((c.frontend, c.old) for c in changes),
+                                  _endpoint_elements((c.frontend, c.new) for c in changes))
+            await self._replies.sync()
         listeners = self._listeners
         for count, change in enumerate(changes, 1):
             listeners.apply(change, self._route_for)
@@ -413,5 +464,19 @@ class Proxier:
             self._ctx.local_clients.set_vips(host.wanted)
 
     def _route_for(self, rule: FrontendRule) -> Route:
-        return Route(self._pools[rule.port_name], rule.endpoints, rule.local_client_endpoints)  # bound: _bind
+        external_local = rule.kind is not FrontendKind.CLUSTER_IP and rule.local_client_endpoints is not None
+        return Route(self._pools[rule.port_name], rule.endpoints, rule.local_client_endpoints,  # bound: _bind
+                     proxy_protocol=rule.proxy_protocol,
+                     keep=frontend_keep(rule.kind, external_local, self._keeps_client))
 
+
+def _endpoint_elements(changes) -> list[tuple[str, str, int]]:
+    """(address, protocol, port) of every endpoint a forwarding rule of ``changes`` names."""
+    found = []
+    for frontend, rule in changes:
+        if rule is None:
+            continue
+        proto = frontend.protocol.lower()
+        found += [(e.ip, proto, e.port) for e in rule.endpoints]
+        found += [(e.ip, proto, e.port) for e in rule.local_client_endpoints or ()]
+    return found

@@ -58,6 +58,9 @@ class Relays(Protocol):
     def tcp_relay(self) -> str: ...  # how bulk TCP bytes move: sockmap or splice, and why
 
     @property
+    def client_address(self) -> str: ...  # what endpoints see: "client", or "node: <why>"
+
+    @property
     def node_addresses(self) -> tuple[str, ...]: ...
 
     @property

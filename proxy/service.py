@@ -162,7 +162,8 @@ class ProxyService:
         return self.health.healthz(now) if path == "healthz" else self.health.livez(now)
 
     def status(self) -> dict[str, int | str]:
-        found: dict[str, int | str] = {"listeners": len(self.relays.listening), "tcpRelay": self.relays.tcp_relay}
+        found: dict[str, int | str] = {"listeners": len(self.relays.listening), "tcpRelay": self.relays.tcp_relay,
+                                       "clientAddress": self.relays.client_address}
         if isinstance(self.relays, ProxyWorkers):
             found["workers"] = self.relays.worker_status
         return found

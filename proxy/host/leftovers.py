@@ -1,6 +1,7 @@
 """What kubeport programs on a host, found and removed whole: its local routes (``table local
-proto 0x6b``, on any link), the ``inet kubeport`` nftables table, and the capture's policy
-rule and routing table (capture.py). kube-proxy's ``--cleanup`` does the same for its own
+proto 0x6b``, on any link), the ``inet kubeport`` nftables table, the tables that take
+replies to clients' addresses back (replies.py), and the capture's policy rule and routing
+table (capture.py). kube-proxy's ``--cleanup`` does the same for its own
 (``cmd/kube-proxy/app/server.go cleanupAndExit``, each proxier's ``CleanupLeftovers``).
 
 Blocking (netlink and two small commands): the CLI's ``--cleanup``, and once at a daemon's
@@ -13,7 +14,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from kubeport.proxy.host import capture, netlink
+from kubeport.proxy.host import capture, netlink, replies
 from kubeport.proxy.host.addresses import ADDRESS_PROTO
 from kubeport.proxy.host.netlink import RouteOp
 from kubeport.proxy.host.nftables import TABLE
@@ -26,10 +27,12 @@ class Leftovers:
     routes: dict[int, tuple[str, ...]] = field(default_factory=dict)  # link index -> VIPs
     nft_table: bool = False
     rules: tuple[str, ...] = ()  # "ip -4 rule" lines of the capture's rule
+    #: the client-reply tables present ("inet kubeport_replies", "bridge kubeport")
+    reply_tables: tuple[str, ...] = ()
     table_routes: tuple[str, ...] = ()  # "ip -4 route show table 27499" lines
 
     def __bool__(self) -> bool:
-        return bool(self.routes or self.nft_table or self.rules or self.table_routes)
+        return bool(self.routes or self.nft_table or self.rules or self.table_routes or self.reply_tables)
 
     def describe(self) -> list[str]:
         lines = []
@@ -39,6 +42,7 @@ class Leftovers:
                          f"proto {ADDRESS_PROTO:#x})")
         if self.nft_table:
             lines.append(f"nftables table {TABLE}")
+        lines += [f"nftables table {table}" for table in self.reply_tables]
         lines += [f"{_family_name(rule)} policy rule {rule.split(' ', 1)[1]}" for rule in self.rules]
         if self.table_routes:
             lines.append(f"routing table {capture.ROUTE_TABLE} ({len(self.table_routes)} "
@@ -60,9 +64,11 @@ def find(nft: str = "nft", ip: str = "ip") -> Leftovers:
         if proto == ADDRESS_PROTO:
             routes.setdefault(index, []).append(address)
     nft_table = False
+    reply_tables: tuple[str, ...] = ()
     if shutil.which(nft) is not None:
-        listed = _run([nft, "list", "tables"]).stdout
-        nft_table = f"table {TABLE}" in listed.splitlines()
+        listed = _run([nft, "list", "tables"]).stdout.splitlines()
+        nft_table = f"table {TABLE}" in listed
+        reply_tables = tuple(t for t in (replies.INET_TABLE, replies.BRIDGE_TABLE) if f"table {t}" in listed)
     rules: list[str] = []
     table_routes: list[str] = []
     if shutil.which(ip) is not None:
@@ -73,7 +79,7 @@ def find(nft: str = "nft", ip: str = "ip") -> Leftovers:
             shown = _run([ip, family, "route", "show", "table", str(capture.ROUTE_TABLE)]).stdout
             table_routes += [f"{family} {line.strip()}" for line in shown.splitlines() if line.strip()]
     return Leftovers({index: tuple(sorted(vips)) for index, vips in routes.items()}, nft_table,
-                     tuple(rules), tuple(table_routes))
+                     tuple(rules), tuple(table_routes), reply_tables)
 
 
 def remove(found: Leftovers, nft: str = "nft", ip: str = "ip") -> list[str]:
@@ -90,6 +96,10 @@ def remove(found: Leftovers, nft: str = "nft", ip: str = "ip") -> list[str]:
         done = _run([nft, "delete", "table", *TABLE.split()])
         lines.append(f"removed nftables table {TABLE}" if done.returncode == 0
                      else f"failed: nft delete table {TABLE}: {done.stderr.strip()}")
+    for table in found.reply_tables:
+        done = _run([nft, "delete", "table", *table.split()])
+        lines.append(f"removed nftables table {table}" if done.returncode == 0
+                     else f"failed: nft delete table {table}: {done.stderr.strip()}")
     if found.rules or found.table_routes:
         for argv in capture.teardown_commands():
             argv = [ip, *argv[1:]]

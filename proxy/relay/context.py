@@ -11,12 +11,18 @@ from collections import deque
 from typing import Callable, Iterable
 
 from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
+from kubeport.proxy.clientaddress import ClientAddresses
 from kubeport.proxy.config import ProxyConfig
 from kubeport.proxy.relay.kernel_relays import KernelRelays
 from kubeport.proxy.relay.pipes import PipePool
 from kubeport.proxy.relay.poller import EdgePoller
 from kubeport.proxy.relay.reserve import DescriptorReserve
 from kubeport.proxy.relay.sockmap import open_sockmap
+
+
+_IP_TRANSPARENT = getattr(_socket, "IP_TRANSPARENT", 19)
+_IPV6_TRANSPARENT = 75
+_IP_BIND_ADDRESS_NO_PORT = getattr(_socket, "IP_BIND_ADDRESS_NO_PORT", 24)
 
 
 class LocalClients:
@@ -148,6 +154,8 @@ class RelayContext:
         #: the batched datagram buffers of every UDP frontend (udp.py), made with the first one.
         self.udp_batches: tuple | None = None
         self.local_clients = LocalClients(config.cluster_networks)
+        #: whose address a connection's upstream side binds (clientaddress.py)
+        self.client_addresses = ClientAddresses(config.cluster_cidrs)
         self.timeouts = ConnectTimeouts(loop, config.connect_timeout)
         #: every live TCP relay, for draining at shutdown.
         self.conns: set = set()
@@ -162,6 +170,21 @@ class RelayContext:
         self.kernel = None
         if sockmap is not None:
             self.kernel = KernelRelays(self, sockmap, config.sockmap_queue_limit, config.sockmap_sweep_interval)
+
+    def bind_client_address(self, upstream: _socket.socket, family: int, client_ip: str) -> None:
+        """Bind ``upstream`` to the client's address, its port left to connect(): the kernel then
+        picks one that makes the four-tuple unique (the client's own port may be taken towards
+        the same endpoint by another of its connections through another Service)."""
+        if family == _socket.AF_INET6:
+            upstream.setsockopt(_socket.IPPROTO_IPV6, _IPV6_TRANSPARENT, 1)
+            if "." in client_ip and not client_ip.startswith("::ffff:"):
+                client_ip = "::ffff:" + client_ip
+        else:
+            upstream.setsockopt(_socket.IPPROTO_IP, _IP_TRANSPARENT, 1)
+            if client_ip.startswith("::ffff:"):
+                client_ip = client_ip[7:]
+        upstream.setsockopt(_socket.IPPROTO_IP, _IP_BIND_ADDRESS_NO_PORT, 1)
+        upstream.bind((client_ip, 0))
 
     def conn_closed(self, conn) -> None:
         self.conns.discard(conn)

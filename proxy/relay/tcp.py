@@ -28,6 +28,7 @@ from enum import Enum
 
 from kubeport.lib.lograte import limit_repeats
 from kubeport.proxy.balancer import EndpointState, Route
+from kubeport.proxy.proxyprotocol import send_header
 from kubeport.proxy.relay.context import RelayContext
 from kubeport.proxy.relay.direction import Direction
 from kubeport.proxy.relay.poller import EDGE_INPUT, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EPOLLRDHUP
@@ -124,6 +125,16 @@ class Conn:
             return
         self.backend = backend
         self.backend_fd = backend.fileno()
+        keep = self.route.keep
+        if keep and self.ctx.client_addresses.keeps(keep, self.client_ip, endpoint.ip):
+            try:
+                self.ctx.bind_client_address(backend, family, self.client_ip)
+            except OSError as exc:
+                # The client's address cannot be bound (gone, or no privilege): the node's then.
+                log.debug("upstream of %s from the node's address: %s", self.client_ip, exc)
+                backend.close()
+                backend = self.backend = self.ctx.backend_socket(family, _STREAM_NONBLOCK, self.proto)
+                self.backend_fd = backend.fileno()
         if not self.proto:
             # Relayed bytes go out as they come; the client side inherits this from the listener.
             backend.setsockopt(_IPPROTO_TCP, _TCP_NODELAY, 1)
@@ -179,6 +190,17 @@ class Conn:
         self.ctx.conn_closed(self)
 
     def _connected(self, backend_events: int) -> None:
+        if self.route.proxy_protocol:  # the header goes first, before any relayed byte
+            try:
+                client_address = self.client.getpeername()
+            except OSError:  # the client has gone already
+                self._give_up()
+                return
+            try:
+                send_header(self.client, self.backend, client_address)
+            except OSError as exc:  # the backend reset at once: as a failed connect
+                self._connect_failed(exc.errno or errno.EIO)
+                return
         self.state = RELAYING
         if self.timeout_token:
             self.ctx.timeouts.cancel(self.timeout_token)

@@ -259,8 +259,16 @@ class UdpListener:
         endpoint = route.balancer.pick(candidates, keys, client_ip, now)
         if endpoint is None:
             return None
-        sock = socket.socket(socket.AF_INET6 if endpoint.family == 6 else socket.AF_INET, _DGRAM_NONBLOCK)
+        family = socket.AF_INET6 if endpoint.family == 6 else socket.AF_INET
+        sock = socket.socket(family, _DGRAM_NONBLOCK)
         try:
+            if route.keep and self.ctx.client_addresses.keeps(route.keep, client_ip, endpoint.ip):
+                try:
+                    self.ctx.bind_client_address(sock, family, client_ip)
+                except OSError as exc:  # the node's address then
+                    log.debug("UDP flow of %s from the node's address: %s", client_ip, exc)
+                    sock.close()
+                    sock = socket.socket(family, _DGRAM_NONBLOCK)
             sock.connect(endpoint.sockaddr)
         except OSError as exc:
             sock.close()

@@ -377,6 +377,10 @@ class ProxyWorkers:
         return self._local.tcp_relay
 
     @property
+    def client_address(self) -> str:  # this process programs the replies' tables for every worker
+        return self._local.client_address
+
+    @property
     def worker_status(self) -> str:
         """One line for `kubeport get status`: the relay processes and those adopted."""
         live = [c for c in self._children if not c.stopped.done()]

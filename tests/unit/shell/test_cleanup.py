@@ -45,6 +45,8 @@ def test_stale_files_are_the_pods_files_and_interrupted_writes_not_the_state(tmp
                      ["nftables table inet kubeport",
                       "IPv4 policy rule 27499: from all fwmark 0x100000/0x100000 lookup 27499",
                       "routing table 27499 (1 route)"], id="table_rule_and_routing_table"),
+        pytest.param(Leftovers(reply_tables=("inet kubeport_replies", "bridge kubeport")),
+                     ["nftables table inet kubeport_replies", "nftables table bridge kubeport"], id="reply_tables"),
     ],
 )
 def test_leftovers_described(found, lines):
