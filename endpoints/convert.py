@@ -294,3 +294,15 @@ def pod_info(pod: model.Pod) -> PodInfo:
             for c in status.container_statuses),
         created=_rfc3339(meta.creation_timestamp),
     )
+
+
+def service_cidrs(obj: model.ServiceCIDR) -> tuple[str, ...]:
+    """A ServiceCIDR's spec.cidrs, canonical; a value that does not parse is left out (the
+    API server validated it; a manifest's is refused before it gets here)."""
+    found = []
+    for value in obj.spec.cidrs:
+        try:
+            found.append(str(ipaddress.ip_network(value.strip(), strict=False)))
+        except ValueError:
+            continue
+    return tuple(found)

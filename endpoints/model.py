@@ -346,6 +346,61 @@ class Namespace(ApiModel):
     metadata: ObjectMeta
 
 
+# --- networking.k8s.io/v1 ServiceCIDR (KEP-1880, MultiCIDRServiceAllocator) ------------------
+
+#: the API server's default ServiceCIDR, made from --service-cluster-ip-range
+#: (pkg/controlplane/controller/defaultservicecidr)
+DEFAULT_SERVICE_CIDR_NAME = "kubernetes"
+
+
+class ServiceCIDRSpec(ApiModel):
+    cidrs: list[str] = Field(default_factory=list, alias="cidrs")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_list(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("cidrs", []) is None:
+            data = {**data, "cidrs": []}
+        return data
+
+
+class ServiceCIDRCondition(ApiModel):
+    type: str
+    status: str
+    reason: str | None = None
+    message: str | None = None
+
+
+class ServiceCIDRStatus(ApiModel):
+    conditions: list[ServiceCIDRCondition] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_list(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("conditions", []) is None:
+            data = {**data, "conditions": []}
+        return data
+
+
+class ServiceCIDR(ApiModel):
+    api_version: str = "networking.k8s.io/v1"
+    kind: Literal["ServiceCIDR"] = "ServiceCIDR"
+    metadata: ObjectMeta
+    spec: ServiceCIDRSpec = Field(default_factory=ServiceCIDRSpec)
+    status: ServiceCIDRStatus = Field(default_factory=ServiceCIDRStatus)
+
+    @property
+    def ready(self) -> bool:
+        """Its Ready condition, true when it has none: the allocator's ``isReady``
+        (pkg/registry/core/service/ipallocator/cidrallocator.go), which assumes a
+        ServiceCIDR without the condition is ready so allocation works without the
+        controller manager."""
+        for condition in self.status.conditions:
+            if condition.type == "Ready":
+                return condition.status == "True"
+        return True
+
+
 # --- core/v1 Pod (manifest mode: what the EndpointSlice controller and `pods verified` read) ---
 
 
@@ -482,16 +537,17 @@ class PodAddresses(ApiModel):
     status: _PodAddressesStatus = Field(default_factory=_PodAddressesStatus)
 
 
-KubeObject = Union[Service, EndpointSlice, Node, Namespace, Pod, PodAddresses]
+KubeObject = Union[Service, EndpointSlice, Node, Namespace, Pod, PodAddresses, ServiceCIDR]
 KIND_MODELS: dict[str, type[ApiModel]] = {
     "Service": Service,
     "EndpointSlice": EndpointSlice,
     "Node": Node,
     "Namespace": Namespace,
     "Pod": Pod,
+    "ServiceCIDR": ServiceCIDR,
 }
 #: Kinds without a namespace: their metadata.namespace is not meaningful.
-CLUSTER_SCOPED_KINDS = frozenset({"Node", "Namespace"})
+CLUSTER_SCOPED_KINDS = frozenset({"Node", "Namespace", "ServiceCIDR"})
 
 AnyKubeObject = Annotated[KubeObject, Field(discriminator="kind")]
 

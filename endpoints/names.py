@@ -193,6 +193,18 @@ def is_valid_cidr(value: str) -> list[str]:
     return []
 
 
+def is_canonical_cidr(value: str) -> list[str]:
+    """IsValidCIDR of k8s.io/apimachinery ``pkg/util/validation/ip.go`` for new fields (a
+    ServiceCIDR's): a valid CIDR, written as the network (no host bits set) in canonical form."""
+    problems = is_valid_cidr(value)
+    if problems:
+        return problems
+    network = ipaddress.ip_network(value.strip(), strict=False)
+    if value != str(network):
+        return [f'must be in canonical form ("{network}")']
+    return []
+
+
 _LINK_LOCAL_MULTICAST = (ipaddress.ip_network("224.0.0.0/24"), ipaddress.ip_network("ff02::/16"))
 _UNSPECIFIED = "may not be unspecified ({})"
 _LOOPBACK = "may not be in the loopback range (127.0.0.0/8, ::1/128)"

@@ -9,6 +9,7 @@ the subscribers (proxy, DNS). A no-op update publishes nothing.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections import Counter
@@ -56,6 +57,7 @@ class ClusterState:
         pod_slices: PodSlices | None = None,
         required_kinds: Iterable[str] = REQUIRED_KINDS,
         clock: Callable[[], float] = time.time,
+        service_cidrs: Iterable[str] = (),
     ) -> None:
         """
         :param node_name: this node (its Node object gives zone and addresses).
@@ -64,6 +66,8 @@ class ClusterState:
         :param slice_transform: applied to every service's slices when building its state.
         :param pod_slices: the slices of services with a selector, from the Pods upserted;
             added to the slices upserted for the service, before ``slice_transform``.
+        :param service_cidrs: ``--service-cluster-ip-range``, the default ServiceCIDR: the
+            snapshots' ``service_cidrs`` are these and every ServiceCIDR object's.
         """
         self.node_name = node_name
         self._clock = clock
@@ -97,8 +101,11 @@ class ClusterState:
         self._dirty: set[ServiceName] = set()
         self._nodes_dirty = False
         self._namespaces_dirty = False
+        self._flag_cidrs = tuple(str(ipaddress.ip_network(c)) for c in service_cidrs)
+        #: ServiceCIDR name -> its spec.cidrs
+        self._service_cidrs: dict[str, tuple[str, ...]] = {}
 
-        self._snapshot = Snapshot(generation=0)
+        self._snapshot = Snapshot(generation=0, service_cidrs=self._flag_cidrs)
         self._published = asyncio.Event()
 
         #: where each change is also recorded (the last applied state, kept for a restart)
@@ -130,7 +137,7 @@ class ClusterState:
         value: Any
         # Cluster-scoped kinds are held under "" (keys(), the last applied state): the model
         # defaults metadata.namespace to "default", as kubectl does for a namespaced object.
-        cluster_scoped = isinstance(obj, (model.Node, model.Namespace))
+        cluster_scoped = isinstance(obj, (model.Node, model.Namespace, model.ServiceCIDR))
         key = ("" if cluster_scoped else obj.metadata.namespace or "", obj.metadata.name)
         if isinstance(obj, model.Service):
             value = convert.service_info(obj)
@@ -150,6 +157,9 @@ class ClusterState:
         elif isinstance(obj, model.Namespace):
             value = tuple(sorted(obj.metadata.labels.items()))
             self._upsert_namespace(obj.metadata.name, value)
+        elif isinstance(obj, model.ServiceCIDR):
+            value = convert.service_cidrs(obj)
+            self._service_cidrs[obj.metadata.name] = value
         else:  # pragma: no cover - the type union is closed
             raise TypeError(f"unsupported object {type(obj).__name__}")
         if self._unconfirmed:
@@ -185,6 +195,8 @@ class ClusterState:
                 self._explicit_namespaces.discard(name)
                 self._namespace_labels.pop(name, None)
                 self._namespaces_dirty = True
+        elif kind == "ServiceCIDR":
+            self._service_cidrs.pop(name, None)
         elif kind == "Pod":
             held_pod = self._pods.pop((namespace, name), None)
             if held_pod is not None:
@@ -203,6 +215,8 @@ class ClusterState:
             return {("", n) for n in self._explicit_namespaces}
         if kind == "Pod":
             return set(self._pods)
+        if kind == "ServiceCIDR":
+            return {("", n) for n in self._service_cidrs}
         raise ValueError(kind)
 
     def mark_synced(self, kind: str) -> None:
@@ -223,10 +237,11 @@ class ClusterState:
         call (a consistent moment, at C speed), the entries made as they are read."""
         return self._entries_of(list(self._services.items()), list(self._slices.items()),
                                 list(self._nodes.items()), list(self._pods.items()),
-                                [(name, self._namespace_labels.get(name, ())) for name in self._explicit_namespaces])
+                                [(name, self._namespace_labels.get(name, ())) for name in self._explicit_namespaces],
+                                list(self._service_cidrs.items()))
 
     @staticmethod
-    def _entries_of(services, slices, nodes, pods, namespaces) -> Iterator[Entry]:
+    def _entries_of(services, slices, nodes, pods, namespaces, service_cidrs=()) -> Iterator[Entry]:
         for name, info in services:
             yield "Service", (name.namespace, name.name), info
         for key, (owner, info) in slices:
@@ -237,6 +252,8 @@ class ClusterState:
             yield "Pod", key, pod
         for name, labels in namespaces:
             yield "Namespace", ("", name), labels
+        for name, cidrs in service_cidrs:
+            yield "ServiceCIDR", ("", name), cidrs
 
     def restore(self, saved: Saved) -> None:
         """Hold what ``saved`` holds until the source's first sync confirms or replaces it;
@@ -252,6 +269,8 @@ class ClusterState:
                 self._upsert_pod(value)
             elif kind == "Namespace":
                 self._upsert_namespace(name, value)
+            elif kind == "ServiceCIDR":
+                self._service_cidrs[name] = value
             else:
                 continue
             self._unconfirmed.setdefault(kind, set()).add((namespace, name))
@@ -301,10 +320,14 @@ class ClusterState:
         if synced:
             self._restored_at = None
         pods_changed, self._pods_dirty = self._pods_dirty, False
+        service_cidrs = self._service_ranges()
+        if service_cidrs == previous.service_cidrs:
+            service_cidrs = previous.service_cidrs
         if not changed and not node_changed and not nodes_dirty and namespaces == previous.namespaces \
                 and namespace_labels is previous.namespace_labels \
                 and synced == previous.synced and not pods_changed \
-                and (None if synced else self._restored_at) == previous.restored_at:
+                and (None if synced else self._restored_at) == previous.restored_at \
+                and service_cidrs is previous.service_cidrs:
             return None
         services = previous.services
         if changed:
@@ -323,12 +346,20 @@ class ClusterState:
             changed=frozenset(changed),
             node_changed=node_changed,
             changed_at=changed_at,
+            service_cidrs=service_cidrs,
         )
         self._published.set()
         self._published = asyncio.Event()
         return self._snapshot
 
     # --- internals ------------------------------------------------------------------
+
+    def _service_ranges(self) -> tuple[str, ...]:
+        """The flag's ranges, then each ServiceCIDR's by name, each range once."""
+        ranges = dict.fromkeys(self._flag_cidrs)
+        for name in sorted(self._service_cidrs):
+            ranges.update(dict.fromkeys(self._service_cidrs[name]))
+        return tuple(ranges)
 
     def _note_arrival(self) -> None:
         if self._pending_since is None:

@@ -353,6 +353,10 @@ class Snapshot:
     #: wall-clock time the oldest change in this snapshot arrived from the source; the
     #: start of kube-proxy's network programming latency. None for the empty snapshot.
     changed_at: float | None = None
+    #: the service ranges: --service-cluster-ip-range (the default ServiceCIDR) and every
+    #: ServiceCIDR's spec.cidrs, including one being deleted (its Services still hold its
+    #: addresses), each once, canonical, the flag's first (KEP-1880)
+    service_cidrs: tuple[str, ...] = ()
 
     @property
     def servable(self) -> bool:

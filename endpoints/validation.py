@@ -20,6 +20,7 @@ or a ClusterIP.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 
 from kubeport.endpoints import model, names
@@ -43,6 +44,7 @@ __all__ = [
     "validate_namespace",
     "validate_node",
     "validate_service",
+    "validate_service_cidr",
 ]
 
 TRAFFIC_DISTRIBUTIONS = ("PreferClose", "PreferSameZone", "PreferSameNode")
@@ -64,6 +66,8 @@ def validate(obj: model.KubeObject, cluster_ip_owners: Mapping[str, str] | None 
         return validate_node(obj)
     if isinstance(obj, model.Pod):
         return validate_pod(obj)
+    if isinstance(obj, model.ServiceCIDR):
+        return validate_service_cidr(obj)
     return validate_namespace(obj)
 
 
@@ -358,6 +362,40 @@ def validate_node(node: model.Node) -> list[FieldError]:
 def validate_namespace(namespace: model.Namespace) -> list[FieldError]:
     return _validate_meta(namespace.metadata, names.is_dns1123_label, namespaced=False)
 
+
+
+# --- ServiceCIDR ----------------------------------------------------------------------------
+
+
+def validate_service_cidr(cidr: model.ServiceCIDR) -> list[FieldError]:
+    """``pkg/apis/networking/validation/validation.go`` ValidateServiceCIDR: one or two CIDRs,
+    one per family, each valid and canonical (``IsValidCIDR`` of k8s.io/apimachinery
+    ``pkg/util/validation/ip.go``). Overlapping ServiceCIDRs are valid there (KEP-1880: a
+    range can be grown by adding a larger one that contains it), and so they are here."""
+    errors = _validate_meta(cidr.metadata, names.is_dns1123_subdomain, namespaced=False)
+    cidrs = cidr.spec.cidrs
+    path = "spec.cidrs"
+    if not cidrs:
+        return errors + [required(path, "at least one CIDR required")]
+    if len(cidrs) > 2:
+        return errors + [invalid(path, cidrs, "may only hold up to 2 values")]
+    if len(cidrs) == 2 and not _dual_stack_cidrs(cidrs):
+        return errors + [invalid(path, cidrs,
+                                 "may specify no more than one IP for each IP family, i.e 192.168.0.0/24 and 2001:db8::/64")]
+    for i, value in enumerate(cidrs):
+        errors += [invalid(f"{path}[{i}]", value, msg) for msg in names.is_canonical_cidr(value)]
+    return errors
+
+
+def _dual_stack_cidrs(cidrs: Sequence[str]) -> bool:
+    """netutils.IsDualStackCIDRStrings: both parse, and their families differ."""
+    families = []
+    for value in cidrs:
+        try:
+            families.append(ipaddress.ip_network(value.strip(), strict=False).version)
+        except ValueError:
+            return False
+    return len(set(families)) == len(families)
 
 
 # --- Pod: what the EndpointSlice controller reads ------------------------------------------

@@ -59,6 +59,7 @@ class Proxier:
         firewall: Firewall | None = None,
         affinity_factory=default_affinity_factory,
         relay: bool = True,
+        replies: ClientReplies | None = None,
         hold: HeldSockets = NOT_HELD,
     ) -> None:
         self.config = config
@@ -71,10 +72,12 @@ class Proxier:
             config.vip_interface)
         if firewall is None and config.firewall:
             firewall = NftFirewall()
+            if replies is None and config.keep_client_address:
+                replies = ClientReplies()
         self._host = HostState(self._addresses, firewall)
         #: the process that programs the host also takes replies to clients' addresses back to
         #: the relays (relay workers only bind them: their parent programs the tables)
-        self._replies = ClientReplies() if firewall is not None and config.keep_client_address else None
+        self._replies = replies
         #: where the client's address is kept: "client", or "node: <why>" (status)
         self._client_address = "node: --no-keep-client-address" if not config.keep_client_address else "client"
         self._affinity_factory = affinity_factory
@@ -330,6 +333,7 @@ class Proxier:
             changed = snapshot.changed_since(self._snapshot)
         changes: list[RuleChange] = []
         host = self._host
+        host.set_service_cidrs(snapshot.service_cidrs)  # ServiceCIDRs come and go (KEP-1880)
         for count, name in enumerate(sorted(changed, key=_by_name), 1):
             service_changes = self._update_service(name, snapshot, table_ctx)
             if service_changes:

@@ -160,11 +160,13 @@ def _allow_elements(frontend: Frontend, sources: Iterable[str]) -> list[str]:
 
 
 def _by_family(cidrs: Iterable[str]) -> dict[int, list[str]]:
-    found: dict[int, list[str]] = {4: [], 6: []}
+    """Per family, the ranges merged: nft refuses overlapping elements of an interval set, and
+    ServiceCIDRs may overlap each other and the flag's range (KEP-1880 grows a range that way)."""
+    networks: dict[int, list] = {4: [], 6: []}
     for cidr in cidrs:
         network = ipaddress.ip_network(cidr, strict=False)
-        found[network.version].append(str(network))
-    return found
+        networks[network.version].append(network)
+    return {family: [str(n) for n in ipaddress.collapse_addresses(found)] for family, found in networks.items()}
 
 
 def _vip_members(vips: Vips) -> dict[str, list[str]]:
@@ -297,6 +299,8 @@ class Firewall(Protocol):
     capturing: bool
 
     async def start(self, cluster_cidrs: Iterable[str], service_cidrs: Iterable[str] = ()) -> None: ...
+    #: the service ranges now (ServiceCIDRs come and go); True when they changed
+    def set_service_cidrs(self, service_cidrs: Iterable[str]) -> bool: ...
     #: nft is there: the rules are programmed (else every port of a VIP reaches the node's sockets).
     enabled: bool
 
@@ -349,6 +353,16 @@ class NftFirewall:
                       "no policy routing for their ports: %s", exc)
             return
         self.capturing = True
+
+    def set_service_cidrs(self, service_cidrs: Iterable[str]) -> bool:
+        """Take the service ranges now; the next sync writes the table whole when they changed
+        (a ServiceCIDR added or gone is rare, and one batch keeps the change atomic)."""
+        wanted = tuple(service_cidrs)
+        if not self.enabled or wanted == self._service_cidrs:
+            return False
+        self._service_cidrs = wanted
+        self._current = None
+        return True
 
     async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
                    captured: CaptureSet | None = None, vips: Vips = NO_VIPS) -> None:

@@ -61,6 +61,8 @@ class HostState:
         #: set while nothing keeps the VIPs' other ports from the node's wildcard sockets; not
         #: in ``problems``, which a full sync retries.
         self.unfiltered: str | None = None
+        #: --service-cluster-ip-range, always in the services4/6 sets whatever a snapshot says
+        self._flag_service_cidrs: tuple[str, ...] = ()
 
     async def start(self, extra_addresses: frozenset[str], cluster_cidrs: Iterable[str],
                     service_cidrs: Iterable[str] = (), extra_ports: Iterable[Frontend] = ()) -> None:
@@ -69,6 +71,7 @@ class HostState:
         ``extra_ports``: what is served on the extra addresses."""
         self._extra = extra_addresses
         self._extra_ports = frozenset(extra_ports)
+        self._flag_service_cidrs = tuple(service_cidrs)
         self._to_add |= extra_addresses - self._held
         self.wanted_version += 1
         await self._add_addresses()
@@ -77,6 +80,16 @@ class HostState:
             if not self._firewall.enabled:
                 self.unfiltered = ("no nftables: every port of a ClusterIP reaches the node's sockets bound to "
                                    "0.0.0.0 or :: (install nft)")
+
+    def set_service_cidrs(self, service_cidrs: Iterable[str]) -> None:
+        """The service ranges of a snapshot (the flag's and the ServiceCIDR objects', KEP-1880):
+        what the node routes on to an unallocated address in them is dropped, as kube-proxy's
+        nftables mode follows ServiceCIDRs. Synced with the next firewall sync."""
+        if self._firewall is None:
+            return
+        wanted = tuple(dict.fromkeys((*self._flag_service_cidrs, *service_cidrs)))
+        if self._firewall.set_service_cidrs(wanted):
+            self._firewall_dirty = True
 
     def set_node_addresses(self, addresses: Iterable[str]) -> None:
         node = frozenset(addresses)

@@ -78,6 +78,23 @@ def namespace(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
+def service_cidr(name: str, *cidrs: str, ready: bool = True) -> dict[str, Any]:
+    """A ServiceCIDR as ``kubectl get servicecidr NAME -o yaml`` prints it once the servicecidrs
+    controller (pkg/controller/servicecidrs) has added its finalizer and Ready condition."""
+    condition = {"lastTransitionTime": "2025-05-06T10:00:00Z", "message": "Kubernetes Service CIDR is ready",
+                 "reason": "", "status": "True", "type": "Ready"}
+    if not ready:  # the controller's condition while a deleted range still has addresses in use
+        condition.update(status="False", reason="Terminating",
+                         message="There are still IPAddresses referencing the ServiceCIDR, please remove them "
+                                 "or create a new ServiceCIDR")
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+            "metadata": {"creationTimestamp": "2025-05-06T10:00:00Z",
+                         "finalizers": ["networking.k8s.io/service-cidr-finalizer"], "generation": 1,
+                         "name": name, "resourceVersion": "1201", "uid": "0a5e6b7c-1f2d-4c3b-9a8e-7d6c5b4a3f21"},
+            "spec": {"cidrs": list(cidrs)},
+            "status": {"conditions": [condition]}}
+
+
 def to_model(obj: dict[str, Any]) -> model.KubeObject:
     return model.KIND_MODELS[obj["kind"]].model_validate(obj)  # type: ignore[return-value]
 

@@ -81,6 +81,13 @@ class FakeFirewall:
     #: tests set it False: a host without policy routing (externalIPs become addresses).
     can_capture = True
 
+    def set_service_cidrs(self, service_cidrs: Iterable[str]) -> bool:
+        wanted = tuple(service_cidrs)
+        if not self.enabled or wanted == self.service_cidrs:
+            return False
+        self.service_cidrs = wanted
+        return True
+
     async def sync(self, desired: DropSet, allowed: AllowSet | None = None,
                    captured: CaptureSet | None = None, vips: Vips = NO_VIPS) -> None:
         self.vips = vips

@@ -245,3 +245,43 @@ def test_changed_at_is_when_the_oldest_change_of_the_batch_arrived():
     assert state.commit().changed_at == 100.0
     state.upsert(service("api", clusterIP="10.96.0.22"))  # next batch: 101
     assert state.commit().changed_at == 101.0
+
+
+# --- the service ranges: the flag's and the ServiceCIDRs' (KEP-1880) ---------------------------
+
+def _ranges_after(steps, flag=("10.96.0.0/28",)):
+    state = synced_state(service_cidrs=flag)
+    state.commit()
+    for step in steps:
+        if isinstance(step, str):
+            state.delete("ServiceCIDR", "", step)
+        else:
+            state.upsert(api.to_model(step))
+    state.commit()
+    return state.snapshot.service_cidrs
+
+
+@pytest.mark.parametrize(("steps", "expected"), [
+    pytest.param([], ("10.96.0.0/28",), id="flag_only"),
+    pytest.param([api.service_cidr("extra", "10.97.0.0/24")], ("10.96.0.0/28", "10.97.0.0/24"), id="added"),
+    pytest.param([api.service_cidr("b", "10.98.0.0/24"), api.service_cidr("a", "10.97.0.0/24", "fd00:97::/112")],
+                 ("10.96.0.0/28", "10.97.0.0/24", "fd00:97::/112", "10.98.0.0/24"), id="by_name_dual_stack"),
+    pytest.param([api.service_cidr("kubernetes", "10.96.0.0/28")], ("10.96.0.0/28",), id="default_once"),
+    pytest.param([api.service_cidr("extra", "10.97.0.0/24"), "extra"], ("10.96.0.0/28",), id="deleted"),
+    pytest.param([api.service_cidr("gone", "10.97.0.0/24", ready=False)], ("10.96.0.0/28", "10.97.0.0/24"),
+                 id="terminating_still_a_service_range"),
+])
+def test_snapshot_carries_the_service_ranges(steps, expected):
+    assert _ranges_after(steps) == expected
+
+
+def test_a_service_cidr_alone_publishes_a_snapshot_and_is_journaled():
+    state = synced_state(service_cidrs=["10.96.0.0/28"])
+    first = state.commit()
+    state.upsert(api.to_model(api.service_cidr("extra", "10.97.0.0/24")))
+    second = state.commit()
+    assert second is not None and second.generation == first.generation + 1
+    assert second.changed == frozenset() and second.services is first.services
+    assert ("ServiceCIDR", ("", "extra"), ("10.97.0.0/24",)) in list(state.entries())
+    assert state.keys("ServiceCIDR") == {("", "extra")}
+    assert state.commit() is None  # nothing more changed

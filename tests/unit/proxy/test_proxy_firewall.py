@@ -250,3 +250,32 @@ async def test_nft_firewall_sends_only_the_changed_vip_elements():
     await firewall.sync({}, vips=Vips(frozenset({"10.96.0.20"}), frozenset({CIP, CIP_DNS})))
     assert len(scripts) == 2 and scripts[0].startswith("table inet kubeport {}\ndelete table inet kubeport\n")
     assert scripts[1] == "add element inet kubeport vipports4 { 10.96.0.10 . udp . 53 }\n"
+
+
+@pytest.mark.parametrize(("service_cidrs", "expected4"), [
+    pytest.param(["10.96.0.0/28", "10.97.0.0/24"], "10.96.0.0/28, 10.97.0.0/24", id="apart"),
+    pytest.param(["10.96.0.0/12", "10.96.0.0/24"], "10.96.0.0/12", id="contained__merged"),
+    pytest.param(["10.96.0.0/25", "10.96.0.128/25"], "10.96.0.0/24", id="adjacent__merged"),
+])
+def test_service_ranges_are_merged__nft_refuses_overlapping_interval_elements(service_cidrs, expected4):
+    lines = render_setup([], service_cidrs=service_cidrs).splitlines()
+    assert f"  set services4 {{ type ipv4_addr; flags interval; elements = {{ {expected4} }}; }}" in lines
+
+
+async def test_service_ranges_changed__the_next_sync_writes_the_table_whole():
+    scripts: list[str] = []
+
+    async def run(script: str) -> None:
+        scripts.append(script)
+
+    firewall = NftFirewall(nft="sh", run=run)
+    firewall.enabled = True  # as start() leaves it, without its policy routing
+    assert firewall.set_service_cidrs(["10.96.0.0/28"]) is True
+    await firewall.sync({CIP: False})
+    assert firewall.set_service_cidrs(["10.96.0.0/28"]) is False  # the same: nothing to write
+    await firewall.sync({CIP: False})
+    assert len(scripts) == 1
+    assert firewall.set_service_cidrs(["10.96.0.0/28", "10.97.0.0/24"]) is True
+    await firewall.sync({CIP: False})
+    assert len(scripts) == 2 and scripts[1].startswith("table inet kubeport {}\ndelete table inet kubeport\n")
+    assert "elements = { 10.96.0.0/28, 10.97.0.0/24 }" in scripts[1]

@@ -268,3 +268,21 @@ async def test_without_nft__a_problem_line_says_the_node_sockets_are_exposed():
         assert any("reaches the node's sockets bound to 0.0.0.0" in p for p in proxier.problems)
     finally:
         await proxier.stop()
+
+
+@on_uvloop
+async def test_service_ranges_follow_the_snapshot__the_flag_s_always_kept():
+    """kube-proxy's nftables mode drops traffic to unallocated addresses of every ServiceCIDR
+    (KEP-1880): a range a snapshot adds reaches the firewall, one it drops leaves it, and the
+    configured --service-cluster-ip-range stays whatever a snapshot says."""
+    from dataclasses import replace
+
+    async with running_proxier(service_cidrs=("10.96.0.0/28",)) as (proxier, _, firewall, backends):
+        first = await apply_states(proxier, [web(await backends.tcp("a"))])
+        assert firewall.service_cidrs == ("10.96.0.0/28",)
+        added = replace(first, generation=first.generation + 1, changed=frozenset(),
+                        service_cidrs=("10.96.0.0/28", "10.97.0.0/24"))
+        await proxier.apply(added)
+        assert firewall.service_cidrs == ("10.96.0.0/28", "10.97.0.0/24")
+        await proxier.apply(replace(added, generation=added.generation + 1, service_cidrs=()))
+        assert firewall.service_cidrs == ("10.96.0.0/28",)
