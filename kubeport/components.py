@@ -43,7 +43,8 @@ def build_state(config: KubeportConfiguration) -> ClusterState:
     if not manifest_mode and config.dns.pods == "verified":
         required = required | {"Pod"}
     return ClusterState(config.hostname_override, implicit_namespaces=manifest_mode,
-                        slice_transform=transform, pod_slices=pod_slices, required_kinds=required)
+                        slice_transform=transform, pod_slices=pod_slices, required_kinds=required,
+                        service_cidrs=[str(cidr) for cidr in config.service_cluster_ip_range])
 
 
 #: what each kind of source imports as it is built and started
