@@ -62,11 +62,14 @@ show in_ns a1 dig +short @10.96.0.10 web.demo.svc.cluster.local A
 show in_ns a1 dig +short @10.96.0.10 _http._tcp.web.demo.svc.cluster.local SRV
 show in_ns a1 dig +short @10.96.0.10 db.demo.svc.cluster.local A
 
-step "curl the ClusterIP $web_ip from pod a1: answered by different pods"
+step "curl the ClusterIP $web_ip from pod a1 (10.244.1.11): answered by different pods, who see a1 (a1 answering itself sees the node: kube-proxy masquerades hairpin traffic)"
 for _ in 1 2 3 4 5 6; do show in_ns a1 curl -s --max-time 2 "http://$web_ip/"; done
 
-step "curl the NodePort 192.168.50.11:30080 from the client outside the cluster"
+step "curl the NodePort 192.168.50.11:30080 from the client outside the cluster: pods see node-a"
 for _ in 1 2 3 4; do show in_ns client curl -s --max-time 2 http://192.168.50.11:30080/; done
+
+step "curl the externalTrafficPolicy Local NodePort 192.168.50.11:30081: node-a's pods, who see the client"
+for _ in 1 2 3 4; do show in_ns client curl -s --max-time 2 http://192.168.50.11:30081/; done
 
 step "Done. kubeport's log:"
 tail -n 5 "$work/kubeport.log"

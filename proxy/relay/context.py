@@ -19,7 +19,6 @@ from kubeport.proxy.relay.poller import EdgePoller
 from kubeport.proxy.relay.reserve import DescriptorReserve
 from kubeport.proxy.relay.sockmap import open_sockmap
 
-
 _IP_TRANSPARENT = getattr(_socket, "IP_TRANSPARENT", 19)
 _IPV6_TRANSPARENT = 75
 _IP_BIND_ADDRESS_NO_PORT = getattr(_socket, "IP_BIND_ADDRESS_NO_PORT", 24)

@@ -14,7 +14,18 @@ import signal
 
 import pytest
 
-from support.netns import CommandFailed, KubeportDaemon, dig_in, kubeport, spawn_in, stop_process, until_sync
+from support.netns import (
+    CommandFailed,
+    KubeportDaemon,
+    curl_in,
+    dig_in,
+    http_url,
+    kubeport,
+    parse_pod_reply,
+    spawn_in,
+    stop_process,
+    until_sync,
+)
 from support.netns.apiserver import status
 from support.netns.daemon import kubeport_bin, problems_of
 from support.netns.manifests import DAEMON_ARGS
@@ -72,6 +83,13 @@ def test_a_killed_daemon_refuses_no_connection_and_loses_no_query(topology, pods
     assert queries["dns_lost"] == 0, queries["errors"]       # each answered within DNS_TIMEOUT (3 s)
     assert daemon.running and second != first
     assert "was killed by SIGKILL; starting it again" in daemon.log_text()
+    # The flows crossed the restart with the client's address kept: the endpoints see pod a1.
+    assert status(topology.node("a"))["proxy"]["clientAddress"] == "client"
+    def seen_by_another_pod() -> str | None:  # a1 answering itself sees the node (hairpin)
+        name, client = parse_pod_reply(curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")))
+        return client if name != "a1" else None
+
+    assert until_sync(seen_by_another_pod, "an endpoint other than a1", 10) == topology.pod_info("a", 1).ip(4)
     # SIGTERM to the supervisor stops the daemon as without it.
     assert daemon.stop() == 0
     print(f"\nacross the kill: {counts['tcp_ok'] - before['tcp_ok']} connections, none refused "
