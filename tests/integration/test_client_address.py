@@ -84,7 +84,8 @@ def test_direct_pod_traffic_on_the_bridge_still_works(cluster, topology, pod_of)
 
 def test_outside_client_to_local_node_port__endpoint_sees_the_client(cluster, topology, pod_of):
     write(cluster, "local",
-          service("local", [LOCAL], [dict(PORTS[0], nodePort=LOCAL_NODE_PORT), dict(PORTS[1], nodePort=LOCAL_UDP_NODE_PORT)],
+          service("local", [LOCAL],
+                  [dict(PORTS[0], nodePort=LOCAL_NODE_PORT), dict(PORTS[1], nodePort=LOCAL_UDP_NODE_PORT)],
                   type="NodePort", externalTrafficPolicy="Local"),
           endpoint_slice("local-1", "local", SLICE_PORTS, [endpoint(pod_of("a2")), endpoint(pod_of("b1"))]))
     assert _seen_by(topology.client, NODE_A, LOCAL_NODE_PORT, "a2") == CLIENT
