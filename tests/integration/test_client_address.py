@@ -14,8 +14,8 @@ import pytest
 
 from support.netns import CommandFailed, curl_in, http_url, parse_pod_reply, run_in, udp_request, until_sync
 from support.netns.daemon import status_api
-from support.netns.manifests import endpoint, endpoint_slice, node, service, write
-from support.netns.policies import HTTP_SLICE_PORT, UDP_SLICE_PORT, daemons_on
+from support.netns.manifests import endpoint, endpoint_slice, node, service, start_daemon, write
+from support.netns.policies import FAST_STOP, HTTP_SLICE_PORT, UDP_SLICE_PORT
 
 pytestmark = pytest.mark.integration
 
@@ -28,10 +28,19 @@ SLICE_PORTS = (HTTP_SLICE_PORT, UDP_SLICE_PORT)
 LOCAL_NODE_PORT, LOCAL_UDP_NODE_PORT, CLUSTER_NODE_PORT = 30260, 30262, 30261
 
 
-@pytest.fixture(scope="module")
-def cluster(topology, pods, tmp_path_factory):
-    with daemons_on(topology, tmp_path_factory, [node(topology, "a"), node(topology, "b")], on=("a", "b")) as m:
-        yield m
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-relay-workers"])
+def cluster(request, topology, pods, tmp_path_factory):
+    """Both nodes' daemons; node-a's with relay workers in the second run (the workers bind the
+    client's address, their parent programs the replies' tables)."""
+    manifests, state = tmp_path_factory.mktemp("manifests"), tmp_path_factory.mktemp("state")
+    write(manifests, "nodes", node(topology, "a"), node(topology, "b"))
+    daemons = [start_daemon(topology, "a", manifests, state, *FAST_STOP, "--workers", str(request.param)),
+               start_daemon(topology, "b", manifests, state, *FAST_STOP)]
+    try:
+        yield manifests
+    finally:
+        for daemon in daemons:
+            daemon.stop()
 
 
 def _one_endpoint(cluster, pod, name: str = "one") -> None:
