@@ -66,6 +66,12 @@ class DnsConfig:
     #: random order per query (CoreDNS forward ``policy random``), those down skipped.
     #: None: the host's /etc/resolv.conf, see :func:`default_upstreams`.
     upstreams: tuple[Upstream, ...] | None = None
+    #: Stub domains: (zone, its upstreams) sorted by zone, a name under a zone forwarded to
+    #: that zone's upstreams instead (the longest zone wins), as a CoreDNS server block per
+    #: zone with its own ``forward`` and ``cache`` (what NodeLocal DNSCache writes for the
+    #: kube-dns ConfigMap's ``stubDomains``, kubernetes/dns cmd/node-cache/app/configmap.go
+    #: getStubDomainStr). A mapping zone -> ["IP[:PORT]", ...] is accepted and normalized.
+    stub_domains: tuple[tuple[str, tuple[Upstream, ...]], ...] = ()
     #: Addresses to listen on, UDP and TCP (already local addresses of the node).
     addresses: tuple[str, ...] = ("10.96.0.10",)
     #: Port on every address; 0 picks one free port (tests), the same for every listener.
@@ -141,6 +147,7 @@ class DnsConfig:
         _zones(self.fallthrough, "DnsConfig.fallthrough")
         if self.upstreams is not None:
             object.__setattr__(self, "upstreams", tuple(_upstream(u) for u in self.upstreams))
+        object.__setattr__(self, "stub_domains", _stub_domains(self.stub_domains, zone))
         addresses = tuple(self.addresses)
         for address in addresses:
             _ip(address, "DnsConfig.addresses")
@@ -204,6 +211,8 @@ class DnsConfig:
                   if name not in NOT_SERVER_SETTINGS}
         upstreams = values.get("upstreams")
         values["upstreams"] = tuple(parse_upstream(u) for u in upstreams) if upstreams else None  # type: ignore[union-attr]
+        if "stub_domains" in values:
+            values["stub_domains"] = tuple(values["stub_domains"].items())  # type: ignore[union-attr]
         values["addresses"] = tuple(addresses)
         for name in ("cache_max_ttl", "cache_max_negative_ttl"):
             if name in values:
@@ -219,7 +228,74 @@ SETTING_FIELDS = {
     "forward_expire": "upstream_expire",
 }
 #: DnsSettings the daemon uses around the server (how long it answers after SIGTERM)
-NOT_SERVER_SETTINGS = frozenset({"lame_duck"})
+#: and whether it reads the kube-dns ConfigMap (the shell watches it; see kubeport.dns.kubedns)
+NOT_SERVER_SETTINGS = frozenset({"lame_duck", "kube_dns_config_map"})
+
+
+def _stub_domains(value: object, cluster_zone: str) -> tuple[tuple[str, tuple[Upstream, ...]], ...]:
+    """Normalized stub domains: zones lower-cased without the trailing dot, each once, sorted."""
+    items = value.items() if isinstance(value, Mapping) else value
+    found: dict[str, tuple[Upstream, ...]] = {}
+    for item in items:  # type: ignore[union-attr]
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise DnsConfigError(f"DnsConfig.stub_domains: {item!r} is not (zone, servers)")
+        text, servers = item
+        zone = check_stub_zone(str(text), cluster_zone, "DnsConfig.stub_domains")
+        if zone in found:
+            raise DnsConfigError(f"DnsConfig.stub_domains: zone {zone!r} is given twice")
+        if isinstance(servers, str) or not servers:
+            raise DnsConfigError(f"DnsConfig.stub_domains[{zone}]: {servers!r}: a stub domain needs a list of "
+                                 "at least one IP[:PORT]")
+        try:
+            found[zone] = tuple(dict.fromkeys(_upstream(server) for server in servers))
+        except DnsConfigError as error:
+            raise DnsConfigError(f"DnsConfig.stub_domains[{zone}]: {str(error).removeprefix('DnsConfig.upstreams: ')}") \
+                from None
+    return tuple(sorted(found.items()))
+
+
+#: a domain name as kube-dns validates a stub domain (k8s.io/apimachinery validation
+#: IsDNS1123Subdomain, in kubernetes/dns pkg/dns/config/config.go validateStubDomains);
+#: upper case is accepted here and lowered, as DNS names compare
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_stub_zone(text: str, cluster_zone: str, field_name: str) -> str:
+    """A stub domain's zone, normalized; DnsConfigError naming ``field_name`` and the value.
+    The root is refused (that is the default upstreams), and so is the cluster zone or a zone
+    under it (kube-dns: a stub domain cannot be the cluster domain; its names are answered
+    here, never forwarded)."""
+    zone = text.strip().rstrip(".").lower()
+    if not zone:
+        raise DnsConfigError(f"{field_name}: {text!r}: the root zone is the default upstreams' (upstreams), not a "
+                             "stub domain")
+    if len(zone) > 253 or not _DNS_SUBDOMAIN.fullmatch(zone) or any(len(label) > 63 for label in zone.split(".")):
+        raise DnsConfigError(f"{field_name}: {text!r} is not a domain name (RFC 1123 subdomain)")
+    if zone == cluster_zone or zone.endswith("." + cluster_zone):
+        raise DnsConfigError(f"{field_name}: {text!r} is in the cluster zone {cluster_zone}, which is answered "
+                             "here, never forwarded")
+    return zone
+
+
+def parse_stub_domains(text: str) -> dict[str, list[str]]:
+    """The ``--dns-stub-domain`` syntax: ``ZONE=SERVER[;SERVER...][,ZONE=...]``, each SERVER an
+    ``IP``, ``IP:PORT``, ``[IPv6]:PORT`` or a bare IPv6 address. ``,`` and ``;`` never occur in
+    a server or a zone, so neither needs quoting. DnsConfigError names the bad part."""
+    found: dict[str, list[str]] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        zone, equals, servers = entry.partition("=")
+        names = [server.strip() for server in servers.split(";") if server.strip()]
+        if not equals or not zone.strip() or not names:
+            raise DnsConfigError(f"{entry!r}: expected ZONE=IP[:PORT][;IP[:PORT]...]")
+        key = zone.strip().rstrip(".").lower()
+        if key in found:
+            raise DnsConfigError(f"{entry!r}: zone {key!r} is given twice")
+        for name in names:
+            parse_upstream(name)
+        found[key] = names
+    return found
 
 
 def _zones(texts: Iterable[str], field_name: str) -> tuple[tuple[str, ...], ...]:
@@ -252,7 +328,7 @@ def _upstream(value: object) -> Upstream:
 
 
 def parse_upstream(text: str) -> Upstream:
-    """``IP``, ``IP:PORT``, ``[IPv6]:PORT`` or a bare IPv6 address -> (ip, port)."""
+    """``IP``, ``IP:PORT``, ``[IPv6]:PORT``, ``[IPv6]`` or a bare IPv6 address -> (ip, port)."""
     text = text.strip()
     host, port = text, 53
     if text.startswith("["):

@@ -5,7 +5,12 @@ Labels follow CoreDNS's, with values chosen for one kubeport DNS server:
 
 - ``server``: ``dns://:<port>``, as CoreDNS names a ``.:53`` server block;
 - ``zone``: ``.`` — kubeport is one server block for every name, like the default
-  Corefile (the cluster zone and forwarding under ``.:53``); the cache's ``zones`` is ``.`` too;
+  Corefile (the cluster zone and forwarding under ``.:53``); the cache's ``zones`` is ``.`` too,
+  except ``coredns_cache_entries``, which has a series per stub domain (``zones="consul.local."``)
+  since each has its own cache, as NodeLocal DNSCache's server block per stub domain (the hit,
+  miss, stale and prefetch counters stay summed under ``.``);
+- ``to``: the upstream asked, ``IP:PORT`` or ``[IPv6]:PORT``, stub domains' and default
+  upstreams' alike (CoreDNS forward's label);
 - ``view``: empty, as CoreDNS without the ``view`` plugin;
 - ``family``: ``1`` (IPv4) or ``2`` (IPv6), from the listen addresses. Counters are not
   kept per family, so with listeners of both families the label is empty;
@@ -257,10 +262,11 @@ def _add_upstream_cache(families: dict[str, Any], server: DnsServer, own: list[s
     families["coredns_cache_requests"].add_metric(cache_block, stats.cache_misses + sum(hits.values()))
     families["coredns_cache_served_stale"].add_metric(cache_block, stats.served_stale)
     families["coredns_cache_prefetch"].add_metric(cache_block, stats.prefetches)
-    cache = server.forwarder.cache
-    negative = cache.negative_entries()
-    families["coredns_cache_entries"].add_metric([*own, "success", ZONE, NO_VIEW], len(cache) - negative)
-    families["coredns_cache_entries"].add_metric([*own, "denial", ZONE, NO_VIEW], negative)
+    for zone, forwarder in server.forwarders:  # a cache per stub domain, as a server block each
+        cache = forwarder.cache
+        negative = cache.negative_entries()
+        families["coredns_cache_entries"].add_metric([*own, "success", zone, NO_VIEW], len(cache) - negative)
+        families["coredns_cache_entries"].add_metric([*own, "denial", zone, NO_VIEW], negative)
 
 
 def _add_forward(families: dict[str, Any], stats: DnsStats) -> None:

@@ -19,12 +19,16 @@ import logging
 import socket
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping
 
 from kubeport.dns.answer import Answerer, Forward
 from kubeport.dns.config import DnsConfig, default_upstreams, search_domains
 from kubeport.dns.forward.forwarder import Forwarder, StoredMessage, UpstreamCache
 from kubeport.dns.forward.policy import FORWARD_DEADLINE
+from kubeport.dns.forward.zones import ZoneRoutes, zone_key
+from kubeport.dns.kubedns import NAME as KUBE_DNS_NAME
+from kubeport.dns.kubedns import NAMESPACE as KUBE_DNS_NAMESPACE
+from kubeport.dns.kubedns import KubeDnsConfig, KubeDnsConfigError, merged, parse_kube_dns
 from kubeport.dns.lookup import qtype_name
 from kubeport.dns.records import RecordIndex, programming_kinds
 from kubeport.dns.stats import DnsStats, ProgrammingHistogram
@@ -51,6 +55,12 @@ class DnsServer:
     def __init__(self, config: DnsConfig, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, hold: HeldSockets = NOT_HELD):
         config = _with_host_search(config)
+        #: the configuration as given (flags, file); ``config`` is it with the kube-dns
+        #: ConfigMap's settings merged in (:mod:`.kubedns`)
+        self._given = config
+        self._kube_dns = KubeDnsConfig()
+        self._kube_dns_problem: str | None = None
+        self._reconfiguring = asyncio.Lock()
         self.config = config
         #: the listening sockets are opened through it (adopted after a crash, else bound and kept)
         self._hold = hold
@@ -62,7 +72,7 @@ class DnsServer:
         self._started = clock()
         self._snapshot: Snapshot | None = None
         self.answerer = Answerer(config, self._index, self.stats, timer=monotonic, clock=monotonic)
-        self.forwarder = self._make_forwarder(config)
+        self.forwarders = self._make_forwarders(config)
         self._udp: list[UdpServing] = []
         self._listening = False
         self._tcp: list[asyncio.Server] = []
@@ -75,16 +85,32 @@ class DnsServer:
         self._refreshing: set[bytes] = set()
         self.port = config.port
 
-    def _make_forwarder(self, config: DnsConfig) -> Forwarder:
+    @property
+    def forwarder(self) -> Forwarder:
+        """The default upstreams' forwarder (every name under no stub domain)."""
+        return self.forwarders.default
+
+    def _make_forwarders(self, config: DnsConfig) -> ZoneRoutes[Forwarder]:
+        """One forwarder, with its own cache, health and concurrency cap, per stub domain and
+        one for the rest: CoreDNS's server block per zone, each with ``forward`` and ``cache``."""
         upstreams = config.upstreams if config.upstreams is not None else default_upstreams()
+        default = self._make_forwarder(config, upstreams, ".")
+        return ZoneRoutes(default, {zone_key(zone): self._make_forwarder(config, servers, zone)
+                                    for zone, servers in config.stub_domains})
+
+    def _make_forwarder(self, config: DnsConfig, upstreams: tuple[tuple[str, int], ...], zone: str) -> Forwarder:
         own = {(address, config.port) for address in config.addresses}
         looping = [u for u in upstreams if u in own]
         if looping:
-            log.warning("dns: ignoring upstreams %s: they are this server (a forwarding loop)", looping)
+            log.warning("dns: ignoring upstreams %s of zone %s: they are this server (a forwarding loop)",
+                        looping, zone)
         remaining = tuple(u for u in upstreams if u not in own)
-        if not remaining:
+        if not remaining and zone == ".":
             log.warning("dns: no upstream resolver: every name outside %s (and unknown reverse names) "
                         "will be answered SERVFAIL; set dns.upstreams (--upstream)", config.zone)
+        elif not remaining:
+            log.warning("dns: no upstream resolver for the stub domain %s: its names will be answered SERVFAIL",
+                        zone)
         cache = UpstreamCache(config.cache_size, config.cache_max_ttl, config.cache_max_negative_ttl,
                               serve_stale=config.serve_stale)
         return Forwarder(remaining, timeout=config.upstream_timeout, cache=cache, stats=self.stats,
@@ -121,7 +147,7 @@ class DnsServer:
                 await self.stop()
                 raise
         if self.forwarder.closed:  # stopped before (a rebind, a failed bind)
-            self.forwarder = self._make_forwarder(self.config)
+            self.forwarders = self._make_forwarders(self.config)
 
     async def _bind_all(self) -> None:
         loop = asyncio.get_running_loop()
@@ -173,8 +199,7 @@ class DnsServer:
             await server.wait_closed()
         self._tcp.clear()
         self._udp.clear()
-        self.forwarder.close()
-        await self.forwarder.wait_closed()
+        await self._close_forwarders()
 
     # --- data -----------------------------------------------------------------------
 
@@ -206,10 +231,42 @@ class DnsServer:
         if not self._listening:
             await self.start()
 
+    async def _close_forwarders(self) -> None:
+        forwarders = [forwarder for _, forwarder in self.forwarders]
+        for forwarder in forwarders:
+            forwarder.close()
+        for forwarder in forwarders:
+            await forwarder.wait_closed()
+
     @property
     def problems(self) -> list[str]:
-        """None: a name it cannot answer is an answer (SERVFAIL, NXDOMAIN), not a problem."""
-        return []
+        """An unusable kube-dns ConfigMap (its last good settings kept); otherwise none: a name
+        it cannot answer is an answer (SERVFAIL, NXDOMAIN), not a problem."""
+        return [self._kube_dns_problem] if self._kube_dns_problem is not None else []
+
+    def kube_dns_changed(self, data: Mapping[str, str] | None) -> None:
+        """The kube-dns ConfigMap's ``data`` as listed or watched (None: there is none): its
+        stub domains and upstream nameservers applied from the next query on, merged with the
+        given configuration (:func:`.kubedns.merged`). Data that does not parse is a problem,
+        and the last good settings stay, as kube-dns and NodeLocal DNSCache ignore such an
+        update."""
+        try:
+            cluster = parse_kube_dns(data, self._given.zone)
+        except KubeDnsConfigError as error:
+            problem = (f"ConfigMap {KUBE_DNS_NAMESPACE}/{KUBE_DNS_NAME}: {error}; keeping the last good settings "
+                       f"({self._kube_dns.describe()})")
+            if problem != self._kube_dns_problem:
+                log.error("dns: %s", problem)
+            self._kube_dns_problem = problem
+            return
+        if self._kube_dns_problem is not None:
+            log.info("dns: ConfigMap %s/%s: usable again", KUBE_DNS_NAMESPACE, KUBE_DNS_NAME)
+            self._kube_dns_problem = None
+        if cluster == self._kube_dns:
+            return
+        log.info("dns: ConfigMap %s/%s: %s", KUBE_DNS_NAMESPACE, KUBE_DNS_NAME, cluster.describe())
+        self._kube_dns = cluster
+        self._spawn(self.reconfigure(self._given))
 
     @property
     def synced(self) -> bool:
@@ -221,19 +278,25 @@ class DnsServer:
         return self._listening
 
     def set_ttl(self, ttl: int) -> None:
+        self._given = self._given.with_changes(ttl=ttl)
         self._reconfigure_data(self.config.with_changes(ttl=ttl))
 
     async def reconfigure(self, config: DnsConfig) -> None:
-        """Apply a new configuration; listeners are rebound only if addresses/port changed."""
-        config = _with_host_search(config)
+        """Apply a new configuration (as given: the kube-dns ConfigMap's settings are merged in
+        here); listeners are rebound only if addresses/port changed."""
+        async with self._reconfiguring:
+            await self._reconfigure(config)
+
+    async def _reconfigure(self, config: DnsConfig) -> None:
+        self._given = config = _with_host_search(config)
+        config = merged(config, self._kube_dns)
         rebind = (config.addresses, config.port) != (self.config.addresses, self.config.port)
         was_listening = self._listening
         if rebind:
             await self.stop()
         if _forwarding(config) != _forwarding(self.config):
-            self.forwarder.close()
-            await self.forwarder.wait_closed()
-            self.forwarder = self._make_forwarder(config)
+            await self._close_forwarders()
+            self.forwarders = self._make_forwarders(config)
         self._reconfigure_data(config)
         if rebind:
             self.port = config.port
@@ -259,14 +322,15 @@ class DnsServer:
         cd = bool(query.flags & CD)
         key = Forwarder.cache_key(forward.question, do=do, cd=cd)
         now = self._monotonic()
-        stored = self.forwarder.cached(key, now, stale=self.config.serve_stale > 0)
+        forwarder = self.forwarders.route(forward.labels)
+        stored = forwarder.cached(key, now, stale=self.config.serve_stale > 0)
         stale = None
         if stored is not None:
             if now < stored.expires:
                 config = self.config
                 if config.prefetch and now >= stored.prefetch_at(config.prefetch_percentage) and \
                         stored.counts_towards_prefetch(now, config.prefetch_duration, config.prefetch):
-                    self._refresh(forward, key, do=do, cd=cd, prefetch=True)
+                    self._refresh(forwarder, forward, key, do=do, cd=cd, prefetch=True)
                 send(self.answerer.relay_stored(forward, stored, now))
                 return
             stale = stored
@@ -274,15 +338,15 @@ class DnsServer:
                 # CoreDNS cache handler.go: the stale item at TTL 0 now, a prefetch behind it
                 self.stats.served_stale += 1
                 send(self.answerer.relay(forward, stale.stale()))
-                self._refresh(forward, key, do=do, cd=cd)
+                self._refresh(forwarder, forward, key, do=do, cd=cd)
                 return
-        if self.forwarder.busy:
+        if forwarder.busy:
             self.stats.forward_refused += 1
             send(self.answerer.reply_raw(query, forward.tcp, question_reply(
                 query, REFUSED, self.config.edns_udp_size, authoritative=False), REFUSED, forward.request_size))
             return
         task = asyncio.get_running_loop().create_task(
-            self._resolve(forward, send, key, do=do, cd=cd, started=now, stale=stale))
+            self._resolve(forwarder, forward, send, key, do=do, cd=cd, started=now, stale=stale))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -301,11 +365,12 @@ class DnsServer:
                 key = Forwarder.cache_key(step.question, do=bool(query.edns and query.edns.do),
                                           cd=bool(query.flags & CD))
                 now = self._monotonic()
-                stored = self.forwarder.cache.lookup(key, now)
+                forwarder = self.forwarders.route(step.labels)
+                stored = forwarder.cache.lookup(key, now)
                 if stored is not None:
                     message: bytes | None = stored.aged(now)
                 else:
-                    message = await self.forwarder.resolve(step.question, do=bool(query.edns and query.edns.do),
+                    message = await forwarder.resolve(step.question, do=bool(query.edns and query.edns.do),
                                                            cd=bool(query.flags & CD), tcp=step.tcp)
                 step = self.answerer.autopath_step(step, message)
         except Exception:  # a bug must cost one SERVFAIL, not the client's silence
@@ -318,10 +383,11 @@ class DnsServer:
         send(step)
         self.stats.observe(qtype_name(forward.query.qtype), self._monotonic() - started)
 
-    def _refresh(self, forward: Forward, key: bytes, *, do: bool, cd: bool, prefetch: bool = False) -> None:
+    def _refresh(self, forwarder: Forwarder, forward: Forward, key: bytes, *, do: bool, cd: bool,
+                 prefetch: bool = False) -> None:
         """Ask upstream for a stale or soon expiring entry in the background, once at a time
         per question; the answer only refreshes the cache."""
-        if key in self._refreshing or self.forwarder.busy:
+        if key in self._refreshing or forwarder.busy:
             return
         self._refreshing.add(key)
         if prefetch:
@@ -329,7 +395,7 @@ class DnsServer:
 
         async def refresh() -> None:
             try:
-                await self.forwarder.resolve(forward.question, do=do, cd=cd, tcp=forward.tcp)
+                await forwarder.resolve(forward.question, do=do, cd=cd, tcp=forward.tcp)
             except Exception:
                 self.stats.panics += 1
                 log.exception("dns: refreshing %s failed", forward.labels)
@@ -340,12 +406,12 @@ class DnsServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _resolve(self, forward: Forward, send: Send, key: bytes, *, do: bool, cd: bool,
-                       started: float, stale: StoredMessage | None = None) -> None:
+    async def _resolve(self, forwarder: Forwarder, forward: Forward, send: Send, key: bytes, *, do: bool,
+                       cd: bool, started: float, stale: StoredMessage | None = None) -> None:
         """Forward and relay; ``stale`` (serve_stale verify) is answered at TTL 0 instead when
         upstream gives no NOERROR or NXDOMAIN (CoreDNS cache verifyStaleResponseWriter)."""
         try:
-            message = await self.forwarder.resolve(forward.question, do=do, cd=cd, tcp=forward.tcp)
+            message = await forwarder.resolve(forward.question, do=do, cd=cd, tcp=forward.tcp)
         except Exception:  # a bug must cost one SERVFAIL, not the client's silence
             self.stats.panics += 1
             log.exception("dns: forwarding %s failed", forward.labels)
@@ -356,7 +422,7 @@ class DnsServer:
             send(self.answerer.relay(forward, stale.stale()))
             self.stats.observe(qtype_name(forward.query.qtype), now - started)
             return
-        stored = self.forwarder.cache.lookup(key, now) if message is not None else None
+        stored = forwarder.cache.lookup(key, now) if message is not None else None
         if stored is not None:  # cached: relay it so that its reply is kept encoded too
             send(self.answerer.relay_stored(forward, stored, now))
         else:
@@ -374,7 +440,7 @@ def _with_host_search(config: DnsConfig) -> DnsConfig:
 
 
 def _forwarding(config: DnsConfig) -> tuple[object, ...]:
-    return (config.upstreams, config.upstream_timeout, config.cache_size, config.cache_max_ttl,
+    return (config.upstreams, config.stub_domains, config.upstream_timeout, config.cache_size, config.cache_max_ttl,
             config.cache_max_negative_ttl, config.max_concurrent_forwards, config.edns_udp_size, config.upstream_expire,
             config.serve_stale)
 

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
-from kubeport.dns.config import DnsConfig, DnsConfigError, parse_upstream
+from kubeport.dns.config import DnsConfig, DnsConfigError, parse_stub_domains, parse_upstream
 from kubeport.dns.selectors import SelectorError, parse_selector
 from kubeport.lib.durations import Duration
 
@@ -37,6 +37,15 @@ class DnsSettings(BaseModel):
         default_factory=list,
         description="IP[:PORT] upstream resolvers; default the host's resolv.conf minus loopback stubs.",
     )
+    stub_domains: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Stub domains: zone -> IP[:PORT] upstreams asked for the names under it instead of `upstreams` "
+        "(the longest zone wins), each zone with its own cache (CoreDNS `consul.local { forward . IP }`, kube-dns "
+        "`stubDomains`). The flag writes `ZONE=IP[:PORT][;IP...][,ZONE=...]`.")
+    kube_dns_config_map: bool = Field(
+        True, description="With an API server: read `stubDomains` and `upstreamNameservers` of the ConfigMap "
+        "kube-system/kube-dns and follow its changes, as NodeLocal DNSCache does; zones and upstreams given here "
+        "win. A change needs a restart.")
     ttl: int = Field(5, ge=0, le=3600, description="TTL of cluster records (CoreDNS `ttl`).")
     pods: Literal["disabled", "insecure", "verified"] = Field("disabled", description="CoreDNS `pods` mode.")
     endpoint_pod_names: bool = Field(
@@ -127,6 +136,38 @@ class DnsSettings(BaseModel):
         except DnsConfigError as exc:
             raise ValueError(str(exc).partition(": ")[2]) from None
         return values
+
+    @field_validator("stub_domains", mode="before")
+    @classmethod
+    def _stub_domain_flags(cls, value: object) -> object:
+        """The flag's values (a list of ``ZONE=SERVER[;SERVER...][,...]``) into the mapping."""
+        if not isinstance(value, list):
+            return value
+        found: dict[str, list[str]] = {}
+        for text in value:
+            try:
+                parsed = parse_stub_domains(str(text))
+            except DnsConfigError as exc:
+                raise ValueError(str(exc)) from None
+            for zone, servers in parsed.items():
+                if zone in found:
+                    raise ValueError(f"zone {zone!r} is given twice")
+                found[zone] = servers
+        return found
+
+    @field_validator("stub_domains")
+    @classmethod
+    def _stub_domains(cls, value: dict[str, list[str]], info: ValidationInfo) -> dict[str, list[str]]:
+        zone = str(info.data.get("cluster_domain", "cluster.local"))
+        try:
+            DnsConfig(upstreams=(), zone=zone or "cluster.local", stub_domains=value)  # type: ignore[arg-type]
+        except DnsConfigError as exc:
+            message = str(exc).removeprefix("DnsConfig.stub_domains: ")
+            if message.startswith("DnsConfig.stub_domains["):  # "...[zone]: detail" -> "zone zone: detail"
+                zone_name, _, detail = message.removeprefix("DnsConfig.stub_domains[").partition("]: ")
+                message = f"zone {zone_name}: {detail}"
+            raise ValueError(message) from None
+        return value
 
     @field_validator("upstreams")
     @classmethod

@@ -104,6 +104,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                      help="refresh upstream answers asked AMOUNT times in the last 10%% of their TTL "
                           "(CoreDNS cache prefetch; default 0: never)")
     run.add_argument("--upstream", metavar="IP[:PORT]", action="append", help="upstream resolver (repeatable)")
+    run.add_argument("--dns-stub-domain", metavar="ZONE=IP[:PORT][;IP[:PORT]...][,ZONE=...]", action="append",
+                     help="forward the names under ZONE to these servers instead of the upstreams, the longest "
+                          "zone winning (kube-dns stubDomains; IPv6 as [ADDR]:PORT; repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
     run.add_argument("--state-dir", metavar="DIR")
     run.add_argument("--hold-sockets", action="store_const", const=True, default=None,
@@ -195,6 +198,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.ttl": ("--dns-ttl",),
     "dns.pods": ("--pods",),
     "dns.upstreams": ("--upstream",),
+    "dns.stubDomains": ("--dns-stub-domain",),
     "dns.endpointPodNames": ("--endpoint-pod-names",),
     "dns.namespaces": ("--dns-namespaces",),
     "dns.ignoreEmptyService": ("--ignore-empty-service",),

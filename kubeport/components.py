@@ -13,6 +13,7 @@ from kubeport.endpoints.interfaces import Source
 from kubeport.endpoints.state import REQUIRED_KINDS, ClusterState
 
 if TYPE_CHECKING:  # the parts are imported when built: `kubeport check` needs neither
+    from kubeport.consumers import DnsConsumer
     from kubeport.dns.config import DnsConfig
     from kubeport.dns.server import DnsServer
     from kubeport.proxy.service import ProxyService
@@ -69,16 +70,21 @@ def import_source_modules(config: KubeportConfiguration) -> None:
     auth_modules()  # kubernetes_asyncio's credential modules, without its API models
 
 
-def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry) -> Source:
+def build_source(config: KubeportConfiguration, state: ClusterState, registry: CollectorRegistry,
+                 dns: DnsConsumer | None = None) -> Source:
+    """``dns``: given an API server, it follows the kube-dns ConfigMap (``dns.kubeDnsConfigMap``)."""
     if config.source_kind != "manifests":
+        from kubeport.dns.kubedns import NAME, NAMESPACE
         from kubeport.endpoints.apiserver.source import ApiServerSource
 
+        follow_kube_dns = dns is not None and config.dns.kube_dns_config_map
         source = ApiServerSource(
             state,
             kubeconfig=config.client_connection.kubeconfig,
             in_cluster=config.in_cluster,
             node_name=config.hostname_override,
             pods=pod_scope(config),
+            config_maps=((NAMESPACE, NAME, dns.kube_dns_changed),) if follow_kube_dns else (),  # type: ignore[union-attr]
         )
         registry.register(source.collector())
         return source
@@ -176,6 +182,8 @@ async def apply_live(
         if running.source_kind != "manifests" and pod_scope(new) != pod_scope(running):
             log.warning("configuration: the Pods read from the API server (%s, now %s) change only with a restart",
                         pod_scope(running), pod_scope(new))
+        if running.source_kind != "manifests" and new.dns.kube_dns_config_map != running.dns.kube_dns_config_map:
+            log.warning("configuration: dns.kubeDnsConfigMap changes only with a restart")
         if dns_server is not None:
             await dns_server.reconfigure(dns_config(new))
         applied["dns"] = new.dns

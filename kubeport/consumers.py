@@ -9,7 +9,7 @@ Implementations: :class:`~kubeport.proxy.service.ProxyService`,
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from kubeport.endpoints.interfaces import Consumer
 from kubeport.endpoints.types import NodeInfo
@@ -61,6 +61,10 @@ class DnsConsumer(Consumer, Protocol):
 
     @property
     def listening(self) -> bool:
+        ...
+
+    def kube_dns_changed(self, data: Mapping[str, str] | None) -> None:
+        """The kube-dns ConfigMap's data (None: there is none), as listed or watched."""
         ...
 
     async def stop(self, lame_duck: float = 0.0, *, hand_over: bool = False) -> None:

@@ -114,7 +114,7 @@ class Daemon:
         # modules (aiohttp) and the manifest source's (the reader, the allocation store) would
         # come before the first answer.
         try:
-            source = None if restored else components.build_source(config, self.state, self.registry)
+            source = None if restored else components.build_source(config, self.state, self.registry, dns)
         except components.ComponentError as exc:
             raise DaemonError(str(exc)) from exc
         view.source = source

@@ -31,9 +31,17 @@ from kubeport.dns.forward.udp import UdpChannel, Upstream, open_udp_channel, ups
 from kubeport.dns.stats import DnsStats
 from kubeport.dns.wire import RCODE_NAMES, TC
 
-__all__ = ["Forwarder", "MIN_TTL", "SERVFAIL_TTL", "StoredMessage", "UpstreamCache", "upstream_query", "without_opt"]
+__all__ = ["Forwarder", "upstream_label", "MIN_TTL", "SERVFAIL_TTL", "StoredMessage", "UpstreamCache", "upstream_query", "without_opt"]
 
 log = logging.getLogger(__name__)
+
+def upstream_label(upstream: Upstream) -> str:
+    """The ``to`` label of an upstream's metrics: ``IP:PORT``, ``[IPv6]:PORT`` (CoreDNS's
+    proxy address, net.JoinHostPort in plugin/pkg/parse HostPortOrFile), one per upstream,
+    whichever zone's forwarder asks it."""
+    host, port = upstream
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
 
 #: ``. IN NS``: CoreDNS forward's health check question
 ROOT_NS = b"\x00\x00\x02\x00\x01"
@@ -123,7 +131,7 @@ class Forwarder:
                    timeout: float) -> bytes | None:
         """The upstream's message, or None when it timed out; raises OSError or EOFError
         when it failed (refused by ICMP, connection reset or closed early)."""
-        name = f"{upstream[0]}:{upstream[1]}"
+        name = upstream_label(upstream)
         self.stats.forward_requests[name] += 1
         started = time.monotonic()
         try:
@@ -155,7 +163,7 @@ class Forwarder:
         socket is a hit, one that opens it a miss (health checks are not counted, as in
         CoreDNS, whose checks dial on their own)."""
         counter = self.stats.forward_conn_cache_hits if reused else self.stats.forward_conn_cache_misses
-        counter[(f"{upstream[0]}:{upstream[1]}", proto)] += 1
+        counter[(upstream_label(upstream), proto)] += 1
 
     def _counted_tcp(self, upstream: Upstream, reused: bool) -> None:
         self._count_connection(upstream, "tcp", reused)
@@ -184,7 +192,7 @@ class Forwarder:
                 async with asyncio.timeout(min(CHECK_TIMEOUT, self.timeout)):
                     await self._ask_udp(upstream, ROOT_NS, do=False, cd=False)
             except (TimeoutError, OSError, EOFError):
-                self.stats.forward_healthcheck_failures[f"{upstream[0]}:{upstream[1]}"] += 1
+                self.stats.forward_healthcheck_failures[upstream_label(upstream)] += 1
                 if self.health.check_failed(upstream):
                     log.warning("dns: upstream %s:%d is down (%d health checks failed in a row); the other "
                                 "upstreams are asked while it is", *upstream, self.health.fails[upstream])

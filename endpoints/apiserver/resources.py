@@ -32,12 +32,15 @@ class Resource:
     plural: str
     model: type[ApiModel]
     field_selector: str | None = None
+    #: read in this namespace only (a Role's grant), else in all of them
+    namespace: str | None = None
 
     @property
     def path(self) -> str:
+        scope = f"namespaces/{self.namespace}/" if self.namespace else ""
         if self.group:
-            return f"/apis/{self.group}/{self.version}/{self.plural}"
-        return f"/api/{self.version}/{self.plural}"
+            return f"/apis/{self.group}/{self.version}/{scope}{self.plural}"
+        return f"/api/{self.version}/{scope}{self.plural}"
 
     @property
     def qualified(self) -> str:
@@ -57,12 +60,13 @@ class Resource:
         if error.code == 404:
             return (f"{self.kind}: {error.verb} {self.path}: 404 NotFound: the API server does not serve "
                     f"{self.group or 'core'}/{self.version} {self.plural}")
-        denied = f'cannot {error.verb} resource "{self.plural}" in API group "{self.group}" at the cluster scope'
+        scope = f'in the namespace "{self.namespace}"' if self.namespace else "at the cluster scope"
+        denied = f'cannot {error.verb} resource "{self.plural}" in API group "{self.group}" {scope}'
         message = error.message or f"{self.qualified} is forbidden: {denied}"
         if denied not in message:
             message = f"{message} ({denied})"
-        return (f"{self.kind}: {message}; add the rule {self.rbac_rule()} to kubeport's ClusterRole "
-                "(deploy/rbac.yaml)")
+        role = f"Role in {self.namespace}" if self.namespace else "ClusterRole"
+        return f"{self.kind}: {message}; add the rule {self.rbac_rule()} to kubeport's {role} (deploy/rbac.yaml)"
 
 
 #: which Pods DNS reads: none; this node's (autopath: the pods that may query this node);

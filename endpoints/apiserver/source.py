@@ -24,7 +24,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, Mapping
+from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -36,6 +36,7 @@ from kubeport.endpoints.apiserver.client import (
     ApiServerConfigError,
     Credentials,
 )
+from kubeport.endpoints.apiserver.configmaps import ConfigMapSink, OnData, config_map_resource
 from kubeport.endpoints.apiserver.informer import Informer
 from kubeport.endpoints.apiserver.reflector import Sink
 from kubeport.endpoints.apiserver.resources import PodScope, Resource, ResourceStats, watched_resources
@@ -68,6 +69,7 @@ class ApiServerSource:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rand: Callable[[], float] = random.random,
         clock: Callable[[], float] = time.time,
+        config_maps: Sequence[tuple[str, str, OnData]] = (),
     ) -> None:
         """
         :param kubeconfig: a kubeconfig file (its current context unless ``context``).
@@ -82,6 +84,9 @@ class ApiServerSource:
         :param page_size: objects per list page (``limit``); 0 lists in one response.
         :param watch_list: try the streaming list (sendInitialEvents) first.
         :param backoff: retry delays; ``sleep``, ``rand`` and ``clock`` are injectable for tests.
+        :param config_maps: (namespace, name, on_data): ConfigMaps followed besides, each one's
+            ``data`` handed to its callback when it changes, None when there is none (the DNS
+            server's kube-dns ConfigMap); no part of the state and of its readiness.
         """
         if (kubeconfig is None) == (not in_cluster):
             raise ApiServerConfigError("give exactly one of a kubeconfig or in-cluster configuration")
@@ -99,8 +104,11 @@ class ApiServerSource:
             on_problem=self._set_problem, sleep=sleep, rand=rand, clock=clock,
         )
         self.resources: tuple[Resource, ...] = watched_resources(node_name, pods)
+        self._config_maps = [(config_map_resource(namespace, name), ConfigMapSink(name, on_data))
+                             for namespace, name, on_data in config_maps]
         self._informers: list[Informer] = []
         self._stats = {r.kind: ResourceStats(r.kind) for r in self.resources}
+        self._stats.update((resource.kind, ResourceStats(resource.kind)) for resource, _ in self._config_maps)
 
     # --- running ------------------------------------------------------------------------
 
@@ -124,7 +132,7 @@ class ApiServerSource:
         log.info("watching the API server at %s (%s)", credentials.host, credentials.source)
         self._informers = [
             self._make_informer(resource, self._state, connection) for resource in self.resources
-        ]
+        ] + [self._make_informer(resource, sink, connection) for resource, sink in self._config_maps]
         for informer in self._informers:
             self._stats[informer.resource.kind] = informer.stats
         try:

@@ -72,7 +72,7 @@ async def run_source_after_restore(config: KubeportConfiguration, state: Cluster
     await asyncio.get_running_loop().run_in_executor(None, components.import_source_modules, config)
     while True:
         try:
-            view.source = source = components.build_source(config, state, registry)
+            view.source = source = components.build_source(config, state, registry, view.dns)
             break
         except components.ComponentError as exc:
             if view.source_problem != str(exc):

@@ -6,7 +6,8 @@ Each behaviour, and where the real one comes from (paths in kubernetes/kubernete
   ``limit`` and an opaque ``continue`` token (base64 JSON, as
   staging/src/k8s.io/apiserver/pkg/storage/continue.go encodes it) over a consistent
   snapshot, ``remainingItemCount``; items without kind/apiVersion (the list's own
-  serialisation); ``fieldSelector`` metadata.name; an expired token gets 410 Expired with the
+  serialisation); ``fieldSelector`` metadata.name; the namespaced path
+  ``/api/v1/namespaces/NS/PLURAL`` (ConfigMaps in kube-system); an expired token gets 410 Expired with the
   message of storage/errors.go. Objects as the server stores them (objects.py: uid,
   creationTimestamp, managedFields, defaults the API server fills in).
 - watches: chunked JSON lines ``{"type":...,"object":...}`` (endpoints/handlers/watch.go);
@@ -68,7 +69,7 @@ from .shapes import (
     status,
     watch_list_rejected,
 )
-from .watch import Selector, Watch, WatchStreams, parse_selector, selected
+from .watch import Selector, Watch, WatchStreams, in_namespace, parse_selector, selected
 
 DEFAULT_USER = "system:serviceaccount:kube-system:kubeport"
 
@@ -148,6 +149,7 @@ class FakeApiServer:
         app = web.Application()
         app.router.add_get("/version", self._version)
         app.router.add_get("/api/v1/{plural}", self._handle)
+        app.router.add_get("/api/v1/namespaces/{namespace}/{plural}", self._handle)
         app.router.add_get("/apis/{group}/{version}/{plural}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -365,7 +367,8 @@ class FakeApiServer:
             fault = self._faults[(plural, verb)].popleft()
             return self._error(fault.code, fault.body, fault.headers)
         try:
-            selector = parse_selector(params.get("fieldSelector"))
+            selector = in_namespace(parse_selector(params.get("fieldSelector")),
+                                    request.match_info.get("namespace"))
         except ValueError as exc:
             return self._error(400, status(400, "BadRequest", str(exc)))
         if verb == "list":

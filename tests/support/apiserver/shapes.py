@@ -14,6 +14,7 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "nodes": ("", "v1", "Node", False),
     "namespaces": ("", "v1", "Namespace", False),
     "pods": ("", "v1", "Pod", True),
+    "configmaps": ("", "v1", "ConfigMap", True),
 }
 PLURALS = {kind: plural for plural, (_, _, kind, _) in RESOURCES.items()}
 EXPIRED_CONTINUE = (
@@ -30,6 +31,7 @@ _BOOKMARK_BODY: dict[str, dict[str, Any]] = {
     "Service": {"spec": {}, "status": {"loadBalancer": {}}},
     "Node": {"spec": {}, "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 0}}, "nodeInfo": {}}},
     "Namespace": {"spec": {}, "status": {}},
+    "ConfigMap": {},  # data and binaryData are omitempty
 }
 
 

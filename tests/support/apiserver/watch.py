@@ -19,7 +19,8 @@ from aiohttp import web
 from .shapes import bookmark_line
 
 #: A parsed fieldSelector: (path of the field, value), or None for every object.
-Selector = tuple[tuple[str, ...], str] | None
+#: conditions that must all hold: (field path, value) each; None selects everything
+Selector = tuple[tuple[tuple[str, ...], str], ...] | None
 #: the fields the real API server selects on for the resources served (spec.nodeName: Pods)
 FIELDS = ("metadata.name", "metadata.namespace", "spec.nodeName")
 
@@ -31,16 +32,28 @@ def parse_selector(text: str | None) -> Selector:
     if not sep or field_name not in FIELDS:
         raise ValueError(f'"{field_name}" is not a known field selector: only '
                          + ", ".join(f'"{known}"' for known in FIELDS))
-    return tuple(field_name.split(".")), value
+    return ((tuple(field_name.split(".")), value),)
+
+
+def in_namespace(selector: Selector, namespace: str | None) -> Selector:
+    """A namespaced request (``/api/v1/namespaces/NS/PLURAL``) sees that namespace's objects
+    only: the registry lists the key prefix of that namespace
+    (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go NamespaceKeyFunc)."""
+    if namespace is None:
+        return selector
+    return (*(selector or ()), (("metadata", "namespace"), namespace))
 
 
 def selected(obj: dict[str, Any], selector: Selector) -> bool:
     if selector is None:
         return True
-    value: Any = obj
-    for part in selector[0]:
-        value = value.get(part) if isinstance(value, dict) else None
-    return value == selector[1]
+    for path, wanted in selector:
+        value: Any = obj
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value != wanted:
+            return False
+    return True
 
 
 class WatchedServer(Protocol):
