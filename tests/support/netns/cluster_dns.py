@@ -95,10 +95,11 @@ def _fields_match(fields: list[str], wanted: list[str]) -> bool:
 # --- the upstream and the pods' resolver configuration ----------------------------------------
 
 
-def start_fake_upstream(topology: Topology) -> subprocess.Popen:
-    """fake_upstream_dns.py on <ext>:53 (UDP and TCP), ready on return, stopped with its owner."""
+def start_fake_upstream(topology: Topology, *options: str) -> subprocess.Popen:
+    """fake_upstream_dns.py on <ext>:53 (UDP and TCP), ready on return, stopped with its owner;
+    ``options``: more of its arguments (``--port``, ``--zone``, ``--answer``)."""
     log = tempfile.TemporaryFile()
-    proc = spawn_in(topology.ext, sys.executable, "-I", FAKE_UPSTREAM, "--address", EXT_IPS[0],
+    proc = spawn_in(topology.ext, sys.executable, "-I", FAKE_UPSTREAM, "--address", EXT_IPS[0], *options,
                     stdout=subprocess.PIPE, stderr=log)
     try:
         wait_for_output(proc, b"ready\n", 10, "fake upstream DNS")

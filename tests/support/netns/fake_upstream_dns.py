@@ -3,7 +3,9 @@
 Run inside the ext namespace (`ip netns exec <P>-ext python -I fake_upstream_dns.py`);
 prints "ready" once both listeners are bound, then serves until killed. Every name of
 example.test other than those in RECORDS is NXDOMAIN with the zone's SOA; names outside
-example.test are REFUSED (a test must never depend on a real resolver).
+example.test are REFUSED (a test must never depend on a real resolver). With ``--zone Z
+--answer IP`` it is authoritative for Z instead, every name there an A record of IP (a stub
+domain's server, as a Consul agent would be).
 """
 
 from __future__ import annotations
@@ -31,6 +33,22 @@ ZONE_SOA = RR("example.test.", QTYPE.SOA, ttl=60, rdata=SOA(
     "ns.example.test.", "admin.example.test.", (1, 7200, 1800, 86400, 60)))
 
 
+class StubZone(BaseResolver):
+    """Every A question in ``zone`` answered with ``answer``; any other name REFUSED."""
+
+    def __init__(self, zone: str, answer: str) -> None:
+        self.zone = DNSLabel(zone)
+        self.answer = answer
+
+    def resolve(self, request, handler):
+        reply = request.reply()
+        if not request.q.qname.matchSuffix(self.zone):
+            reply.header.rcode = RCODE.REFUSED
+        elif request.q.qtype == QTYPE.A:
+            reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A(self.answer), ttl=TTL))
+        return reply
+
+
 class ExampleTest(BaseResolver):
     def resolve(self, request, handler):
         reply = request.reply()
@@ -53,10 +71,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--address", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=53)
+    parser.add_argument("--zone", help="serve this zone instead of example.test (with --answer)")
+    parser.add_argument("--answer", default="198.51.100.53", help="the A record of every name of --zone")
     args = parser.parse_args()
     # Errors only, to stderr: stdout is a pipe the test stops reading after "ready".
     quiet = DNSLogger("-request,-reply,-truncated", prefix=False, logf=lambda line: print(line, file=sys.stderr))
-    resolver = ExampleTest()
+    resolver = StubZone(args.zone, args.answer) if args.zone else ExampleTest()
     servers = [DNSServer(resolver, address=args.address, port=args.port, tcp=tcp, logger=quiet)
                for tcp in (False, True)]
     for server in servers:
