@@ -27,9 +27,9 @@ class Leftovers:
     routes: dict[int, tuple[str, ...]] = field(default_factory=dict)  # link index -> VIPs
     nft_table: bool = False
     rules: tuple[str, ...] = ()  # "ip -4 rule" lines of the capture's rule
+    table_routes: tuple[str, ...] = ()  # "ip -4 route show table 27499" lines
     #: the client-reply tables present ("inet kubeport_replies", "bridge kubeport")
     reply_tables: tuple[str, ...] = ()
-    table_routes: tuple[str, ...] = ()  # "ip -4 route show table 27499" lines
 
     def __bool__(self) -> bool:
         return bool(self.routes or self.nft_table or self.rules or self.table_routes or self.reply_tables)
@@ -79,7 +79,7 @@ def find(nft: str = "nft", ip: str = "ip") -> Leftovers:
             shown = _run([ip, family, "route", "show", "table", str(capture.ROUTE_TABLE)]).stdout
             table_routes += [f"{family} {line.strip()}" for line in shown.splitlines() if line.strip()]
     return Leftovers({index: tuple(sorted(vips)) for index, vips in routes.items()}, nft_table,
-                     tuple(rules), tuple(table_routes), reply_tables)
+                     tuple(rules), tuple(table_routes), reply_tables=reply_tables)
 
 
 def remove(found: Leftovers, nft: str = "nft", ip: str = "ip") -> list[str]:
