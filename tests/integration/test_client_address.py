@@ -25,7 +25,8 @@ ONE_V4, ONE_V6, LOCAL, CLUSTER, GUARDED = "10.96.0.60", "fd00:10:96::60", "10.96
 PORTS = [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080},
          {"name": "udp", "protocol": "UDP", "port": 90, "targetPort": 9090}]
 SLICE_PORTS = (HTTP_SLICE_PORT, UDP_SLICE_PORT)
-LOCAL_NODE_PORT, LOCAL_UDP_NODE_PORT, CLUSTER_NODE_PORT = 30260, 30262, 30261
+LOCAL_NODE_PORT, LOCAL_UDP_NODE_PORT, CLUSTER_NODE_PORT, LOCAL_HEALTH_PORT = 30260, 30262, 30261, 30263
+LB_IP = "192.168.70.60"
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-relay-workers"])
@@ -91,14 +92,17 @@ def test_direct_pod_traffic_on_the_bridge_still_works(cluster, topology, pod_of)
     assert reply.startswith(f"a2 client={pod_of('a1').ip(4)}:")
 
 
-def test_outside_client_to_local_node_port__endpoint_sees_the_client(cluster, topology, pod_of):
+def test_outside_client_to_local_node_port_and_lb_ip__endpoint_sees_the_client(cluster, topology, pod_of):
     write(cluster, "local",
           service("local", [LOCAL],
                   [dict(PORTS[0], nodePort=LOCAL_NODE_PORT), dict(PORTS[1], nodePort=LOCAL_UDP_NODE_PORT)],
-                  type="NodePort", externalTrafficPolicy="Local"),
+                  type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=LOCAL_HEALTH_PORT,
+                  status={"loadBalancer": {"ingress": [{"ip": LB_IP}]}}),
           endpoint_slice("local-1", "local", SLICE_PORTS, [endpoint(pod_of("a2")), endpoint(pod_of("b1"))]))
     assert _seen_by(topology.client, NODE_A, LOCAL_NODE_PORT, "a2") == CLIENT
     assert _udp_seen_by(topology.client, NODE_A, LOCAL_UDP_NODE_PORT, "a2") == CLIENT
+    assert _seen_by(topology.client, LB_IP, 80, "a2") == CLIENT  # the client routes LB IPs to node-a
+    assert _udp_seen_by(topology.client, LB_IP, 90, "a2") == CLIENT
 
 
 def test_outside_client_to_cluster_node_port__other_node_answers_the_node(cluster, topology, pod_of):
