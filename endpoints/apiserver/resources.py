@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeport.endpoints.apiserver.client import ApiStatusError
-from kubeport.endpoints.model import ApiModel, EndpointSlice, Namespace, Node, PodAddresses, Service
+from kubeport.endpoints.model import ApiModel, EndpointSlice, Namespace, Node, PodAddresses, Service, ServiceCIDR
 
 #: The permission every watched resource needs (deploy/rbac.yaml grants exactly these).
 VERBS = ("get", "list", "watch")
@@ -75,13 +75,16 @@ PodScope = Literal["none", "node", "all"]
 
 
 def watched_resources(node_name: str, pods: PodScope = "none") -> tuple[Resource, ...]:
-    """Services and EndpointSlices (all namespaces), this node's Node, Namespaces; and Pods
+    """Services and EndpointSlices (all namespaces), this node's Node, Namespaces, ServiceCIDRs; and Pods
     when DNS needs them, read slim (:class:`~kubeport.endpoints.model.PodAddresses`)."""
     resources = (
         Resource("Service", "", "v1", "services", Service),
         Resource("EndpointSlice", "discovery.k8s.io", "v1", "endpointslices", EndpointSlice),
         Resource("Node", "", "v1", "nodes", Node, field_selector=f"metadata.name={node_name}"),
         Resource("Namespace", "", "v1", "namespaces", Namespace),
+        # The service ranges beyond --service-cluster-ip-range (KEP-1880), as kube-proxy's
+        # nftables mode watches them (pkg/proxy/config ServiceCIDRConfig).
+        Resource("ServiceCIDR", "networking.k8s.io", "v1", "servicecidrs", ServiceCIDR),
     )
     if pods == "node":
         resources += (Resource("Pod", "", "v1", "pods", PodAddresses, field_selector=f"spec.nodeName={node_name}"),)

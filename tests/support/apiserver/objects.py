@@ -136,6 +136,28 @@ def namespace(name: str) -> dict[str, Any]:
     }
 
 
+def service_cidr(name: str, *cidrs: str, deleting: bool = False) -> dict[str, Any]:
+    """A ServiceCIDR as the API server stores it once pkg/controller/servicecidrs has added its
+    finalizer and set Ready (message "Kubernetes Service CIDR is ready", no reason); while it is
+    deleted with addresses still in use, Ready is False with reason Terminating and
+    deletionTimestamp is set (the finalizer keeps the object)."""
+    condition = {"type": "Ready", "status": "True", "lastTransitionTime": CREATED, "reason": "",
+                 "message": "Kubernetes Service CIDR is ready"}
+    extra: dict[str, Any] = {"finalizers": ["networking.k8s.io/service-cidr-finalizer"], "generation": 1}
+    if deleting:
+        condition.update(status="False", reason="Terminating",
+                         message="There are still IPAddresses referencing the ServiceCIDR, please remove them or "
+                                 "create a new ServiceCIDR")
+        extra.update(deletionTimestamp=CREATED, deletionGracePeriodSeconds=0)
+    return {
+        "kind": "ServiceCIDR",
+        "apiVersion": "networking.k8s.io/v1",
+        "metadata": _meta(name, None, **extra),
+        "spec": {"cidrs": list(cidrs)},
+        "status": {"conditions": [condition]},
+    }
+
+
 def pod(name: str, namespace: str = "default", *, ip: str = "10.244.1.11", node_name: str = "node-a",
         phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
     """A Pod as `kubectl get pod -o json` prints it: a Deployment's, with the kubelet's status,

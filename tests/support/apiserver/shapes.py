@@ -15,6 +15,8 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "namespaces": ("", "v1", "Namespace", False),
     "pods": ("", "v1", "Pod", True),
     "configmaps": ("", "v1", "ConfigMap", True),
+    # networking.k8s.io/v1 since 1.33 (KEP-1880; v1beta1 in 1.31-1.32), cluster-scoped
+    "servicecidrs": ("networking.k8s.io", "v1", "ServiceCIDR", False),
 }
 PLURALS = {kind: plural for plural, (_, _, kind, _) in RESOURCES.items()}
 EXPIRED_CONTINUE = (
@@ -32,6 +34,7 @@ _BOOKMARK_BODY: dict[str, dict[str, Any]] = {
     "Node": {"spec": {}, "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 0}}, "nodeInfo": {}}},
     "Namespace": {"spec": {}, "status": {}},
     "ConfigMap": {},  # data and binaryData are omitempty
+    "ServiceCIDR": {"spec": {}, "status": {}},
 }
 
 

@@ -35,14 +35,14 @@ def test_manifest_is_valid_against_the_kubernetes_schema__strict(name):
         kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
 
-def test_cluster_role_grants_get_list_watch_on_exactly_the_four_resources():
+def test_cluster_role_grants_get_list_watch_on_exactly_the_five_resources():
     role = one("rbac.yaml", "ClusterRole")
     granted = {(group, resource, verb)
                for rule in role["rules"]
                for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
     expected = {(group, resource, verb)
                 for group, resource in (("", "services"), ("discovery.k8s.io", "endpointslices"),
-                                        ("", "nodes"), ("", "namespaces"))
+                                        ("", "nodes"), ("", "namespaces"), ("networking.k8s.io", "servicecidrs"))
                 for verb in ("get", "list", "watch")}
     assert granted == expected
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])  # no resourceNames etc.
