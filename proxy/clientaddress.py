@@ -71,8 +71,11 @@ class ClientAddresses:
         self._cluster = tuple(_network(c) for c in cluster_cidrs)
         self._node_networks: tuple = ()
         self._node_addresses: frozenset[str] = frozenset()
-        self._cache: dict[str, tuple[bool, bool]] = {}
+        self._cache: dict[str, tuple[bool, bool, int]] = {}
         self._cache_size = cache_size
+        #: False: a client and an endpoint on one segment (the pods' bridge) get the node's
+        #: address, since nothing hands the endpoint's replies to the host (host/replies.py)
+        self.on_bridge = True
 
     def set_node(self, addresses: Iterable[str], networks: Iterable[str]) -> None:
         """The node's own addresses and the subnets of its links (``10.244.1.1/24``)."""
@@ -81,23 +84,24 @@ class ClientAddresses:
                                     if n.prefixlen < n.max_prefixlen and not n.is_loopback)
         self._cache.clear()
 
-    def classify(self, ip: str) -> tuple[bool, bool]:
-        """(a pod, a pod of this node) for one address."""
+    def classify(self, ip: str) -> tuple[bool, bool, int]:
+        """(a pod, a pod of this node, the index of the node's subnet it is in, else -1)."""
         known = self._cache.get(ip)
         if known is not None:
             return known
         try:
             address = ipaddress.ip_address(ip.partition("%")[0])
         except ValueError:
-            return False, False
+            return False, False, -1
         address = getattr(address, "ipv4_mapped", None) or address
         pod = any(address.version == n.version and address in n for n in self._cluster)
-        here = pod and str(address) not in self._node_addresses and any(
-            address.version == n.version and address in n for n in self._node_networks)
+        subnet = next((i for i, n in enumerate(self._node_networks) if address.version == n.version and address in n),
+                      -1)
+        here = pod and subnet >= 0 and str(address) not in self._node_addresses
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
-        self._cache[ip] = (pod, here)
-        return pod, here
+        self._cache[ip] = known = (pod, here, subnet)
+        return known
 
     def keeps(self, keep: Keep, client_ip: str, endpoint_ip: str) -> bool:
         """Does this connection's upstream side bind the client's address?
@@ -109,11 +113,14 @@ class ClientAddresses:
         if (keep is Keep.NEVER or client_ip == endpoint_ip or client_ip in self._node_addresses
                 or endpoint_ip in self._node_addresses):
             return False
-        pod, client_here = self.classify(client_ip)
+        pod, client_here, client_subnet = self.classify(client_ip)
         if not pod:
             # An external client of a Local frontend is served by this node's endpoints only.
             return keep is Keep.ANY and not _loopback(client_ip)
-        return client_here or self.classify(endpoint_ip)[1]
+        _, endpoint_here, endpoint_subnet = self.classify(endpoint_ip)
+        if not self.on_bridge and client_here and endpoint_subnet == client_subnet:
+            return False
+        return client_here or endpoint_here
 
 
 def _loopback(ip: str) -> bool:

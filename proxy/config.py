@@ -57,6 +57,9 @@ class ProxyConfig:
     #: --keep-client-address: the upstream socket binds the client's address where kube-proxy keeps
     #: it (clientaddress.py says where); replies come back through host/replies.py.
     keep_client_address: bool = True
+    #: and endpoints on the client's own bridge too (host/replies.py hands their replies to the
+    #: host); a parent whose bridge table could not be written tells its relay workers False
+    keep_client_address_on_bridge: bool = True
     #: bytes a kernel-relayed direction may run ahead of its destination before its source pauses.
     sockmap_queue_limit: int = 1 << 20
     #: seconds between the sweeps that enforce ``sockmap_queue_limit`` and pass FINs on.

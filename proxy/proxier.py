@@ -139,13 +139,17 @@ class Proxier:
         """Decide once whether upstream sockets bind the client's address, before any route."""
         if not self.config.keep_client_address:
             return
+        bridge_problem = None if self.config.keep_client_address_on_bridge else "told by the parent"
         if self._replies is not None:
             await self._replies.start(await self._read_links())
-            problem = self._replies.problem
+            problem, bridge_problem = self._replies.problem, self._replies.bridge_problem
         else:
             problem = transparent_allowed()
         if problem is not None:
             self._client_address = f"node: {problem}"
+        elif bridge_problem is not None:
+            self._ctx.client_addresses.on_bridge = False
+            self._client_address = f"client; the node's to endpoints on the client's own bridge: {bridge_problem}"
 
     async def _read_links(self) -> NodeLinks:
         try:
@@ -160,7 +164,11 @@ class Proxier:
         return self._client_address
 
     @property
-    def _keeps_client(self) -> bool:
+    def keeps_client(self) -> bool:
+        return self._client_address.startswith("client")
+
+    @property
+    def keeps_client_on_bridge(self) -> bool:
         return self._client_address == "client"
 
     async def stop(
@@ -276,7 +284,7 @@ class Proxier:
         if self._host.unfiltered:
             found.append(self._host.unfiltered)
         found += self._node.problems
-        if self.config.keep_client_address and not self._keeps_client:
+        if self.config.keep_client_address and not self.keeps_client:
             found.append(f"endpoints see the node's address, not the client's ({self._client_address[6:]})")
         if self._listeners is not None:
             found += self._listeners.problems()
@@ -360,7 +368,7 @@ class Proxier:
         local = await self._addresses.interface_addresses()
         selection = self._node.select(node, local)
         self._ctx.local_clients.set_node_addresses(local)
-        if self._keeps_client:
+        if self.keeps_client:
             links = await self._read_links()
             self._ctx.client_addresses.set_node(local, links.networks)
             if self._replies is not None:
@@ -450,7 +458,7 @@ class Proxier:
     async def _reconcile(self, changes: list[RuleChange]) -> None:
         host = self._host
         await host.before_listeners()
-        if self._replies is not None and self._keeps_client:
+        if self._replies is not None and self.keeps_client:
             self._replies.account(_endpoint_elements((c.frontend, c.old) for c in changes),
                                   _endpoint_elements((c.frontend, c.new) for c in changes))
             await self._replies.sync()
@@ -471,7 +479,7 @@ class Proxier:
         external_local = rule.kind is not FrontendKind.CLUSTER_IP and rule.local_client_endpoints is not None
         return Route(self._pools[rule.port_name], rule.endpoints, rule.local_client_endpoints,  # bound: _bind
                      proxy_protocol=rule.proxy_protocol,
-                     keep=frontend_keep(rule.kind, external_local, self._keeps_client))
+                     keep=frontend_keep(rule.kind, external_local, self.keeps_client))
 
 
 def _endpoint_elements(changes) -> list[tuple[str, str, int]]:

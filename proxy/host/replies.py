@@ -122,16 +122,21 @@ def bridge_rules(bridges: Iterable[Bridge]) -> list[str]:
     return rules
 
 
-def render_setup(bridges: Iterable[Bridge], endpoints: Iterable[Element], mark: int) -> str:
-    """Both tables whole, with their elements, replacing any previous ones in one batch."""
-    by_family: dict[int, list[str]] = {4: [], 6: []}
-    for element in sorted(endpoints):
-        by_family[_family(element[0])].append(_element(element))
+def render_inet_setup(mark: int) -> str:
+    """The marking table whole, replacing any previous one in one batch."""
     lines = [f"table {INET_TABLE} {{}}", f"delete table {INET_TABLE}", f"table {INET_TABLE} {{",
              "  chain prerouting {", f"    {INET_HOOK}",
              f"    meta l4proto {{ tcp, udp }} socket transparent 1 meta mark set meta mark | {mark:#x}",
-             "  }", "}",
-             f"table {BRIDGE_TABLE} {{}}", f"delete table {BRIDGE_TABLE}", f"table {BRIDGE_TABLE} {{"]
+             "  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def render_bridge_setup(bridges: Iterable[Bridge], endpoints: Iterable[Element]) -> str:
+    """The bridge table whole, with its elements, replacing any previous one in one batch."""
+    by_family: dict[int, list[str]] = {4: [], 6: []}
+    for element in sorted(endpoints):
+        by_family[_family(element[0])].append(_element(element))
+    lines = [f"table {BRIDGE_TABLE} {{}}", f"delete table {BRIDGE_TABLE}", f"table {BRIDGE_TABLE} {{"]
     for family, addr_type in ((4, "ipv4_addr"), (6, "ipv6_addr")):
         elements = f" elements = {{ {', '.join(by_family[family])} }};" if by_family[family] else ""
         lines.append(f"  set endpoints{family} {{ type {addr_type} . inet_proto . inet_service;{elements} }}")
@@ -176,6 +181,10 @@ class ClientReplies:
     def __init__(self) -> None:
         #: None while it works; else the one problem line (the node's address is used instead)
         self.problem: str | None = "not started"
+        #: None while same-bridge replies are handed to the host; else why not (a user namespace
+        #: may not rewrite link-layer headers): endpoints on the client's own bridge then see
+        #: the node, as a hairpin connection does
+        self.bridge_problem: str | None = None
         self._bridges: tuple[Bridge, ...] = ()
         #: endpoint (address, protocol, port) -> frontends using it
         self._counts: dict[Element, int] = {}
@@ -198,13 +207,20 @@ class ClientReplies:
         if problem is None:
             try:
                 await capture.set_up()
-                await self._write_whole()
+                await _nft(render_inet_setup(capture.MARK))
             except (capture.CaptureError, RepliesError) as exc:
                 problem = str(exc)
         self.problem = problem
         if problem is not None:
             log.error("endpoints see the node's address, not the client's: %s (--no-keep-client-address "
                       "says it is meant)", problem)
+            return
+        try:
+            await self._write_whole()
+        except RepliesError as exc:
+            self.bridge_problem = str(exc)
+            log.warning("endpoints on the client's own bridge see the node's address, not the client's: the "
+                        "bridge table cannot be written: %s", exc)
 
     def set_bridges(self, bridges: tuple[Bridge, ...]) -> None:
         if bridges != self._bridges:
@@ -232,7 +248,7 @@ class ClientReplies:
                 counts.pop(element, None)
 
     async def sync(self) -> None:
-        if not self.enabled:
+        if not self.enabled or self.bridge_problem is not None:
             return
         async with self._lock:
             try:
@@ -244,12 +260,12 @@ class ClientReplies:
                     await _nft(render_changes(self._applied, desired))
                     self._applied = desired
             except RepliesError as exc:
-                log.error("nftables (client replies): %s", exc)
+                log.error("nftables (replies to clients' addresses): %s", exc)
                 self._dirty = True  # written whole by the next sync
 
     async def _write_whole(self) -> None:
         desired = self._desired()
-        await _nft(render_setup(self._bridges, desired, capture.MARK))
+        await _nft(render_bridge_setup(self._bridges, desired))
         self._applied, self._dirty = desired, False
 
     async def stop(self, *, release: bool) -> None:

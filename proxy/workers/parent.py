@@ -176,7 +176,10 @@ class ProxyWorkers:
     def _start_message(self, index: int) -> Start:
         extra, json_format, level = self._start_args
         seed = None if self.config.seed is None else self.config.seed + index  # not in lockstep
-        child_config = dataclasses.replace(self.config, firewall=False, seed=seed)
+        # The workers bind the client's address as this process found it can (it writes the tables).
+        child_config = dataclasses.replace(self.config, firewall=False, seed=seed,
+                                           keep_client_address=self._local.keeps_client,
+                                           keep_client_address_on_bridge=self._local.keeps_client_on_bridge)
         return Start(child_config, self.node_name, extra, tuple(self._local.reserved_frontends), index,
                      json_format, level)
 

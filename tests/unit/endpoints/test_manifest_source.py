@@ -25,7 +25,8 @@ def test_examples_load_cleanly():
     assert harness.source.problems == []
     assert snap.synced and snap.generation == 1
     names = {str(name) for name in snap.services}
-    assert names == {"demo/web", "demo/web-np", "demo/db", "demo/search", "demo/echo", "kube-system/kube-dns"}
+    assert names == {"demo/web", "demo/web-np", "demo/web-local", "demo/db", "demo/search", "demo/echo",
+                     "kube-system/kube-dns"}
     web = snap.services[ServiceName("demo", "web")]
     assert len(web.service.cluster_ips) == 1
     # Made from pods.yaml: one family (one service range here), the four pods, the named port resolved.
@@ -36,9 +37,10 @@ def test_examples_load_cleanly():
         ("a2", "db-0"), ("b2", "db-1")]
     assert snap.services[ServiceName("kube-system", "kube-dns")].service.cluster_ips == ("10.96.0.10",)
     assert snap.services[ServiceName("demo", "web-np")].service.ports[0].node_port == 30080
+    assert snap.services[ServiceName("demo", "web-local")].service.external_policy_local
     assert set(snap.nodes) == {"node-a", "node-b"} and snap.node is not None and snap.node.zone == "zone-a"
-    assert harness.source.files_loaded == 9
-    assert harness.source.objects_loaded == 6 + 1 + 4 + 2 + 2  # services, slices, pods, nodes, namespaces
+    assert harness.source.files_loaded == 10
+    assert harness.source.objects_loaded == 7 + 1 + 4 + 2 + 2  # services, slices, pods, nodes, namespaces
 
 
 def test_broken_directory_loads_what_is_valid():

@@ -66,6 +66,18 @@ def test_without_cluster_cidr_no_client_is_a_pod():
 
 def test_node_change_clears_the_cache():
     addresses = node_a()
-    assert addresses.classify("10.244.3.5") == (True, False)
+    assert addresses.classify("10.244.3.5") == (True, False, -1)
     addresses.set_node(["10.244.3.1"], ["10.244.3.1/24"])
-    assert addresses.classify("10.244.3.5") == (True, True)
+    assert addresses.classify("10.244.3.5") == (True, True, 0)
+
+
+@pytest.mark.parametrize("client, endpoint, expected, why", [
+    ("10.244.1.11", "10.244.1.12", False, "one bridge: the endpoint's reply would bypass the host"),
+    ("10.244.1.11", "10.244.2.11", True, "other node: the reply is routed back through this node"),
+    ("10.244.2.11", "10.244.1.12", True, "other node's pod -> endpoint here"),
+    ("fd00:10:244:1::11", "fd00:10:244:1::12", False, "one bridge, IPv6"),
+])
+def test_without_the_bridge_table__same_segment_gets_the_node(client, endpoint, expected, why):
+    addresses = node_a()
+    addresses.on_bridge = False
+    assert addresses.keeps(Keep.PODS, client, endpoint) is expected, why

@@ -9,7 +9,8 @@ from kubeport.proxy.host.replies import (
     ClientReplies,
     parse_links,
     render_changes,
-    render_setup,
+    render_bridge_setup,
+    render_inet_setup,
     teardown_script,
 )
 
@@ -40,13 +41,13 @@ def test_parse_links__subnets_of_every_link_and_the_bridges_that_have_one():
     assert parse_links("") == parse_links("[]")
 
 
-def test_render_setup__both_tables_replaced_whole():
-    script = render_setup([BR0], [("10.244.1.12", "tcp", 8080), ("fd00:10:244:1::12", "udp", 9090)], 0x100000)
-    lines = script.splitlines()
+def test_render_setup__each_table_replaced_whole():
+    lines = render_inet_setup(0x100000).splitlines()
     assert lines[:3] == ["table inet kubeport_replies {}", "delete table inet kubeport_replies",
                          "table inet kubeport_replies {"]
     assert "    meta l4proto { tcp, udp } socket transparent 1 meta mark set meta mark | 0x100000" in lines
-    assert "table bridge kubeport {}" in lines and "delete table bridge kubeport" in lines
+    lines = render_bridge_setup([BR0], [("10.244.1.12", "tcp", 8080), ("fd00:10:244:1::12", "udp", 9090)]).splitlines()
+    assert lines[:3] == ["table bridge kubeport {}", "delete table bridge kubeport", "table bridge kubeport {"]
     assert ("  set endpoints4 { type ipv4_addr . inet_proto . inet_service; "
             "elements = { 10.244.1.12 . tcp . 8080 }; }") in lines
     assert ("  set endpoints6 { type ipv6_addr . inet_proto . inet_service; "
@@ -58,7 +59,7 @@ def test_render_setup__both_tables_replaced_whole():
 
 
 def test_render_setup__no_bridge_no_rule_empty_sets():
-    script = render_setup([], [], 0x100000)
+    script = render_bridge_setup([], [])
     assert "ether daddr set" not in script and "elements" not in script
 
 
