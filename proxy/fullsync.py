@@ -16,12 +16,14 @@ RETRY_PERIOD = 30.0
 
 
 async def keep_host_in_sync(proxier: Any, requested: asyncio.Event, allowed: Callable[[], bool],
-                            addresses_moved: Callable[[], Awaitable[None]] | None = None) -> None:
+                            addresses_moved: Callable[[], Awaitable[None]] | None = None,
+                            synced: Callable[..., None] | None = None) -> None:
     """Resync the host every FULL_SYNC_PERIOD, RETRY_PERIOD after a failure, and at once when
     ``requested`` (SIGHUP): an address or rule removed behind kubeport's back comes back.
     ``allowed()`` false (not synced yet, another instance beside this one) skips a turn.
     A SIGHUP reads the node's own addresses again too (they are otherwise followed by
-    :func:`follow_node_addresses`): NodePorts follow them, then ``addresses_moved()``."""
+    :func:`follow_node_addresses`): NodePorts follow them, then ``addresses_moved()``.
+    Each resync is a full sync for the metrics: ``synced(seconds, full=True, failed=...)``."""
     loop = asyncio.get_running_loop()
     last = loop.time()
     while True:
@@ -35,10 +37,15 @@ async def keep_host_in_sync(proxier: Any, requested: asyncio.Event, allowed: Cal
         last = loop.time()
         if not allowed():
             continue
+        started = loop.time()
+        failed = True
         try:
             await proxier.resync_host()
+            failed = proxier.host_problems
         except Exception:  # the next period retries; a failure must not end the daemon
             log.exception("full sync of the node's addresses and nftables table failed")
+        if synced is not None:
+            synced(loop.time() - started, full=True, failed=failed)
 
 
 async def follow_node_addresses(proxier: Any, changed: Callable[[], Awaitable[None]],

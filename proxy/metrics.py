@@ -9,13 +9,13 @@ a large cluster cannot blow up a scrape.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kubeport.endpoints.programming import programming_starts
+from kubeport.endpoints.programming import slice_programming_starts
 from kubeport.endpoints.types import ServiceName, Snapshot
 from kubeport.lib.http import server as http_server
 from kubeport.proxy.table import TableContext, local_policy_drops
@@ -30,24 +30,68 @@ PROGRAMMING_BUCKETS = (
     + tuple(float(s) for s in range(120, 301, 30))
 )
 MAX_SERVICE_PORT_SERIES = 1000
+#: the ``ip_family`` label's values: kube-proxy's ``string(v1.IPFamily)``
+FAMILY_LABELS = {4: "IPv4", 6: "IPv6"}
+_FAMILY_NUMBERS = {label: number for number, label in FAMILY_LABELS.items()}
 
 
 class ProxyMetrics:
-    def __init__(self, registry: CollectorRegistry, node_name: str, clock=time.time) -> None:
+    """kube-proxy's sync metrics (``pkg/proxy/metrics/metrics.go``), with the ``ip_family``
+    label kube-proxy 1.33 puts on those its per-family proxiers each report.
+
+    kubeport has one proxier for every family: a sync programs them all at once, so each
+    sync is observed once per family served (``families``), with the same duration, as
+    kube-proxy's dual-stack MetaProxier observes one sync per family proxier. What is read
+    per object is labelled with the object's own family: a network programming latency with
+    the family of the EndpointSlice it is read from, a service without local endpoints with
+    each family of its clusterIPs.
+
+    What a sync is here (kube-proxy's ``syncProxyRules``, ``pkg/proxy/nftables/proxier.go``):
+
+    - a *partial* sync: an apply of a snapshot (``ProxyService.apply_snapshot``), which
+      changes only the services the snapshot changed;
+    - a *full* sync: the first apply of this process (every service is built, as kube-proxy's
+      first sync has ``needFullSync``), and each full resync of the host (``proxy/fullsync.py``:
+      hourly as ``proxyutil.FullSyncPeriod``, on SIGHUP, and soon after a failure), which
+      writes the nftables table whole and puts the VIP addresses back.
+
+    Both count in ``sync_proxy_rules_duration_seconds``. A sync *fails* when the host's
+    programming (the nftables table or the VIP addresses) reported a problem, or the apply
+    raised: it counts in ``sync_proxy_rules_nftables_sync_failures_total`` (the name of
+    kube-proxy's nftables mode, whose table kubeport's ``inet kubeport`` stands for) and leaves
+    ``sync_proxy_rules_last_timestamp_seconds`` alone, which kube-proxy sets on success only.
+    The duration is observed either way, as kube-proxy's deferred observation is.
+    """
+
+    def __init__(self, registry: CollectorRegistry, node_name: str, clock=time.time,
+                 families: Sequence[str] = ("IPv4",)) -> None:
         self._clock = clock
+        #: the families served, as ``ip_family`` values ("IPv4", "IPv6")
+        self._families = tuple(families)
         prefix = "kubeproxy"
+        family = ["ip_family"]
         self.sync_duration = Histogram(
-            f"{prefix}_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds",
+            f"{prefix}_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", family,
             buckets=SYNC_BUCKETS, registry=registry)
+        self.full_sync_duration = Histogram(
+            f"{prefix}_sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs",
+            family, buckets=SYNC_BUCKETS, registry=registry)
+        self.partial_sync_duration = Histogram(
+            f"{prefix}_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs", family, buckets=SYNC_BUCKETS, registry=registry)
+        self.sync_failures = Counter(
+            f"{prefix}_sync_proxy_rules_nftables_sync_failures", "Cumulative proxy nftables sync failures", family,
+            registry=registry)
         self.last_sync = Gauge(
             f"{prefix}_sync_proxy_rules_last_timestamp_seconds",
-            "The last time proxy rules were successfully synced", registry=registry)
+            "The last time proxy rules were successfully synced", family, registry=registry)
         self.last_queued = Gauge(
             f"{prefix}_sync_proxy_rules_last_queued_timestamp_seconds",
-            "The last time a sync of proxy rules was queued", registry=registry)
+            "The last time a sync of proxy rules was queued", family, registry=registry)
         self.programming = Histogram(
             f"{prefix}_network_programming_duration_seconds",
-            "In Cluster Network Programming Latency in seconds", buckets=PROGRAMMING_BUCKETS, registry=registry)
+            "In Cluster Network Programming Latency in seconds", family, buckets=PROGRAMMING_BUCKETS,
+            registry=registry)
         self.endpoint_changes = Counter(
             f"{prefix}_sync_proxy_rules_endpoint_changes", "Cumulative proxy rules Endpoint changes",
             registry=registry)
@@ -62,12 +106,18 @@ class ProxyMetrics:
             registry=registry)
         self.no_local_endpoints = Gauge(
             f"{prefix}_sync_proxy_rules_no_local_endpoints_total",
-            "Number of services with a Local traffic policy and no endpoints", ["traffic_policy"],
+            "Number of services with a Local traffic policy and no endpoints", ["ip_family", "traffic_policy"],
             registry=registry)
         self.healthz = Counter(f"{prefix}_proxy_healthz", "Cumulative proxy healthz HTTP status", ["code"],
                                registry=registry)
         self.livez = Counter(f"{prefix}_proxy_livez", "Cumulative proxy livez HTTP status", ["code"],
                              registry=registry)
+        # Every served family's series from the start: a failure counter read with rate() and
+        # a histogram's _count must exist at 0 before the first sync, not appear with it.
+        for name in self._families:
+            for metric in (self.sync_duration, self.full_sync_duration, self.partial_sync_duration,
+                           self.sync_failures, self.programming):
+                metric.labels(ip_family=name)
         self._registry = registry
         registry.register(HttpConnectionsCollector())
         #: trigger times older than this are not ours to measure (kube-proxy's trackerStartTime).
@@ -75,8 +125,9 @@ class ProxyMetrics:
         self._applied: Snapshot | None = None
         #: only node_name matters: whether a port has endpoints, or local ones, ignores topology.
         self._drops_ctx = TableContext(node_name=node_name)
-        self._no_local: dict[ServiceName, tuple[int, int]] = {}
-        self._no_local_totals = [0, 0]  # internal, external: kept as services change
+        self._no_local: dict[ServiceName, dict[int, tuple[int, int]]] = {}
+        #: {family: [internal, external]}, kept as services change
+        self._no_local_totals: dict[int, list[int]] = {}
 
     def attach_proxier(self, proxier: Any) -> None:
         self._registry.register(RelayCollector(proxier))
@@ -85,39 +136,59 @@ class ProxyMetrics:
         (self.healthz if path == "healthz" else self.livez).labels(code=str(code)).inc()
 
     def queued(self, snapshot: Snapshot) -> None:
-        self.last_queued.set(self._clock())
+        now = self._clock()
+        for name in self._families:
+            self.last_queued.labels(ip_family=name).set(now)
         services, endpoints = _split_changes(self._applied, snapshot)
         self.service_changes_pending.set(services)
         self.endpoint_changes_pending.set(endpoints)
 
-    def synced(self, snapshot: Snapshot, seconds: float) -> None:
+    def sync_done(self, seconds: float, *, full: bool, failed: bool, now: float | None = None) -> None:
+        """One sync of every family served: full or partial, failed or not (see the class)."""
+        now = self._clock() if now is None else now
+        kind = self.full_sync_duration if full else self.partial_sync_duration
+        for name in self._families:
+            self.sync_duration.labels(ip_family=name).observe(seconds)
+            kind.labels(ip_family=name).observe(seconds)
+            if failed:
+                self.sync_failures.labels(ip_family=name).inc()
+            else:
+                self.last_sync.labels(ip_family=name).set(now)
+
+    def synced(self, snapshot: Snapshot, seconds: float, *, full: bool = False, failed: bool = False) -> None:
+        """``snapshot`` applied in ``seconds``: a sync, and the changes it carried."""
         now = self._clock()
-        self.sync_duration.observe(seconds)
-        self.last_sync.set(now)
+        self.sync_done(seconds, full=full, failed=failed, now=now)
         services, endpoints = _split_changes(self._applied, snapshot)
         self.service_changes.inc(services)
         self.endpoint_changes.inc(endpoints)
         self.service_changes_pending.set(0)
         self.endpoint_changes_pending.set(0)
         if self._applied is not None:
-            for _, started in programming_starts(self._applied, snapshot, self._started):
-                self.programming.observe(max(0.0, now - started))
+            served = set(self._families)
+            for _, slice_, started in slice_programming_starts(self._applied, snapshot, self._started):
+                if slice_.address_type in served:  # an FQDN slice is no proxier's
+                    self.programming.labels(ip_family=slice_.address_type).observe(max(0.0, now - started))
         self._count_no_local(snapshot)
         self._applied = snapshot
 
     def _count_no_local(self, snapshot: Snapshot) -> None:
         totals = self._no_local_totals
         for name in snapshot.changed_since(self._applied):
-            internal, external = self._no_local.pop(name, (0, 0))
-            totals[0] -= internal
-            totals[1] -= external
-            internal, external = local_policy_drops(snapshot.services.get(name), self._drops_ctx)
-            if internal or external:
-                self._no_local[name] = (internal, external)
-            totals[0] += internal
-            totals[1] += external
-        self.no_local_endpoints.labels(traffic_policy="internal").set(totals[0])
-        self.no_local_endpoints.labels(traffic_policy="external").set(totals[1])
+            for family, (internal, external) in self._no_local.pop(name, {}).items():
+                totals[family][0] -= internal
+                totals[family][1] -= external
+            drops = local_policy_drops(snapshot.services.get(name), self._drops_ctx)
+            if drops:
+                self._no_local[name] = drops
+            for family, (internal, external) in drops.items():
+                total = totals.setdefault(family, [0, 0])
+                total[0] += internal
+                total[1] += external
+        for family in sorted(totals.keys() | {_FAMILY_NUMBERS[name] for name in self._families}):
+            internal, external = totals.get(family, (0, 0))
+            self.no_local_endpoints.labels(ip_family=FAMILY_LABELS[family], traffic_policy="internal").set(internal)
+            self.no_local_endpoints.labels(ip_family=FAMILY_LABELS[family], traffic_policy="external").set(external)
 
 
 def _split_changes(old: Snapshot | None, new: Snapshot) -> tuple[int, int]:

@@ -59,7 +59,7 @@ class ProxyService:
         self.relays: Relays = create_proxier(config, node_name, hold=hold, worker_command=worker_command)
         self.health = ProxyHealth(families=families, require_node=require_node)
         self.health_checks = HealthCheckServers(lambda: self.health.healthy(clock()))
-        self.metrics = ProxyMetrics(registry, node_name)
+        self.metrics = ProxyMetrics(registry, node_name, families=families)
         self.metrics.attach_proxier(self.relays)
         self._clock = clock
         self._desired_health_checks: DesiredHealthChecks = {}
@@ -92,7 +92,7 @@ class ProxyService:
             tasks.create_task(self.health_checks.keep_retrying(), name="healthcheck-retry")
             tasks.create_task(
                 keep_host_in_sync(self.relays, self._resync, lambda: self._applied is not None and may_resync(),
-                                  self._sync_health_checks), name="host-resync")
+                                  self._sync_health_checks, synced=self.metrics.sync_done), name="host-resync")
             if self._address_events is not None:
                 tasks.create_task(follow_node_addresses(self.relays, self._address_events.changed,
                                                         self._sync_health_checks), name="node-addresses")
@@ -116,14 +116,20 @@ class ProxyService:
         self.metrics.queued(snapshot)
 
     async def apply_snapshot(self, snapshot: Snapshot) -> None:
+        # The first apply builds every service: a full sync (see ProxyMetrics for what a sync is).
+        full = not self.relays.ready
         started = time.monotonic()
-        await self.relays.apply(snapshot)
+        try:
+            await self.relays.apply(snapshot)
+        except Exception:
+            self.metrics.sync_done(time.monotonic() - started, full=full, failed=True)
+            raise
         self._desired_health_checks = update_health_checks(
             self._desired_health_checks, snapshot.services, snapshot.changed_since(self._applied), self.node_name)
         self._note_service_problems(snapshot)
         self._applied = snapshot
         await self._sync_health_checks()
-        self.metrics.synced(snapshot, time.monotonic() - started)
+        self.metrics.synced(snapshot, time.monotonic() - started, full=full, failed=self.relays.host_problems)
         self.health.updated(self._clock())
 
     def _note_service_problems(self, snapshot: Snapshot) -> None:

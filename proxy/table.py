@@ -258,8 +258,9 @@ def service_rules(state: ServiceState | None, ctx: TableContext) -> dict[Fronten
     return rules
 
 
-def local_policy_drops(state: ServiceState | None, ctx: TableContext) -> tuple[int, int]:
-    """(internal, external): the service's ports DROPping for want of a local endpoint, per family.
+def local_policy_drops(state: ServiceState | None, ctx: TableContext) -> dict[int, tuple[int, int]]:
+    """{family (4, 6): (internal, external)}: the service's ports DROPping for want of a local
+    endpoint, for the families where any does (kube-proxy labels the count ``ip_family``).
 
     What kube-proxy's sync_proxy_rules_no_local_endpoints_total counts
     (pkg/proxy/metrics/metrics.go SyncProxyRulesNoLocalEndpointsTotal): one per service
@@ -271,22 +272,20 @@ def local_policy_drops(state: ServiceState | None, ctx: TableContext) -> tuple[i
     IP): kube-proxy decides eTP=Local for the whole Service (ExternalPolicyLocal).
     """
     if state is None or not state.service.proxied:
-        return 0, 0
+        return {}
     info = state.service
     if not (info.internal_policy_local or info.external_policy_local):
-        return 0, 0  # most services: no endpoint sets to build
-    families = _served_families(info)
-    internal = external = 0
+        return {}  # most services: no endpoint sets to build
+    drops: dict[int, tuple[int, int]] = {}
     for port in info.ports:
         endpoints = state.endpoints_for_port(port)
-        for family in families:
+        for family in _served_families(info):
             sets, _ = _endpoint_sets(info, port, endpoints, family, ctx, assume_external=info.external_policy_local)
-            if not sets.has_any:
-                continue  # REJECT, not DROP
-            nothing_local = not sets.local
-            internal += info.internal_policy_local and nothing_local
-            external += info.external_policy_local and nothing_local
-    return internal, external
+            if not sets.has_any or sets.local:
+                continue  # REJECT (no endpoint at all), or served
+            internal, external = drops.get(family, (0, 0))
+            drops[family] = (internal + info.internal_policy_local, external + info.external_policy_local)
+    return drops
 
 
 def build_table(snapshot: Snapshot, ctx: TableContext) -> dict[Frontend, FrontendRule]:

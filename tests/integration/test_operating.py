@@ -235,5 +235,5 @@ def test_metrics_count_the_traffic_sent(topology, pods, manifests, tmp_path):
     assert delta("kubeport_proxy_bytes_total{direction=to_client,service_port=demo/web:http/TCP}") > 0
     assert delta("coredns_dns_requests_total") == 7
     assert delta("coredns_dns_responses_total{plugin=,rcode=NOERROR") == 7
-    assert after["kubeproxy_sync_proxy_rules_last_timestamp_seconds{}"] > 0
+    assert total(after, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=IPv4}") > 0
     assert total(after, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 1

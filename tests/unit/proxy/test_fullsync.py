@@ -99,6 +99,32 @@ async def test_a_failed_full_sync_is_logged_and_retried_not_fatal(caplog):
     assert proxier.resyncs >= 2 and "full sync" in caplog.text
 
 
+@pytest.mark.parametrize(("fail", "problems", "failed"), [
+    pytest.param(False, False, False, id="written__a_full_sync"),
+    pytest.param(False, True, True, id="host_problems_after_it__a_failed_full_sync"),
+    pytest.param(True, False, True, id="raised__a_failed_full_sync"),
+])
+async def test_each_full_sync_is_reported_for_the_metrics(fail, problems, failed):
+    """kubeproxy_sync_full_proxy_rules_duration_seconds and the failure counter (ProxyMetrics)."""
+    proxier = FakeProxier(fail=fail)
+    proxier.host_problems = problems
+    reported: list[tuple[bool, bool]] = []
+    requested = asyncio.Event()
+    requested.set()
+    task = asyncio.create_task(fullsync.keep_host_in_sync(
+        proxier, requested, lambda: True,
+        synced=lambda seconds, *, full, failed: reported.append((full, failed))))
+
+    async def one() -> None:
+        while not reported:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(one(), 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert reported[0] == (True, failed)
+
+
 async def test_a_failed_incremental_nft_batch_makes_the_next_one_whole():
     """kube-proxy: a failed sync sets needFullSync. A delta against a table deleted by hand
     fails every time; the whole table does not."""

@@ -66,13 +66,93 @@ def test_kube_proxy_sync_metrics_and_change_counts():
     second = state.commit()
     metrics.synced(second, 0.002)
     values = scrape(registry)
-    assert values["kubeproxy_sync_proxy_rules_duration_seconds_count{}"] == 2
+    assert values["kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=IPv4}"] == 2
     assert values["kubeproxy_sync_proxy_rules_service_changes_total{}"] == 1
     assert values["kubeproxy_sync_proxy_rules_endpoint_changes_total{}"] == 1
-    assert values["kubeproxy_network_programming_duration_seconds_count{}"] == 1
+    assert values["kubeproxy_network_programming_duration_seconds_count{ip_family=IPv4}"] == 1
     # After the second sync node-a has a local endpoint: the eTP=Local service is no longer counted.
-    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=external}"] == 0
-    assert values["kubeproxy_sync_proxy_rules_last_timestamp_seconds{}"] > 0
+    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=IPv4,traffic_policy=external}"] == 0
+    assert values["kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=IPv4}"] > 0
+
+
+SYNC_SERIES = ("kubeproxy_sync_proxy_rules_duration_seconds_count", "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+               "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+               "kubeproxy_sync_proxy_rules_nftables_sync_failures_total")
+
+
+@pytest.mark.parametrize(
+    ("families", "syncs", "expected", "last_synced"),
+    [
+        pytest.param(("IPv4",), [], {"IPv4": (0, 0, 0, 0)}, False, id="before_any_sync__every_series_at_0"),
+        pytest.param(("IPv4",), [(True, False)], {"IPv4": (1, 1, 0, 0)}, True, id="first_apply__full"),
+        pytest.param(("IPv4",), [(True, False), (False, False), (False, False)], {"IPv4": (3, 1, 2, 0)}, True,
+                     id="applies_after__partial"),
+        pytest.param(("IPv4",), [(True, True)], {"IPv4": (1, 1, 0, 1)}, False,
+                     id="failed__observed_and_counted__no_last_timestamp"),
+        pytest.param(("IPv6",), [(False, False)], {"IPv6": (1, 0, 1, 0)}, True, id="ipv6_only__labelled_ipv6"),
+        pytest.param(("IPv4", "IPv6"), [(True, False), (False, True)], {"IPv4": (2, 1, 1, 1), "IPv6": (2, 1, 1, 1)},
+                     True, id="dual_stack__each_sync_once_per_family__as_two_proxiers"),
+    ],
+)
+def test_syncs_full_partial_and_failed_per_ip_family(families, syncs, expected, last_synced):
+    """pkg/proxy/metrics/metrics.go (1.33): the sync series carry ip_family (IPv4/IPv6)."""
+    registry = CollectorRegistry()
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: 100.0, families=families)
+    for full, failed in syncs:
+        metrics.sync_done(0.004, full=full, failed=failed)
+    values = scrape(registry)
+    found = {family: tuple(values.get(f"{name}{{ip_family={family}}}") for name in SYNC_SERIES)
+             for family in ("IPv4", "IPv6") if f"{SYNC_SERIES[0]}{{ip_family={family}}}" in values}
+    assert found == expected
+    stamps = {key for key in values if key.startswith("kubeproxy_sync_proxy_rules_last_timestamp_seconds")}
+    assert stamps == ({f"kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family={family}}}"
+                       for family in families} if last_synced else set())
+
+
+def test_network_programming_labelled_with_the_slices_family():
+    """kube-proxy's proxier of a family observes its own family's slices; none observes an
+    FQDN slice, nor a family the node does not serve."""
+    registry = CollectorRegistry()
+    clock = iter([10.0, 100.0, 100.0])
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: next(clock), families=("IPv4", "IPv6"))
+    first = snapshot([_state(_web(cluster_ips=("10.96.0.20", "fd00:96::20")))])
+    metrics.synced(first, 0.001, full=True)
+    slices = (_traced(endpoint_slice("v4", [REMOTE], HTTP, "IPv4"), 40.0),
+              _traced(endpoint_slice("v6", [LOCAL_V6], HTTP, "IPv6"), 70.0),
+              _traced(endpoint_slice("fqdn", [REMOTE], HTTP, "FQDN"), 40.0))
+    second = snapshot([ServiceState(_web(cluster_ips=("10.96.0.20", "fd00:96::20")), slices)], previous=first)
+    metrics.synced(second, 0.001)
+    values = scrape(registry)
+    assert {family: (values[f"kubeproxy_network_programming_duration_seconds_count{{ip_family={family}}}"],
+                     values[f"kubeproxy_network_programming_duration_seconds_sum{{ip_family={family}}}"])
+            for family in ("IPv4", "IPv6")} == {"IPv4": (1, 60.0), "IPv6": (1, 30.0)}
+    assert not any("FQDN" in key for key in values)
+
+
+def test_every_sync_series_upstream_labels_with_ip_family_has_it():
+    """The names and labels of kube-proxy 1.33's metrics reference, as rendered."""
+    registry = CollectorRegistry()
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: 1.0, families=("IPv4",))
+    metrics.queued(snapshot([]))
+    metrics.synced(snapshot([]), 0.001, full=True)
+    labels = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
+    for name in ("kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+                 "kubeproxy_sync_full_proxy_rules_duration_seconds_bucket",
+                 "kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket",
+                 "kubeproxy_network_programming_duration_seconds_bucket"):
+        assert labels[name] == {"ip_family", "le"}, name
+    for name in ("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                 "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                 "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"):
+        assert labels[name] == {"ip_family"}, name
+    assert labels["kubeproxy_sync_proxy_rules_no_local_endpoints_total"] == {"ip_family", "traffic_policy"}
+    for name in ("kubeproxy_sync_proxy_rules_endpoint_changes_total", "kubeproxy_sync_proxy_rules_service_changes_total",
+                 "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                 "kubeproxy_sync_proxy_rules_service_changes_pending"):
+        assert labels[name] == set(), name
 
 
 def test_no_local_endpoints_counted_per_policy():
@@ -86,8 +166,8 @@ def test_no_local_endpoints_counted_per_policy():
     ])
     metrics.synced(state.commit(), 0.001)
     values = scrape(registry)
-    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=internal}"] == 1
-    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=external}"] == 1
+    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=IPv4,traffic_policy=internal}"] == 1
+    assert values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=IPv4,traffic_policy=external}"] == 1
 
 
 REMOTE = endpoint("10.244.2.11", node="node-b")
@@ -137,7 +217,7 @@ NODE_PORT = port(80, name="http", target=8080, node_port=30080)
                      (1, 0), id="two_ports__only_one_without_local_endpoints__counted_per_port"),
         pytest.param(_state(_web(cluster_ips=("10.96.0.20", "fd00:96::20"), internal_policy_local=True),
                             ([REMOTE], HTTP, "IPv4"), ([endpoint("fd00:244::12", node="node-b")], HTTP, "IPv6")),
-                     (2, 0), id="dual_stack__counted_in_each_family"),
+                     {"IPv4": (1, 0), "IPv6": (1, 0)}, id="dual_stack__counted_in_each_family"),
         pytest.param(_state(_web(NODE_PORT, type="NodePort", internal_policy_local=True,
                                  external_policy_local=True), ([REMOTE], HTTP, "IPv4")),
                      (1, 1), id="both_policies_local__counted_in_each"),
@@ -146,13 +226,18 @@ NODE_PORT = port(80, name="http", target=8080, node_port=30080)
     ],
 )
 def test_no_local_endpoints__where_kube_proxy_installs_its_drop(state, expected):
-    """pkg/proxy/metrics/metrics.go SyncProxyRulesNoLocalEndpointsTotal: where syncProxyRules drops."""
+    """pkg/proxy/metrics/metrics.go SyncProxyRulesNoLocalEndpointsTotal: where syncProxyRules drops,
+    per ip_family (a tuple: IPv4's, none in IPv6)."""
     registry = CollectorRegistry()
-    metrics = ProxyMetrics(registry, "node-a", clock=lambda: 1.0)
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: 1.0, families=("IPv4", "IPv6"))
     metrics.synced(snapshot([state]), 0.001)
     values = scrape(registry)
-    assert (values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=internal}"],
-            values["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=external}"]) == expected
+    found = {family: (values[f"kubeproxy_sync_proxy_rules_no_local_endpoints_total{{ip_family={family},"
+                             "traffic_policy=internal}"],
+                      values[f"kubeproxy_sync_proxy_rules_no_local_endpoints_total{{ip_family={family},"
+                             "traffic_policy=external}"])
+             for family in ("IPv4", "IPv6")}
+    assert found == (expected if isinstance(expected, dict) else {"IPv4": expected, "IPv6": (0, 0)})
 
 
 def test_no_local_endpoints__a_removed_service_is_no_longer_counted():
@@ -161,7 +246,8 @@ def test_no_local_endpoints__a_removed_service_is_no_longer_counted():
     first = snapshot([_state(_web(internal_policy_local=True), ([REMOTE], HTTP, "IPv4"))])
     metrics.synced(first, 0.001)
     metrics.synced(snapshot([], previous=first), 0.001)
-    assert scrape(registry)["kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=internal}"] == 0
+    assert scrape(registry)[
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=IPv4,traffic_policy=internal}"] == 0
 
 
 class FakeStats:
