@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from kubeport.endpoints import model
 from kubeport.endpoints.fielderrors import Invalid
 from kubeport.endpoints.manifests.holders import Holders
 from kubeport.endpoints.manifests.parse import Claim, ObjectKey, ParsedFile, ParsedObject, describe
@@ -25,8 +26,9 @@ from kubeport.endpoints.state import ClusterState
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("Namespace", "Node", "Service", "EndpointSlice", "Pod")
-#: Admission order inside a chunk: a Service before the slices that must not use its ClusterIP.
+SOURCE_KINDS = ("Namespace", "Node", "ServiceCIDR", "Service", "EndpointSlice", "Pod")
+#: Admission order inside a chunk: a ServiceCIDR before the Services allocated from it, a Service
+#: before the slices that must not use its ClusterIP.
 _KIND_ORDER = {kind: rank for rank, kind in enumerate(SOURCE_KINDS)}
 
 
@@ -145,6 +147,9 @@ class ManifestObjects:
         self.state.upsert(admitted)
         if parsed.key[0] == "Service" and parsed.key in self.applied:
             progress.freed = True  # a changed Service may have let go of a ClusterIP or nodePort
+            self._finish_service_cidrs()
+        elif parsed.key[0] == "ServiceCIDR":
+            progress.freed = True  # a new range: Services refused for a full one may fit now
         self.applied[parsed.key] = parsed.digest
         return []
 
@@ -155,13 +160,21 @@ class ManifestObjects:
                 continue  # taken over (updated in place), or it never got in
             self.warned.discard(key)
             kind, namespace, name = key
-            self.state.delete(kind, namespace, name)
+            if kind != "ServiceCIDR":  # a ServiceCIDR stays a service range until its deletion is over
+                self.state.delete(kind, namespace, name)
             progress.freed = True
             try:
                 self.registry.release(kind, namespace, name)
             except StoreError as exc:
                 log.error("%s: allocations not released: %s", describe(key), exc)
         progress.dropped.clear()
+        self._finish_service_cidrs()
+
+    def _finish_service_cidrs(self) -> None:
+        """The ServiceCIDRs whose deletion is over (no Service holds an address of theirs) leave
+        the state: pkg/controller/servicecidrs removes the finalizer, the object goes."""
+        for name in self.registry.take_finished_service_cidrs():
+            self.state.delete("ServiceCIDR", "", name)
 
     def release_undeclared(self, progress: Progress) -> None:
         """Free what Services deleted while the daemon was down still hold in the store.
@@ -172,3 +185,14 @@ class ManifestObjects:
                 log.info("releasing the allocations of Service %s/%s: no manifest declares it", namespace, name)
                 self.registry.release("Service", namespace, name)
                 progress.freed = True
+        for name, record in self.registry.service_cidrs().items():
+            if ("ServiceCIDR", "", name) in self.holders:
+                continue
+            if not record.terminating:
+                log.info("ServiceCIDR %s: no manifest declares it: deleted once no Service holds its addresses", name)
+                self.registry.release("ServiceCIDR", "", name)
+                progress.freed = True
+            # Still a service range while it is being deleted (the last applied state may not have it).
+            self.state.upsert(model.ServiceCIDR.model_validate(
+                {"metadata": {"name": name}, "spec": {"cidrs": list(record.cidrs)}}))
+        self._finish_service_cidrs()

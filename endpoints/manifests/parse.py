@@ -3,8 +3,8 @@
 What loads is what ``kubectl apply -f DIR -R`` loads: ``*.yaml``, ``*.yml`` and
 ``*.json`` files, multi-document YAML, concatenated JSON values, ``kind: List`` and
 typed lists (``ServiceList`` with kind-less items, as the API server prints them).
-Kinds other than Service, EndpointSlice, Pod, Node and Namespace are skipped, except a kind the
-core or discovery.k8s.io group does not have (``kind: Servce``): kubectl refuses those (``no
+Kinds other than Service, EndpointSlice, Pod, Node, Namespace and ServiceCIDR are skipped, except a
+kind the core, discovery.k8s.io or networking.k8s.io group does not have (``kind: Servce``): kubectl refuses those (``no
 matches for kind``), and so does kubeport. Every problem is one line naming the file, the
 object and the field path in API (camelCase) style:
 ``web.yaml: Service "web": spec.ports[0].port: Input should be a valid integer``.
@@ -41,8 +41,9 @@ ObjectKey = tuple[str, str, str]
 UnchangedCheck = Callable[[ObjectKey, bytes], bool]
 
 #: The API group each kind we read is served from, and the versions we understand.
-_KIND_GROUPS = {"Service": "", "Node": "", "Namespace": "", "Pod": "", "EndpointSlice": "discovery.k8s.io"}
-_GROUP_VERSIONS = {"": ("v1",), "discovery.k8s.io": ("v1",)}
+_KIND_GROUPS = {"Service": "", "Node": "", "Namespace": "", "Pod": "", "EndpointSlice": "discovery.k8s.io",
+                "ServiceCIDR": "networking.k8s.io"}
+_GROUP_VERSIONS = {"": ("v1",), "discovery.k8s.io": ("v1",), "networking.k8s.io": ("v1",)}
 #: Every kind of those groups (k8s.io/api core/v1 and discovery/v1 register.go): any other
 #: kind in them is a typo, which kubectl refuses (``no matches for kind "Servce" in version "v1"``).
 _GROUP_KINDS = {
@@ -57,6 +58,11 @@ _GROUP_KINDS = {
         "RangeAllocation", "ConfigMap", "ConfigMapList", "Status",
     }),
     "discovery.k8s.io": frozenset({"EndpointSlice", "EndpointSliceList"}),
+    # networking/v1 register.go
+    "networking.k8s.io": frozenset({
+        "Ingress", "IngressList", "IngressClass", "IngressClassList", "NetworkPolicy", "NetworkPolicyList",
+        "IPAddress", "IPAddressList", "ServiceCIDR", "ServiceCIDRList",
+    }),
 }
 _READ_KINDS = {group: frozenset(k for k, g in _KIND_GROUPS.items() if g == group) for group in _GROUP_VERSIONS}
 

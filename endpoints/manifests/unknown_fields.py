@@ -83,6 +83,9 @@ SCHEMAS: dict[str, Schema] = {
     "Node": _fields("apiVersion", "kind", metadata=OBJECT_META, spec=NODE_SPEC, status=NODE_STATUS),
     "Namespace": _fields("apiVersion", "kind", metadata=OBJECT_META, spec=_fields("finalizers"),
                          status=_fields("phase", "conditions")),
+    "ServiceCIDR": _fields("apiVersion", "kind", metadata=OBJECT_META, spec=_fields("cidrs"),
+                           status=_fields(conditions=ListOf(_fields("type", "status", "observedGeneration",
+                                                                    "lastTransitionTime", "reason", "message")))),
 }
 
 class _Node:

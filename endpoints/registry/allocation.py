@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 
 from kubeport.endpoints import model, names
 from kubeport.endpoints.fielderrors import FieldError, internal, invalid
-from kubeport.endpoints.registry.allocators import AllocationError, IPAllocator, PortAllocator, RangeFull
+from kubeport.endpoints.registry.allocators import (
+    AllocationError,
+    IPAllocator,
+    PortAllocator,
+    RangeFull,
+    ServiceCIDRAllocator,
+)
 from kubeport.endpoints.registry.store import NodePortAllocation, ServiceAllocation
 from kubeport.endpoints.validation import needs_health_check
 
@@ -98,7 +104,7 @@ class Transaction:
     """Allocations taken for one admission, and what to release when it commits."""
 
     ports: PortAllocator
-    ips: dict[str, IPAllocator]
+    ips: dict[str, IPAllocator] | dict[str, ServiceCIDRAllocator]
     taken_ports: list[int] = field(default_factory=list)
     taken_ips: list[tuple[str, str]] = field(default_factory=list)
     release_ports: set[int] = field(default_factory=set)

@@ -257,3 +257,152 @@ class IPAllocator:
         offset = self._offset(ip)
         if offset is not None:
             self._bands.give_back(offset)
+
+
+class _Range:
+    """One ServiceCIDR range: its bitmap and the ServiceCIDRs naming it (name -> Ready)."""
+
+    __slots__ = ("allocator", "owners")
+
+    def __init__(self, allocator: IPAllocator) -> None:
+        self.allocator = allocator
+        self.owners: dict[str, bool] = {}
+
+    @property
+    def ready(self) -> bool:
+        """MetaAllocator.syncAllocators: ready while any ServiceCIDR naming it is ready."""
+        return any(self.owners.values())
+
+
+class ServiceCIDRAllocator:
+    """One family's ClusterIPs over the ranges of the ServiceCIDRs: the MultiCIDR allocator
+    (``pkg/registry/core/service/ipallocator/cidrallocator.go`` MetaAllocator, KEP-1880).
+
+    Each range is an :class:`IPAllocator` with its own static and dynamic bands. A dynamic
+    pick tries the ready ranges in turn and takes the first with room; upstream iterates a Go
+    map (no defined order), here the order is fixed so that a manifest directory allocates
+    the same way every time: the default range (``--service-cluster-ip-range``) first, then by
+    ServiceCIDR name. A range being deleted is not ready: nothing new comes from it, what it
+    holds stays until released. Ranges may overlap (the API server allows it): an address is
+    taken in every range that contains it, so no two Services ever get it.
+    """
+
+    def __init__(self, family: str, rng: random.Random | None = None, reserved: Iterable[str] = ()) -> None:
+        self.family = family
+        self._rng = rng or random.Random()
+        self._reserved = tuple(reserved)
+        self._ranges: dict[str, _Range] = {}
+        self._order: list[_Range] = []
+        self._taken: set[str] = set()
+        #: the name whose ranges are tried first (the default ServiceCIDR)
+        self.default_owner = ""
+
+    def __str__(self) -> str:
+        return ", ".join(str(r.allocator) for r in self._order if r.ready) or "(none)"
+
+    # --- the ranges ----------------------------------------------------------------------
+
+    def add(self, cidr: str, owner: str, *, ready: bool = True) -> None:
+        """``owner`` (a ServiceCIDR) names ``cidr``; a new range takes the addresses already
+        allocated inside it (from an overlapping range)."""
+        held = self._ranges.get(cidr)
+        if held is None:
+            held = self._ranges[cidr] = _Range(IPAllocator(cidr, self._rng, reserved=self._reserved))
+            for ip in self._taken:
+                if held.allocator.contains(ip):
+                    held.allocator.allocate(ip)
+        held.owners[owner] = ready
+        self._sort()
+
+    def set_ready(self, cidr: str, owner: str, ready: bool) -> None:
+        held = self._ranges.get(cidr)
+        if held is not None and owner in held.owners:
+            held.owners[owner] = ready
+
+    def remove(self, cidr: str, owner: str) -> None:
+        """``owner`` no longer names ``cidr``; the range goes with its last owner."""
+        held = self._ranges.get(cidr)
+        if held is None:
+            return
+        held.owners.pop(owner, None)
+        if not held.owners:
+            del self._ranges[cidr]
+            self._sort()
+
+    def in_use(self, cidr: str) -> bool:
+        """Some allocated address of ``cidr`` is in no other ready range: deleting the range
+        would orphan it (``canDeleteCIDR`` of pkg/controller/servicecidrs)."""
+        held = self._ranges.get(cidr)
+        if held is None:
+            return False
+        others = [r for r in self._order if r is not held and r.ready]
+        return any(held.allocator.has(ip) and not any(r.allocator.contains(ip) for r in others)
+                   for ip in self._taken)
+
+    def _sort(self) -> None:
+        def key(item: tuple[str, _Range]) -> tuple[bool, str, str]:
+            cidr, held = item
+            return (self.default_owner not in held.owners, min(held.owners), cidr)
+
+        self._order = [held for _, held in sorted(self._ranges.items(), key=key)]
+
+    # --- the allocator's interface (IPAllocator's) ----------------------------------------
+
+    @property
+    def used(self) -> int:
+        return len(self._taken)
+
+    @property
+    def ranges(self) -> list[IPAllocator]:
+        """Every range, in the order dynamic picks try them."""
+        return [r.allocator for r in self._order]
+
+    def contains(self, ip: str) -> bool:
+        return any(r.allocator.contains(ip) for r in self._order)
+
+    def has(self, ip: str) -> bool:
+        return ip in self._taken
+
+    def allocate(self, ip: str) -> None:
+        """An explicit ClusterIP: it must lie in a ready range (``getAllocator(ip, ready=true)``)."""
+        if not any(r.ready and r.allocator.contains(ip) for r in self._order):
+            raise NotInRange(f"the provided IP ({ip}) is not in the valid range. The range of valid IPs is {self}")
+        self._take(ip)
+
+    def reserve(self, ip: str) -> None:
+        """Take again an address a stored Service holds: any range will do, ready or not
+        (a Service keeps its ClusterIP while its range is being deleted)."""
+        if not self.contains(ip):
+            ranges = ", ".join(str(r) for r in self.ranges) or "(none)"
+            raise NotInRange(f"the provided IP ({ip}) is not in the valid range. The range of valid IPs is {ranges}")
+        self._take(ip)
+
+    def _take(self, ip: str) -> None:
+        if ip in self._taken:
+            raise AlreadyAllocated("provided IP is already allocated")
+        for held in self._order:
+            if held.allocator.contains(ip):
+                held.allocator.allocate(ip)
+        self._taken.add(ip)
+
+    def allocate_next(self) -> str:
+        for held in self._order:
+            if not held.ready:
+                continue
+            try:
+                ip = held.allocator.allocate_next()
+            except RangeFull:
+                continue
+            for other in self._order:
+                if other is not held and other.allocator.contains(ip):
+                    other.allocator.allocate(ip)
+            self._taken.add(ip)
+            return ip
+        raise RangeFull()
+
+    def release(self, ip: str) -> None:
+        if ip not in self._taken:
+            return
+        self._taken.discard(ip)
+        for held in self._order:
+            held.allocator.release(ip)

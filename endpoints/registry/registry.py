@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from typing import Callable, Protocol
 
 from kubeport.endpoints import model
-from kubeport.endpoints.fielderrors import FieldError, Invalid
+from kubeport.endpoints.fielderrors import FieldError, Invalid, invalid
 from kubeport.endpoints.registry.allocation import (
     AllocationFailed,
     ServiceAllocations,
@@ -28,8 +28,8 @@ from kubeport.endpoints.registry.allocation import (
     allocate_service,
     resolve_ip_families,
 )
-from kubeport.endpoints.registry.allocators import AllocationError, IPAllocator, PortAllocator
-from kubeport.endpoints.registry.store import AllocationStore, ServiceAllocation
+from kubeport.endpoints.registry.allocators import AllocationError, PortAllocator, ServiceCIDRAllocator
+from kubeport.endpoints.registry.store import AllocationStore, ServiceAllocation, ServiceCIDRRecord
 from kubeport.endpoints.validation import validate, validate_service
 
 __all__ = ["Admitter", "FieldError", "Invalid", "Registry", "dns_service_ip"]
@@ -46,6 +46,12 @@ class Admitter(Protocol):
 
     #: persists the admissions inside as one write (one batch of files)
     def grouped_writes(self) -> AbstractContextManager[None]: ...
+
+    #: the ServiceCIDRs whose deletion has finished since the last call (their ranges are free)
+    def take_finished_service_cidrs(self) -> list[str]: ...
+
+    #: every ServiceCIDR the registry holds (a restart: those no file declares any more)
+    def service_cidrs(self) -> dict[str, ServiceCIDRRecord]: ...
 
 
 log = logging.getLogger(__name__)
@@ -77,7 +83,9 @@ class Registry:
         """
         :param store: where allocations persist; every stored allocation is re-reserved here.
         :param service_cidrs: ``--service-cluster-ip-range``: one CIDR, or two of different
-            families for dual-stack; the first is the primary family.
+            families for dual-stack; the first is the primary family. They are the default
+            ServiceCIDR ("kubernetes"); ServiceCIDR objects add ranges (:meth:`admit`), and
+            those stored are taken again before the Services' allocations.
         :param node_port_range: ``--service-node-port-range``, inclusive.
         :param rng: randomness for dynamic picks and uids (inject a seeded one in tests).
         :param now: the clock for creationTimestamp.
@@ -89,14 +97,21 @@ class Registry:
         self._rng = rng or random.Random()
         self._now = now
         self.dns_ip = dns_service_ip(cidrs[0])
-        self._ips: dict[str, IPAllocator] = {}
-        for i, cidr in enumerate(cidrs):
-            reserved = [self.dns_ip] if i == 0 else []
-            self._ips[_FAMILY[cidr.version]] = IPAllocator(cidr, self._rng, reserved=reserved)
+        self._default_cidrs = tuple(str(c) for c in cidrs)
+        self._ips: dict[str, ServiceCIDRAllocator] = {}
+        for cidr in cidrs:
+            # kube-dns's address stays out of dynamic picks in every range that holds it
+            allocator = ServiceCIDRAllocator(_FAMILY[cidr.version], self._rng, reserved=[self.dns_ip])
+            allocator.default_owner = model.DEFAULT_SERVICE_CIDR_NAME
+            allocator.add(str(cidr), model.DEFAULT_SERVICE_CIDR_NAME)
+            self._ips[allocator.family] = allocator
         self._ports = PortAllocator(*node_port_range, rng=self._rng)
         self._records: dict[tuple[str, str], ServiceAllocation] = {}
         #: ClusterIP -> "namespace/name" of the Service holding it.
         self._ip_owners: dict[str, str] = {}
+        #: the ServiceCIDR objects (not the default one), by name
+        self._service_cidrs: dict[str, ServiceCIDRRecord] = {}
+        self._finished: list[str] = []
         self._load()
 
     @property
@@ -107,6 +122,8 @@ class Registry:
     # --- start-up ---------------------------------------------------------------------
 
     def _load(self) -> None:
+        for cidr_record in self._store.load_service_cidrs():
+            self._hold_service_cidr(cidr_record)
         for record in self._store.load():
             kept = self._reserve(record)
             self._records[(record.namespace, record.name)] = kept
@@ -119,7 +136,7 @@ class Registry:
         ips = []
         for ip in record.cluster_ips:
             allocator = self._allocator_for(ip)
-            if self._try(record, ip, allocator.allocate if allocator else None):
+            if self._try(record, ip, allocator.reserve if allocator else None):
                 ips.append(ip)
         kept_ports = {p for p in record.held_ports() if self._try(record, p, self._ports.allocate)}
         return ServiceAllocation(
@@ -143,7 +160,7 @@ class Registry:
             log.warning("stored allocation %s of Service %s dropped: %s", value, record.key, exc)
             return False
 
-    def _allocator_for(self, ip: str) -> IPAllocator | None:
+    def _allocator_for(self, ip: str) -> ServiceCIDRAllocator | None:
         try:
             return self._ips.get(_FAMILY[ipaddress.ip_address(ip).version])
         except ValueError:
@@ -183,7 +200,11 @@ class Registry:
         Raises :class:`~kubeport.endpoints.registry.store.StoreError` if the store cannot be written.
         """
         if isinstance(obj, model.Service):
-            return self._admit_service(obj)
+            admitted = self._admit_service(obj)
+            self._finish_service_cidrs()  # the Service may have let go of a ClusterIP
+            return admitted
+        if isinstance(obj, model.ServiceCIDR):
+            return self._admit_service_cidr(obj)
         errors = validate(obj, self._ip_owners)
         if errors:
             raise Invalid(obj.kind, obj.metadata.name, errors)
@@ -247,7 +268,11 @@ class Registry:
     # --- deletion -------------------------------------------------------------------------
 
     def release(self, kind: str, namespace: str, name: str) -> None:
-        """The object was deleted: a Service frees its allocations. Idempotent."""
+        """The object was deleted: a Service frees its allocations, a ServiceCIDR starts its
+        deletion (:meth:`take_finished_service_cidrs` says when it is over). Idempotent."""
+        if kind == "ServiceCIDR":
+            self._release_service_cidr(name)
+            return
         if kind != "Service":
             return
         record = self._records.get((namespace, name))
@@ -262,6 +287,81 @@ class Registry:
             allocator = self._allocator_for(ip)
             if allocator is not None:
                 allocator.release(ip)
+        self._finish_service_cidrs()
+
+    # --- ServiceCIDRs (KEP-1880) ------------------------------------------------------------
+
+    def service_cidrs(self) -> dict[str, ServiceCIDRRecord]:
+        return dict(self._service_cidrs)
+
+    def take_finished_service_cidrs(self) -> list[str]:
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _admit_service_cidr(self, obj: model.ServiceCIDR) -> model.ServiceCIDR:
+        """ValidateServiceCIDR, then ValidateServiceCIDRUpdate's immutable spec.cidrs
+        (pkg/apis/networking/validation); the default one is the flag's and nothing else."""
+        name = obj.metadata.name
+        errors = validate(obj)
+        cidrs = tuple(obj.spec.cidrs)
+        if not errors:
+            held = self._service_cidrs.get(name)
+            before = self._default_cidrs if name == model.DEFAULT_SERVICE_CIDR_NAME else held and held.cidrs
+            if before and cidrs != before:
+                errors.append(invalid("spec.cidrs", list(cidrs), "field is immutable"))
+        if errors:
+            raise Invalid("ServiceCIDR", name, errors)
+        if name == model.DEFAULT_SERVICE_CIDR_NAME:
+            return obj  # the flag's ranges, held from the start
+        held = self._service_cidrs.get(name)
+        if held is None or held.terminating:
+            record = ServiceCIDRRecord(name, cidrs)
+            self._store.put_service_cidr(record)
+            self._hold_service_cidr(record)
+        return obj
+
+    def _hold_service_cidr(self, record: ServiceCIDRRecord) -> None:
+        self._service_cidrs[record.name] = record
+        for cidr in record.cidrs:
+            allocator = self._ips.get(_FAMILY[ipaddress.ip_network(cidr).version])
+            if allocator is not None:  # a family the cluster does not serve allocates nothing
+                allocator.add(cidr, record.name, ready=not record.terminating)
+
+    def _release_service_cidr(self, name: str) -> None:
+        """The servicecidrs controller's deletion: not ready at once (no new ClusterIP from it),
+        gone once no Service holds an address only it contains (its finalizer removed)."""
+        held = self._service_cidrs.get(name)
+        if held is None or held.terminating:
+            return
+        record = ServiceCIDRRecord(name, held.cidrs, terminating=True)
+        self._store.put_service_cidr(record)
+        self._service_cidrs[name] = record
+        for cidr, allocator in self._range_allocators(record):
+            allocator.set_ready(cidr, name, False)
+        self._finish_service_cidrs()
+
+    def _range_allocators(self, record: ServiceCIDRRecord) -> list[tuple[str, ServiceCIDRAllocator]]:
+        found = []
+        for cidr in record.cidrs:
+            allocator = self._ips.get(_FAMILY[ipaddress.ip_network(cidr).version])
+            if allocator is not None:
+                found.append((cidr, allocator))
+        return found
+
+    def _finish_service_cidrs(self) -> None:
+        for name, record in list(self._service_cidrs.items()):
+            if not record.terminating:
+                continue
+            ranges = self._range_allocators(record)
+            if any(allocator.in_use(cidr) for cidr, allocator in ranges):
+                continue
+            self._store.delete_service_cidr(name)
+            del self._service_cidrs[name]
+            for cidr, allocator in ranges:
+                allocator.remove(cidr, name)
+            self._finished.append(name)
+            log.info("ServiceCIDR %s: deleted, no Service holds an address of %s any more", name,
+                     ", ".join(record.cidrs))
 
 
 def _completed(

@@ -43,6 +43,25 @@ CREATE TABLE IF NOT EXISTS service_allocations (
 """
 
 
+#: the ServiceCIDR objects of the manifests (KEP-1880), so that a restart knows the ranges of
+#: the stored ClusterIPs before the files are read again; ``terminating``: its manifest is gone
+#: and Services still hold addresses in it (the finalizer of pkg/controller/servicecidrs)
+_SCHEMA_SERVICE_CIDRS = """
+CREATE TABLE IF NOT EXISTS service_cidrs (
+    name TEXT NOT NULL PRIMARY KEY,
+    cidrs TEXT NOT NULL,
+    terminating INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCIDRRecord:
+    name: str
+    cidrs: tuple[str, ...]
+    terminating: bool = False
+
+
 class StoreError(Exception):
     """The allocation database cannot be opened, read or written; the message names its path."""
 
@@ -117,6 +136,7 @@ class AllocationStore:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
+            conn.execute(_SCHEMA_SERVICE_CIDRS)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
             conn.close()
@@ -151,6 +171,23 @@ class AllocationStore:
             )
         except (ValueError, TypeError) as exc:
             raise StoreError(f"allocation store {self._where}: cannot read Service {namespace}/{name}: {exc}") from exc
+
+    def load_service_cidrs(self) -> list[ServiceCIDRRecord]:
+        """Every stored ServiceCIDR, by name."""
+        rows = self._guard("read", lambda: self._conn.execute(
+            "SELECT name, cidrs, terminating FROM service_cidrs ORDER BY name").fetchall())
+        try:
+            return [ServiceCIDRRecord(name, tuple(str(c) for c in json.loads(cidrs)), bool(terminating))
+                    for name, cidrs, terminating in rows]
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"allocation store {self._where}: cannot read the ServiceCIDRs: {exc}") from exc
+
+    def put_service_cidr(self, record: ServiceCIDRRecord) -> None:
+        self._write("INSERT OR REPLACE INTO service_cidrs VALUES (?, ?, ?)",
+                    (record.name, json.dumps(list(record.cidrs)), int(record.terminating)))
+
+    def delete_service_cidr(self, name: str) -> None:
+        self._write("DELETE FROM service_cidrs WHERE name = ?", (name,))
 
     def put(self, allocation: ServiceAllocation) -> None:
         """Insert or replace one Service's allocations (one transaction, or part of the group)."""

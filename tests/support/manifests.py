@@ -79,6 +79,12 @@ class CountingRegistry:
     def grouped_writes(self):
         return self.registry.grouped_writes()
 
+    def take_finished_service_cidrs(self) -> list[str]:
+        return self.registry.take_finished_service_cidrs()
+
+    def service_cidrs(self):
+        return self.registry.service_cidrs()
+
 
 def new_registry(store: AllocationStore | None = None, seed: int = 7) -> CountingRegistry:
     networks = [ipaddress.ip_network("10.96.0.0/12")]

@@ -82,6 +82,8 @@ API_TYPES = {
     ("Node", ""): "V1Node", ("Node", ".spec"): "V1NodeSpec", ("Node", ".spec.taints"): "V1Taint",
     ("Node", ".status"): "V1NodeStatus", ("Node", ".status.addresses"): "V1NodeAddress",
     ("Namespace", ""): "V1Namespace", ("Namespace", ".spec"): "V1NamespaceSpec", ("Namespace", ".status"): "V1NamespaceStatus",
+    ("ServiceCIDR", ""): "V1ServiceCIDR", ("ServiceCIDR", ".spec"): "V1ServiceCIDRSpec",
+    ("ServiceCIDR", ".status"): "V1ServiceCIDRStatus", ("ServiceCIDR", ".status.conditions"): "V1Condition",
 }
 
 
