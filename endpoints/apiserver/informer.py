@@ -416,6 +416,12 @@ class Informer:
         """React to an error status; the delay before the next attempt."""
         self.stats.failures[str(exc.code)] += 1
         reaction = react(exc.code, exc.status, verb=exc.verb, retry_after=exc.retry_after)
+        if exc.code == 404 and self.resource.optional:
+            # An API server older than the resource (ServiceCIDRs before 1.33): there is none
+            # to read, which is no problem; asked again at the backoff's pace (an upgrade).
+            if self.stats.failures["404"] == 1:
+                log.info("%s: not served by this API server (%s): none read", self.resource.plural, self.resource.path)
+            return self._next_delay(reaction.retry_after)
         if reaction.problem:
             self._on_problem(self.resource.kind, self.resource.forbidden_problem(exc))
         elif exc.code != 429:

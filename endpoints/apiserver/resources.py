@@ -34,6 +34,8 @@ class Resource:
     field_selector: str | None = None
     #: read in this namespace only (a Role's grant), else in all of them
     namespace: str | None = None
+    #: an API server may not serve it (older than the resource): its 404 is no problem
+    optional: bool = False
 
     @property
     def path(self) -> str:
@@ -84,7 +86,7 @@ def watched_resources(node_name: str, pods: PodScope = "none") -> tuple[Resource
         Resource("Namespace", "", "v1", "namespaces", Namespace),
         # The service ranges beyond --service-cluster-ip-range (KEP-1880), as kube-proxy's
         # nftables mode watches them (pkg/proxy/config ServiceCIDRConfig).
-        Resource("ServiceCIDR", "networking.k8s.io", "v1", "servicecidrs", ServiceCIDR),
+        Resource("ServiceCIDR", "networking.k8s.io", "v1", "servicecidrs", ServiceCIDR, optional=True),
     )
     if pods == "node":
         resources += (Resource("Pod", "", "v1", "pods", PodAddresses, field_selector=f"spec.nodeName={node_name}"),)

@@ -58,3 +58,14 @@ async def test_forbidden_servicecidrs__the_rbac_rule_to_add_is_named(running):
 
 async def _problem(source, kind: str) -> str:
     return await until(lambda: next((p for p in source.problems if p.startswith(kind)), None), f"a {kind} problem")
+
+
+async def test_an_api_server_without_servicecidrs_is_no_problem__the_flag_s_range_stands(running):
+    """Before 1.33 the API server answers 404 for networking.k8s.io/v1 servicecidrs."""
+    server, source, state = await running(state=_state())
+    server.fail("servicecidrs", "watch", 404, times=1000)
+    server.fail("servicecidrs", "list", 404, times=1000)
+    await synced(state)
+    await until(lambda: source.stats["ServiceCIDR"].failures["404"] >= 2, "asked again")
+    assert source.problems == []
+    assert state.snapshot.service_cidrs == (FLAG,)
