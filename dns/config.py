@@ -227,9 +227,10 @@ SETTING_FIELDS = {
     "serve_stale_refresh_mode": "serve_stale_refresh",
     "forward_expire": "upstream_expire",
 }
-#: DnsSettings the daemon uses around the server (how long it answers after SIGTERM)
-#: and whether it reads the kube-dns ConfigMap (the shell watches it; see kubeport.dns.kubedns)
-NOT_SERVER_SETTINGS = frozenset({"lame_duck", "kube_dns_config_map"})
+#: DnsSettings the daemon uses around the server (how long it answers after SIGTERM, how long
+#: it waits for the first sync before it listens) and whether it reads the kube-dns ConfigMap
+#: (the shell watches it; see kubeport.dns.kubedns)
+NOT_SERVER_SETTINGS = frozenset({"lame_duck", "kube_dns_config_map", "startup_timeout"})
 
 
 def _stub_domains(value: object, cluster_zone: str) -> tuple[tuple[str, tuple[Upstream, ...]], ...]:

@@ -93,6 +93,11 @@ class DnsSettings(BaseModel):
     prefetch_percentage: int = Field(10, ge=10, le=90, description="CoreDNS `prefetch` PERCENTAGE (10).")
     lame_duck: Duration = Field(
         5.0, ge=0, description="Keep answering this long after SIGTERM (CoreDNS health lameduck).")
+    startup_timeout: Duration = Field(
+        0.0, ge=0, description="CoreDNS `kubernetes` `startup_timeout`: without a restored last applied state, "
+        "DNS listens once the first sync is applied or this long after start, whichever is first; until the sync, "
+        "a cluster name not known yet is answered SERVFAIL and other names forwarded. 0: listen at once (CoreDNS's default "
+        "is 5s).")
     forward_expire: Duration = Field(
         10.0, gt=0, description="How long an idle TCP connection to an upstream may be reused (CoreDNS forward "
         "`expire`).")

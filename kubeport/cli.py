@@ -108,6 +108,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                      help="forward the names under ZONE to these servers instead of the upstreams, the longest "
                           "zone winning (kube-dns stubDomains; IPv6 as [ADDR]:PORT; repeatable)")
     run.add_argument("--dns-lame-duck", metavar="DURATION", help="keep answering this long after SIGTERM (5s)")
+    run.add_argument("--dns-startup-timeout", metavar="DURATION",
+                     help="without a restored state, wait up to this long for the first sync before DNS listens "
+                          "(CoreDNS kubernetes startup_timeout; default 0: listen at once)")
     run.add_argument("--state-dir", metavar="DIR")
     run.add_argument("--hold-sockets", action="store_const", const=True, default=None,
                      help="a supervisor holds the listening sockets and restarts a killed daemon at once")
@@ -212,6 +215,7 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "dns.prefetch": ("--dns-prefetch",),
     "dns.serveStaleRefreshMode": ("--dns-serve-stale-refresh-mode",),
     "dns.lameDuck": ("--dns-lame-duck",),
+    "dns.startupTimeout": ("--dns-startup-timeout",),
 }
 
 #: Flag values that are not the field's value as given.

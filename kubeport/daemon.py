@@ -1,7 +1,8 @@
 """Daemon wiring and lifecycle: source -> ClusterState -> proxy and DNS, plus the status server.
 
 Startup: status server (not ready), service addresses, DNS listeners (SERVFAIL until
-synced), source. A primary (no other instance serves the node) that finds the last applied
+synced; with ``dns.startupTimeout``, opened once the first sync is applied or that long after
+start, as CoreDNS's ``startup_timeout``), source. A primary (no other instance serves the node) that finds the last applied
 state an earlier process kept in the state directory, young enough, serves it at once, while
 /readyz stays 503 until the source has synced. Each consumer follows the snapshots on its own task, so a slow proxy
 sync never delays DNS.
@@ -123,12 +124,16 @@ class Daemon:
             if previous_reported is not None:
                 await previous_reported
             await proxy.start(extra_addresses=self.config.dns_addresses)
+            dns_wait = dns_start_wait(restored, config.dns.startup_timeout)
             if primary:
                 if restored:
                     # DNS's first apply, before it listens: queries held across a crash are
                     # answered from the restored state; following goes on after it.
                     await self._follower.apply(dns, self.state.snapshot)
-                await dns.start()
+                if dns_wait:
+                    view.dns_waiting = True  # started in the task group, once the source runs
+                else:
+                    await dns.start()
         except OSError as exc:
             await self._shutdown(status)
             raise DaemonError(f"cannot start: {exc}") from exc
@@ -149,6 +154,8 @@ class Daemon:
                 else:
                     tasks.create_task(source.run(), name="source")
                 tasks.create_task(proxy.run(may_resync=self._alone), name="proxy-host")
+                if view.dns_waiting:
+                    tasks.create_task(self._start_dns_after_sync(dns, dns_wait), name="dns-start")
                 tasks.create_task(self._reloader.run(self._reload), name="reload")
                 tasks.create_task(self._reloader.watch(), name="reload-watch")
                 tasks.create_task(self._heap.keep_trimmed(), name="heap")
@@ -166,6 +173,21 @@ class Daemon:
                                            wait=self.config.after_handover == "wait")
             if problem is not None:
                 raise DaemonError(problem)
+
+    async def _start_dns_after_sync(self, dns: DnsConsumer, timeout: float) -> None:
+        """CoreDNS's ``kubernetes`` plugin holds the server's start (its OnStartup,
+        ``plugin/kubernetes/setup.go RegisterKubeCache``) until its informers have synced or
+        ``startup_timeout`` has passed; the servers listen after the OnStartup functions
+        return. Until the sync a cluster name not known yet is SERVFAIL, other names forwarded."""
+        if not await self._follower.wait_synced(dns.name, timeout):
+            log.warning("dns: the first sync did not complete within %gs (dns.startupTimeout): listening; "
+                        "a cluster name not known yet is answered SERVFAIL until it does", timeout)
+        try:
+            await dns.start()
+        except OSError as exc:
+            raise DaemonError(f"cannot start DNS: {exc}") from exc
+        self.view.dns_waiting = False
+        self._readiness_changed()
 
     def _on_hangup(self) -> None:
         self._reloader.request()
@@ -223,6 +245,15 @@ class Daemon:
         for path in changed_fields(self.config, new, kept):
             log.warning("configuration: %s changed; it takes effect at the next restart", path)
         self.config = self.config.model_copy(update=applied)
+
+
+def dns_start_wait(restored: bool, startup_timeout: float) -> float:
+    """How long DNS may wait for the first sync before it listens (0: it listens at once).
+
+    CoreDNS waits up to ``startup_timeout`` for its informers (``plugin/kubernetes/setup.go``).
+    A restored last applied state is answered from at once instead: it is what the node
+    served a moment ago, and queries held across a crash wait for it."""
+    return 0.0 if restored else max(0.0, startup_timeout)
 
 
 def run(config: KubeportConfiguration, config_file: Path | None = None, flags: dict | None = None) -> int:

@@ -1,7 +1,8 @@
 """Each consumer follows the ClusterState's snapshots on its own task, so a slow proxy sync
 never delays DNS; what a consumer fails to apply is retried, its last good state kept
 meanwhile. The first view every consumer serves settles the held sockets; the first synced
-one makes the daemon ready."""
+one makes the daemon ready, and may be what DNS waits for before it listens (its
+``startupTimeout``)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,20 @@ class Follower:
         #: every consumer applied a view (the restored one, when there is one)
         self.restored_view_applied = asyncio.Event()
         self._held_sockets_settled = False
+        #: per consumer: it applied a synced snapshot (DNS listens on it: wait_synced)
+        self._synced: dict[str, asyncio.Event] = {}
+
+    async def wait_synced(self, name: str, timeout: float) -> bool:
+        """Until consumer ``name`` has applied a synced snapshot, for at most ``timeout``
+        seconds: False when the time ran out first."""
+        try:
+            await asyncio.wait_for(self._synced_event(name).wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _synced_event(self, name: str) -> asyncio.Event:
+        return self._synced.setdefault(name, asyncio.Event())
 
     async def follow(self, consumer: Consumer, generation: int = 0) -> None:
         """Apply every synced snapshot newer than ``generation``; on error keep the last good
@@ -67,6 +82,8 @@ class Follower:
             # per change per consumer floods the log, and it is on the path of the change.
             log.debug("%s: applied generation %d (%d services changed)", name, generation, len(snapshot.changed))
         view.applied[name] = generation
+        if snapshot.synced:
+            self._synced_event(name).set()
         if view.all_applied() and not self.restored_view_applied.is_set():
             self.restored_view_applied.set()
             if view.restored_at is not None:

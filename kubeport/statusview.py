@@ -41,6 +41,8 @@ class StatusView:
         self.restored_at: float | None = None
         #: the node's sysctls that do not hold and this process could not set (checked at start)
         self.node_settings: list[str] = []
+        #: DNS waits for the first sync before it listens (dns.startupTimeout): not ready meanwhile
+        self.dns_waiting = False
 
     def consumers(self) -> tuple[Consumer, ...]:
         # DNS first: its apply is quick and synchronous, so it never waits for the proxy's
@@ -70,6 +72,8 @@ class StatusView:
         for consumer in self.consumers():
             if consumer.name not in self.applied:
                 pending.append(f"{consumer.name}: first snapshot not applied")
+        if self.dns_waiting:
+            pending.append("dns: not listening yet (waiting for the first sync, dns.startupTimeout)")
         return pending
 
     def problems(self) -> list[str]:
