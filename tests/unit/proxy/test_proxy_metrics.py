@@ -366,3 +366,28 @@ def test_http_connections_turned_away_are_scraped_from_the_servers_counters():
     assert (values["kubeport_http_connections_rejected_total{}"], values["kubeport_http_connections_evicted_total{}"]) == (3, 5)
     ProxyMetrics(default := CollectorRegistry(), "node-a")  # registers the process's counters
     assert "kubeport_http_connections_rejected_total{}" in scrape(default)
+
+
+def test_every_series_the_kube_proxy_dashboard_reads_is_exported():
+    """The kubernetes-mixin "Kubernetes / Proxy" dashboard's queries (tests/fixtures), against the
+    metrics port's registry after one sync of each kind, dual-stack (two ip_family values)."""
+    from kubeport.process import process_registry
+
+    from support.coredns_dashboard import KUBE_PROXY_DASHBOARD_QUERIES, KUBE_PROXY_NOT_EXPORTED, dashboard_series
+
+    registry = process_registry()
+    metrics = ProxyMetrics(registry, "node-a", clock=lambda: 1.0, families=("IPv4", "IPv6"))
+    first = snapshot([_state(_web(), ([REMOTE], HTTP, "IPv4"))])
+    metrics.synced(first, 0.004, full=True)
+    metrics.synced(snapshot([_state(_web(), ([LOCAL], HTTP, "IPv4"))], previous=first), 0.002)
+    scraped: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            scraped.setdefault(sample.name, set()).update(sample.labels)
+    wanted = dashboard_series(KUBE_PROXY_DASHBOARD_QUERIES)
+    assert {"kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+            "kubeproxy_network_programming_duration_seconds_bucket"} <= wanted.keys(), "the fixture's queries"
+    assert not {name for name in wanted if name not in scraped} - KUBE_PROXY_NOT_EXPORTED
+    for name, grouped in wanted.items():
+        if name in scraped:
+            assert grouped <= scraped[name] | {"instance", "job"}, name
