@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 #: services rebuilt, and listeners opened, between two turns of the event loop in a big apply.
 _SERVICES_PER_TURN = 500
 _LISTENERS_PER_TURN = 500
+#: seconds between tries of the frontends refused a listener for want of descriptors, when no
+#: apply comes meanwhile (connections closing free descriptors without any change to apply)
+LISTENER_RETRY_S = 5.0
 _by_name = operator.attrgetter("namespace", "name")
 
 
@@ -99,6 +102,7 @@ class Proxier:
         self._forced = asyncio.Event()
         self._stopped = asyncio.Event()
         self._grace_timers: set[asyncio.TimerHandle] = set()
+        self._listener_retry: asyncio.TimerHandle | None = None
         self._sweeper: AffinitySweeper | None = None
         self._local_vips_version = -1  # of the VIP set last given to the local-client test
 
@@ -197,6 +201,9 @@ class Proxier:
         # Connections the kernel queued already: served here while draining, unless a successor
         # gets them anyway (tcp_migrate_req) or no drain would let them finish.
         take_queued = grace > 0 and (not hand_over or not requests_migrate())
+        if self._listener_retry is not None:
+            self._listener_retry.cancel()
+            self._listener_retry = None
         self._listeners.stop_accepting(hand_over=hand_over, accept_queued=take_queued)
         if grace > 0 and (ctx.conns or ctx.draining):
             await ctx.wait_idle_for(grace, abort, self._forced)
@@ -470,10 +477,26 @@ class Proxier:
                 if self._stopping:
                     return
         listeners.retry_failed(self._route_for)
+        listeners.log_shortage()
+        self._retry_listeners_later()
         await host.after_listeners()
         if host.wanted_version != self._local_vips_version:
             self._local_vips_version = host.wanted_version
             self._ctx.local_clients.set_vips(host.wanted)
+
+    def _retry_listeners_later(self) -> None:
+        if self._listener_retry is None and self._listeners.short_of_descriptors and not self._stopping:
+            self._listener_retry = self._ctx.loop.call_later(LISTENER_RETRY_S, self._retry_listeners)
+
+    def _retry_listeners(self) -> None:
+        """The frontends short of descriptors tried again, unless an apply runs (it tries them
+        itself at its end, and sets the timer again)."""
+        self._listener_retry = None
+        if self._stopping or self._applying.locked():
+            return
+        self._listeners.retry_short(self._route_for)
+        self._listeners.log_shortage()
+        self._retry_listeners_later()
 
     def _route_for(self, rule: FrontendRule) -> Route:
         external_local = rule.kind is not FrontendKind.CLUSTER_IP and rule.local_client_endpoints is not None

@@ -17,6 +17,15 @@ descriptors, ``pipes.py``; refused, the direction keeps copying) and the socket 
 retried on another endpoint after a refused or timed-out one (``tcp.py``; refused, the client
 is reset as when every attempt failed). Inside an accepting callback the ceiling is already
 set and the nested call adds nothing; outside, it costs the same two ``setrlimit`` calls.
+
+Listeners stop shorter still (:meth:`DescriptorReserve.listening`): every Service port is a
+listening socket, and thousands of them would otherwise take every descriptor below the
+proxy's ceiling, leaving none for the connections they accept. A listener opens under
+``listener_ceiling``, one more reserve below the proxy's ceiling: past it the listener is
+not opened (``EMFILE``), its frontend is named in one problem line
+(:func:`no_listener_problem`), and it is tried again when listeners close or on a timer
+(``listeners.py``). kube-proxy has no such limit (its rules are the kernel's, not sockets);
+the way out is a higher ``LimitNOFILE`` (docs/operating.md).
 """
 
 from __future__ import annotations
@@ -41,13 +50,44 @@ def reserve_for(limit: int) -> int:
     return min(RESERVE_MAX, max(RESERVE_MIN, limit // RESERVE_SHARE))
 
 
+def ceilings(limit: int) -> tuple[int, int] | None:
+    """The soft limits the proxy opens descriptors under, for a soft limit of ``limit``:
+    (relayed connections', listeners'), each one reserve below the last; None when ``limit``
+    is too low to split. Where a second reserve would leave listeners less than a reserve's
+    worth, they share the connections' ceiling."""
+    reserve = reserve_for(limit)
+    if limit <= 2 * reserve:
+        return None
+    connections = limit - reserve
+    return connections, connections - reserve if limit > 3 * reserve else connections
+
+
+#: frontends named in the problem line; the rest are counted
+NAMED_FRONTENDS = 3
+
+
+def no_listener_problem(first: list[str], count: int, limit: int) -> str | None:
+    """The one problem line for the ``count`` frontends without a listener for want of
+    descriptors, naming the ``first`` (at most NAMED_FRONTENDS of them) and counting the rest."""
+    if count <= 0:
+        return None
+    shown = ", ".join(first[:NAMED_FRONTENDS])
+    rest = count - min(len(first), NAMED_FRONTENDS)
+    more = f" and {rest:,} more" if rest > 0 else ""
+    frontends = "1 frontend has" if count == 1 else f"{count:,} frontends have"
+    return f"{frontends} no listener (descriptor limit {limit} reached): {shown}{more}"
+
+
 class DescriptorReserve:
     def __init__(self, limits: Any = resource) -> None:
         self._limits = limits
         self._soft, self._hard = limits.getrlimit(limits.RLIMIT_NOFILE)
         self.reserve = reserve_for(self._soft)
+        split = ceilings(self._soft)
         #: the soft limit while the proxy opens descriptors; None: too few to split
-        self.ceiling: int | None = self._soft - self.reserve if self._soft > 2 * self.reserve else None
+        self.ceiling: int | None = split[0] if split else None
+        #: the soft limit while a listener is opened: the connections keep a reserve of their own
+        self.listener_ceiling: int | None = split[1] if split else None
         if self.ceiling is None:
             log.warning("open-file limit %d: too low to keep descriptors for the status API and DNS apart "
                         "from the proxy's", self._soft)
@@ -74,3 +114,26 @@ class DescriptorReserve:
                 setrlimit(kind, (soft, hard))
 
         return under_ceiling  # type: ignore[return-value]
+
+    @property
+    def limit(self) -> int:
+        """The process's soft limit (the one ``ulimit -n`` and LimitNOFILE set)."""
+        return self._soft
+
+    def listening(self, callback: Callback) -> Callback:
+        """``callback`` (a listener's ``open``) run under the listeners' ceiling: past it the
+        socket is refused with ``EMFILE``. Never called inside an accepting callback; the
+        limit comes back to what it was (the proxy's ceiling, were it nested in one)."""
+        ceiling = self.listener_ceiling
+        if ceiling is None:
+            return callback
+        setrlimit, kind, soft, hard = self._limits.setrlimit, self._limits.RLIMIT_NOFILE, self._soft, self._hard
+
+        def under_listener_ceiling(*args: Any) -> Any:
+            setrlimit(kind, (ceiling, hard))
+            try:
+                return callback(*args)
+            finally:
+                setrlimit(kind, (self.ceiling if self.lowered else soft, hard))
+
+        return under_listener_ceiling  # type: ignore[return-value]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubeport.proxy.relay.pipes import PipePool
-from kubeport.proxy.relay.reserve import DescriptorReserve, reserve_for
+from kubeport.proxy.relay.reserve import DescriptorReserve, ceilings, no_listener_problem, reserve_for
 from support.proxy_loopback import backend_server, on_uvloop, read_all, relay_in_front_of, relay_to
 from support.wait import DEADLINE
 
@@ -226,3 +226,64 @@ def test_at_the_ceiling_no_backend_socket_is_made():
         with pytest.raises(OSError) as raised:
             reserve.within(_socket.socket)(socket.AF_INET, socket.SOCK_STREAM, 0)
         assert raised.value.errno == errno.EMFILE
+
+
+# --- listeners stop one reserve short of the connections' ceiling ------------------------------
+
+
+@pytest.mark.parametrize(
+    "limit, expected",
+    [
+        pytest.param(40, None, id="too_low_to_split"),
+        pytest.param(90, (58, 58), id="no_room_for_a_second_reserve_listeners_share_the_ceiling"),
+        pytest.param(256, (224, 192), id="minimum_reserve"),
+        pytest.param(1200, (1125, 1050), id="a_sixteenth"),
+        pytest.param(20000, (18976, 17952), id="capped"),
+        pytest.param(1 << 20, ((1 << 20) - 1024, (1 << 20) - 2048), id="capped_large"),
+    ],
+)
+def test_ceilings(limit, expected):
+    assert ceilings(limit) == expected
+
+
+@pytest.mark.parametrize(
+    "first, count, expected",
+    [
+        pytest.param([], 0, None, id="none_short"),
+        pytest.param(["demo/a:http/TCP on 10.96.0.1:80/TCP"], 1,
+                     "1 frontend has no listener (descriptor limit 1200 reached): demo/a:http/TCP on 10.96.0.1:80/TCP",
+                     id="one"),
+        pytest.param(["a", "b", "c"], 3, "3 frontends have no listener (descriptor limit 1200 reached): a, b, c",
+                     id="all_named"),
+        pytest.param(["a", "b", "c"], 3812,
+                     "3,812 frontends have no listener (descriptor limit 1200 reached): a, b, c and 3,809 more",
+                     id="the_rest_counted"),
+        pytest.param(["a", "b", "c", "d"], 4,
+                     "4 frontends have no listener (descriptor limit 1200 reached): a, b, c and 1 more",
+                     id="only_the_first_three_named"),
+    ],
+)
+def test_no_listener_problem(first, count, expected):
+    assert no_listener_problem(first, count, 1200) == expected
+
+
+def test_a_listener_opens_under_the_listener_ceiling_and_the_limit_comes_back():
+    limits = FakeLimits(1200, 4096)
+    reserve = DescriptorReserve(limits)
+    seen = []
+    reserve.listening(lambda: seen.append(limits.limit))()
+    assert seen == [(1050, 4096)] and limits.limit == (1200, 4096)
+    # Inside the proxy's ceiling (never in practice): that ceiling is what comes back.
+    reserve.within(reserve.listening(lambda: seen.append(limits.limit)))()
+    assert seen[1:] == [(1050, 4096)] and limits.calls[-3:] == [(1050, 4096), (1125, 4096), (1200, 4096)]
+
+
+def test_at_the_listener_ceiling_a_listener_is_refused_and_a_connection_still_has_descriptors():
+    with open_file_limit(256):
+        reserve = DescriptorReserve()
+        with taken_below(reserve.listener_ceiling):
+            with pytest.raises(OSError) as raised:
+                reserve.listening(socket.socket)()
+            assert raised.value.errno == errno.EMFILE
+            with reserve.within(socket.socket)() as relayed:  # what the listeners left to connections
+                assert reserve.listener_ceiling <= relayed.fileno() < reserve.ceiling
