@@ -150,6 +150,8 @@ class LastState:
         self._generation_in_use = 0
         self._written_generation = -1
         self._last_change = 0.0
+        #: the base being written, or the last one
+        self._base_task: asyncio.Task | None = None
 
     @property
     def settled(self) -> bool:
@@ -208,6 +210,15 @@ class LastState:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._generation = max(self._generation, self._generation_on_disk())
         base: asyncio.Task | None = self._begin_base()
+        try:
+            await self._keep_writing(base)
+        finally:
+            # A base being written when the writer stops is abandoned (its temporary file is
+            # not the base); one that failed was reported by _base_done.
+            if self._base_task is not None and not self._base_task.done():
+                self._base_task.cancel()
+
+    async def _keep_writing(self, base: asyncio.Task | None) -> None:
         while True:
             await self._wake.wait()
             # After the change is applied, not before it: the proxy and DNS go first, and the
@@ -235,7 +246,7 @@ class LastState:
                 base = None
                 for item, value in pending.items():  # kept for the next attempt
                     self._pending.setdefault(item, value)
-                message = f"cannot keep the last applied state in {self.directory}: {exc}"
+                message = self._problem_of(exc)
                 if self.problem != message:
                     log.error("%s", message)
                 self.problem = message
@@ -266,8 +277,24 @@ class LastState:
         self._journal_bytes = 0
         self._writing = True
         task = asyncio.ensure_future(self._write_base(self._generation_in_use, entries, self._clock()))
-        task.add_done_callback(lambda _: self._wake.set())
+        task.add_done_callback(self._base_done)
+        self._base_task = task
         return task
+
+    def _base_done(self, task: asyncio.Task) -> None:
+        """A base written, or not: its error is reported here, at once (EMFILE, a full disk),
+        and not only when the writer next wakes; a writer stopped before that would leave it
+        "never retrieved". The writer retries from the same message, logged once."""
+        self._wake.set()
+        if task.cancelled() or task.exception() is None:
+            return
+        message = self._problem_of(task.exception())
+        if self.problem != message:
+            log.error("%s", message)
+        self.problem = message
+
+    def _problem_of(self, exc: BaseException) -> str:
+        return f"cannot keep the last applied state in {self.directory}: {exc}"
 
     async def _write_base(self, generation: int, entries: Iterable[Entry], now: float) -> None:
         tmp = self.directory / (BASE + ".tmp")

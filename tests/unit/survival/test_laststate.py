@@ -4,6 +4,8 @@ back by the next process, served until the source's first sync confirms or repla
 from __future__ import annotations
 
 import asyncio
+import errno
+import gc
 import pickle
 
 import pytest
@@ -276,3 +278,36 @@ async def test_a_write_that_fails_is_a_problem_line_and_is_tried_again(kept, mon
         assert LastState(kept.directory).load() is not None
     finally:
         task.cancel()
+
+
+async def test_a_base_refused_a_descriptor_is_a_problem_at_once_and_a_stop_leaves_nothing_unretrieved(
+        tmp_path, monkeypatch):
+    """EMFILE on the base's file, the writer stopped right after: the error is logged and kept
+    as the problem line, never "Task exception was never retrieved"."""
+    unhandled = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: unhandled.append(context))
+    state = ClusterState("node-a")
+    cluster(state)
+    journal = LastState(tmp_path / "last-state")
+    state.keep_in(journal)
+
+    refused = []
+
+    def no_descriptor(*args, **kwargs):
+        refused.append(args)
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(laststate.os, "open", no_descriptor)
+    task = asyncio.create_task(journal.run())
+    for _ in range(100):  # turns, not time: the stop comes before the writer's next wake-up
+        await asyncio.sleep(0)
+        if refused:
+            break
+    await asyncio.sleep(0)  # the base's task ends with the error; its callbacks run
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    problem = journal.problem
+    del task, journal, state
+    gc.collect()
+    assert [context["message"] for context in unhandled] == []
+    assert "Too many open files" in problem
