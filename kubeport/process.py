@@ -33,9 +33,12 @@ def raise_open_file_limit(limits=resource) -> int:
     if soft != limits.RLIM_INFINITY and soft < wanted:
         try:
             limits.setrlimit(limits.RLIMIT_NOFILE, (wanted, hard))
+            log.info("open-file limit: %d (raised from %d to the hard limit)", wanted, soft)
             return wanted
         except (OSError, ValueError) as error:
             log.warning("cannot raise the open-file limit from %d to %d: %s", soft, wanted, error)
+    # Said at every start: it bounds how many Service ports get a listener (proxy/relay/reserve.py).
+    log.info("open-file limit: %d", soft)
     return soft
 
 
