@@ -1,7 +1,7 @@
 """The live listeners, one per frontend that needs one, reconciled change by change.
 
-A listener is opened under the reserve's listener ceiling (reserve.py): past it a frontend
-gets none, and those frontends are one problem line and one log line, not one per frontend
+A listener is opened only below the reserve's listener ceiling (reserve.py): past it a
+frontend gets none, and those frontends are one problem line and one log line, not one per frontend
 (thousands of Services under a low ``LimitNOFILE`` would bury everything else). They are tried
 again at every apply and by the proxier's timer, the first names first, until one is refused.
 """
@@ -132,6 +132,9 @@ class Listeners:
 
     def _start(self, frontend: Frontend, rule: FrontendRule, route_for: RouteFor) -> bool:
         """Open ``frontend``'s listener; False when it was refused for want of descriptors."""
+        if not self._reserve.listener_fits():
+            self._short[frontend] = rule
+            return False
         route = route_for(rule)
         transparent = rule.kind in (FrontendKind.EXTERNAL_IP, FrontendKind.LOAD_BALANCER)
         if frontend.protocol == "UDP":
@@ -142,9 +145,9 @@ class Listeners:
             listener = TcpListener(self._ctx, frontend, route, transparent=transparent)
         self._keep_reserve(listener)
         try:
-            self._reserve.listening(listener.open)()
+            listener.open()
         except OSError as exc:
-            if exc.errno in _NO_DESCRIPTORS:  # counted in one line: log_shortage
+            if exc.errno in _NO_DESCRIPTORS:  # the limit itself (a thread took the rest): as above
                 log.debug("%s (%s): cannot listen: %s", frontend, rule.port_name, exc)
                 self._short[frontend] = rule
                 return False

@@ -18,20 +18,25 @@ retried on another endpoint after a refused or timed-out one (``tcp.py``; refuse
 is reset as when every attempt failed). Inside an accepting callback the ceiling is already
 set and the nested call adds nothing; outside, it costs the same two ``setrlimit`` calls.
 
-Listeners stop shorter still (:meth:`DescriptorReserve.listening`): every Service port is a
-listening socket, and thousands of them would otherwise take every descriptor below the
-proxy's ceiling, leaving none for the connections they accept. A listener opens under
-``listener_ceiling``, one more reserve below the proxy's ceiling: past it the listener is
-not opened (``EMFILE``), its frontend is named in one problem line
-(:func:`no_listener_problem`), and it is tried again when listeners close or on a timer
-(``listeners.py``). kube-proxy has no such limit (its rules are the kernel's, not sockets);
-the way out is a higher ``LimitNOFILE`` (docs/operating.md).
+Listeners stop shorter still (:meth:`DescriptorReserve.listener_fits`): every Service port is
+a listening socket, and thousands of them would otherwise take every descriptor below the
+proxy's ceiling, leaving none for the connections they accept. A listener is opened only while
+the lowest free descriptor (the one its socket would get) is below ``listener_ceiling``, one
+more reserve below the proxy's ceiling; past it the frontend is named in one problem line
+(:func:`no_listener_problem`) and tried again when listeners close or on a timer
+(``listeners.py``). Looked at, not enforced with ``setrlimit``: a cold start opens thousands
+of listeners in a row, and a lowered limit held that often would refuse the manifest reads
+and last-good copies running in threads meanwhile. kube-proxy has no such limit (its rules
+are the kernel's, not sockets); the way out is a higher ``LimitNOFILE`` (docs/operating.md).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import resource
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -78,15 +83,29 @@ def no_listener_problem(first: list[str], count: int, limit: int) -> str | None:
     return f"{frontends} no listener (descriptor limit {limit} reached): {shown}{more}"
 
 
+def lowest_free_descriptor() -> int:
+    """The descriptor the next socket would get (Linux hands out the lowest free one), by
+    opening and closing one; ``sys.maxsize`` when none is free."""
+    try:
+        fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return sys.maxsize
+        raise
+    os.close(fd)
+    return fd
+
+
 class DescriptorReserve:
-    def __init__(self, limits: Any = resource) -> None:
+    def __init__(self, limits: Any = resource, lowest_free: Callable[[], int] = lowest_free_descriptor) -> None:
         self._limits = limits
+        self._lowest_free = lowest_free
         self._soft, self._hard = limits.getrlimit(limits.RLIMIT_NOFILE)
         self.reserve = reserve_for(self._soft)
         split = ceilings(self._soft)
         #: the soft limit while the proxy opens descriptors; None: too few to split
         self.ceiling: int | None = split[0] if split else None
-        #: the soft limit while a listener is opened: the connections keep a reserve of their own
+        #: the descriptors listeners may take are below this: connections keep a reserve of their own
         self.listener_ceiling: int | None = split[1] if split else None
         if self.ceiling is None:
             log.warning("open-file limit %d: too low to keep descriptors for the status API and DNS apart "
@@ -120,20 +139,6 @@ class DescriptorReserve:
         """The process's soft limit (the one ``ulimit -n`` and LimitNOFILE set)."""
         return self._soft
 
-    def listening(self, callback: Callback) -> Callback:
-        """``callback`` (a listener's ``open``) run under the listeners' ceiling: past it the
-        socket is refused with ``EMFILE``. Never called inside an accepting callback; the
-        limit comes back to what it was (the proxy's ceiling, were it nested in one)."""
-        ceiling = self.listener_ceiling
-        if ceiling is None:
-            return callback
-        setrlimit, kind, soft, hard = self._limits.setrlimit, self._limits.RLIMIT_NOFILE, self._soft, self._hard
-
-        def under_listener_ceiling(*args: Any) -> Any:
-            setrlimit(kind, (ceiling, hard))
-            try:
-                return callback(*args)
-            finally:
-                setrlimit(kind, (self.ceiling if self.lowered else soft, hard))
-
-        return under_listener_ceiling  # type: ignore[return-value]
+    def listener_fits(self) -> bool:
+        """A listener opened now would stop short of the connections' and the daemon's reserves."""
+        return self.listener_ceiling is None or self._lowest_free() < self.listener_ceiling

@@ -267,23 +267,26 @@ def test_no_listener_problem(first, count, expected):
     assert no_listener_problem(first, count, 1200) == expected
 
 
-def test_a_listener_opens_under_the_listener_ceiling_and_the_limit_comes_back():
+@pytest.mark.parametrize(
+    "lowest_free, fits",
+    [
+        pytest.param(1049, True, id="below_the_listener_ceiling"),
+        pytest.param(1050, False, id="at_it"),
+        pytest.param(1 << 62, False, id="none_free"),
+    ],
+)
+def test_a_listener_fits_below_the_listener_ceiling(lowest_free, fits):
     limits = FakeLimits(1200, 4096)
-    reserve = DescriptorReserve(limits)
-    seen = []
-    reserve.listening(lambda: seen.append(limits.limit))()
-    assert seen == [(1050, 4096)] and limits.limit == (1200, 4096)
-    # Inside the proxy's ceiling (never in practice): that ceiling is what comes back.
-    reserve.within(reserve.listening(lambda: seen.append(limits.limit)))()
-    assert seen[1:] == [(1050, 4096)] and limits.calls[-3:] == [(1050, 4096), (1125, 4096), (1200, 4096)]
+    reserve = DescriptorReserve(limits, lowest_free=lambda: lowest_free)
+    assert reserve.listener_ceiling == 1050 and reserve.listener_fits() is fits
+    assert limits.calls == []  # looked at, never set: threads opening files meanwhile are not refused
 
 
-def test_at_the_listener_ceiling_a_listener_is_refused_and_a_connection_still_has_descriptors():
+def test_at_the_listener_ceiling_no_listener_fits_and_connections_still_have_descriptors():
     with open_file_limit(256):
         reserve = DescriptorReserve()
+        assert reserve.listener_fits()
         with taken_below(reserve.listener_ceiling):
-            with pytest.raises(OSError) as raised:
-                reserve.listening(socket.socket)()
-            assert raised.value.errno == errno.EMFILE
+            assert not reserve.listener_fits()
             with reserve.within(socket.socket)() as relayed:  # what the listeners left to connections
                 assert reserve.listener_ceiling <= relayed.fileno() < reserve.ceiling
