@@ -91,6 +91,7 @@ class StatusView:
         config = self._config()
         snapshot = self._state.snapshot
         source = self.source.status() if self.source is not None else {}
+        problems = self.problems()
         return {
             "node": config.hostname_override,
             "zone": snapshot.node.zone if snapshot.node else None,
@@ -99,7 +100,7 @@ class StatusView:
             "synced": snapshot.synced,
             "services": len(snapshot.services),
             "endpoints": sum(len(s.endpoints) for st in snapshot.services.values() for s in st.slices),
-            "source": {"kind": config.source_kind, **source, "problems": len(self.problems())},
+            "source": {"kind": config.source_kind, **source, "problems": len(problems)},
             "proxy": {**(self.proxy.status() if self.proxy is not None else {"listeners": 0}),
                       "appliedGeneration": self.applied.get("proxy")},
             "dns": {"addresses": config.dns_addresses, "appliedGeneration": self.applied.get("dns")},
@@ -108,6 +109,9 @@ class StatusView:
             "lastState": {"restoredFrom": iso(self.restored_at) if self.restored_at is not None else None,
                           "servingIt": snapshot.restored_at is not None,
                           "keptAt": iso(self._last_state.saved_at) if self._last_state.saved_at else None},
+            # The lines themselves too: what is not served (a frontend without a listener) shows
+            # here while readiness, which is about syncing, stays true.
+            "problems": problems,
         }
 
     def proxy_health(self, path: str) -> HealthResponse:
