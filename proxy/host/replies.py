@@ -4,8 +4,12 @@ When the relay's upstream socket binds the client's address (clientaddress.py), 
 answers the client, not the node. Three pieces take such a reply to kubeport's socket, as
 Linux TPROXY setups do (the kernel's Documentation/networking/tproxy.rst):
 
-- table ``inet kubeport_replies``: on prerouting, a TCP or UDP packet that belongs to a
-  transparent socket of this node (``socket transparent 1``) gets the capture fwmark bit;
+- table ``inet kubeport_replies``: the first packet a transparent socket of this node sends
+  (``ct state new socket transparent 1``, on output) marks its connection (``ct mark``), and on
+  prerouting every packet of a marked connection gets the capture fwmark bit. A conntrack mark
+  costs each received packet one compare where a ``socket`` match on prerouting would cost it a
+  socket lookup, and it survives the daemon: connections of a killed or handed-over process
+  keep being delivered to their sockets;
 - the capture rule and routing table (capture.py: ``fwmark ... lookup 27499``, whose one route
   is ``local default dev lo``) deliver marked packets locally, where the socket takes them;
 - table ``bridge kubeport``: a bridge CNI (``cni0``, ``cbr0``) puts a client pod and a
@@ -40,6 +44,7 @@ INET_TABLE = "inet kubeport_replies"
 BRIDGE_TABLE = "bridge kubeport"
 #: before the capture chains' dstnat priority: the mark must be there when routing decides.
 INET_HOOK = "type filter hook prerouting priority mangle; policy accept;"
+OUTPUT_HOOK = "type filter hook output priority mangle; policy accept;"
 #: before the bridge decides where the frame goes.
 BRIDGE_HOOK = "type filter hook prerouting priority -300; policy accept;"
 
@@ -125,8 +130,11 @@ def bridge_rules(bridges: Iterable[Bridge]) -> list[str]:
 def render_inet_setup(mark: int) -> str:
     """The marking table whole, replacing any previous one in one batch."""
     lines = [f"table {INET_TABLE} {{}}", f"delete table {INET_TABLE}", f"table {INET_TABLE} {{",
+             "  chain output {", f"    {OUTPUT_HOOK}",
+             f"    ct state new socket transparent 1 ct mark set ct mark | {mark:#x}",
+             "  }",
              "  chain prerouting {", f"    {INET_HOOK}",
-             f"    meta l4proto {{ tcp, udp }} socket transparent 1 meta mark set meta mark | {mark:#x}",
+             f"    ct mark & {mark:#x} == {mark:#x} meta mark set meta mark | {mark:#x}",
              "  }", "}"]
     return "\n".join(lines) + "\n"
 

@@ -45,7 +45,8 @@ def test_render_setup__each_table_replaced_whole():
     lines = render_inet_setup(0x100000).splitlines()
     assert lines[:3] == ["table inet kubeport_replies {}", "delete table inet kubeport_replies",
                          "table inet kubeport_replies {"]
-    assert "    meta l4proto { tcp, udp } socket transparent 1 meta mark set meta mark | 0x100000" in lines
+    assert "    ct state new socket transparent 1 ct mark set ct mark | 0x100000" in lines
+    assert "    ct mark & 0x100000 == 0x100000 meta mark set meta mark | 0x100000" in lines
     lines = render_bridge_setup([BR0], [("10.244.1.12", "tcp", 8080), ("fd00:10:244:1::12", "udp", 9090)]).splitlines()
     assert lines[:3] == ["table bridge kubeport {}", "delete table bridge kubeport", "table bridge kubeport {"]
     assert ("  set endpoints4 { type ipv4_addr . inet_proto . inet_service; "
