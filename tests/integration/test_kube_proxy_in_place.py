@@ -37,9 +37,11 @@ def host_state(ns: str) -> dict[str, str]:
 
 
 def test_kubeadms_config_conf_and_kube_proxy_flags_start_kubeport(topology, pods, manifests, tmp_path):
+    before = host_state(topology.node("a"))
     daemon = KubeportDaemon(topology.node("a"), manifests, tmp_path / "state", *DAEMON_ARGS,
                             "--config", str(KUBEADM_CONFIG), "--proxy-mode=iptables", "--v=2")
     daemon.wait_ready()
+    assert "table inet kubeport_replies" in host_state(topology.node("a"))["nft tables"]
     assert curl_in(topology.pod("a", 1), http_url(WEB_IP, 80, "/")).startswith("pod=")
     log = daemon.log_text()
     ignored = [line for line in log.splitlines() if "not applicable to a userspace proxy, ignored:" in line]
@@ -47,6 +49,7 @@ def test_kubeadms_config_conf_and_kube_proxy_flags_start_kubeport(topology, pods
     assert "mode, nftables" in ignored[0] and "iptables" in ignored[0]
     assert "--proxy-mode=iptables ignored" in log
     assert daemon.stop() == 0
+    assert host_state(topology.node("a")) == before  # a clean stop removes what it programmed
 
 
 def test_cleanup_after_kill_9_under_load_leaves_the_host_as_before(topology, pods, manifests, tmp_path):
