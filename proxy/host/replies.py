@@ -20,9 +20,11 @@ Linux TPROXY setups do (the kernel's Documentation/networking/tproxy.rst):
   host then delivers it to kubeport's socket, or, when it belongs to a direct pod-to-pod
   connection, routes it back out to the pod.
 
-Both tables are written whole by ``start`` (one batch deleting and recreating them, so a
-successor taking over never leaves a moment without them) and left to a successor on handover;
-the endpoints of the bridge set follow the snapshots change by change.
+The marking table is written whole by ``start`` (one batch deleting and recreating it, so a
+successor taking over never leaves a moment without it); a predecessor's bridge table is kept
+until the first sync writes it whole with this process's endpoints (an unsynced successor
+knows none, and its predecessor still relays flows to them). Both are left to a successor on
+handover; the endpoints of the bridge set follow the snapshots change by change.
 """
 
 from __future__ import annotations
@@ -173,6 +175,12 @@ async def _nft(script: str) -> None:
         raise RepliesError(f"nft: {err.decode(errors='replace').strip()}")
 
 
+async def _table_exists(table: str) -> bool:
+    proc = await asyncio.create_subprocess_exec("nft", "list", "table", *table.split(),
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    return await proc.wait() == 0
+
+
 def transparent_allowed() -> str | None:
     """None when this process may bind a foreign address, else why not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -222,6 +230,11 @@ class ClientReplies:
         if problem is not None:
             log.error("endpoints see the node's address, not the client's: %s (--no-keep-client-address "
                       "says it is meant)", problem)
+            return
+        if await _table_exists(BRIDGE_TABLE):
+            # A predecessor's (handover, crash): its endpoints serve the flows it still relays
+            # until this process's first sync writes the table whole with its own.
+            self._dirty = True
             return
         try:
             await self._write_whole()

@@ -88,3 +88,42 @@ def test_only_endpoints_on_a_bridge_subnet_are_in_the_set_and_counted_per_fronte
     assert replies._desired() == {here}
     replies.account([here], [])
     assert replies._desired() == frozenset()
+
+
+@pytest.mark.parametrize("predecessor", [True, False], ids=["a predecessor's table", "no table"])
+def test_start_keeps_a_predecessors_bridge_table_until_the_first_sync(monkeypatch, predecessor):
+    """An unsynced successor knows no endpoint: rewriting the bridge table at start would cut
+    the replies of the same-bridge flows its predecessor still relays."""
+    import asyncio
+
+    from kubeport.proxy.host import replies as module
+
+    scripts: list[str] = []
+
+    async def nft(script: str) -> None:
+        scripts.append(script)
+
+    async def nothing() -> None:
+        return None
+
+    async def exists(table: str) -> bool:
+        return predecessor
+
+    monkeypatch.setattr(module, "_nft", nft)
+    monkeypatch.setattr(module, "_table_exists", exists)
+    monkeypatch.setattr(module.capture, "set_up", nothing)
+    monkeypatch.setattr(module, "transparent_allowed", lambda: None)
+    monkeypatch.setattr(module.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    replies = ClientReplies()
+
+    async def run() -> None:
+        await replies.start(parse_links(IP_JSON))
+        written_at_start = [s for s in scripts if "bridge kubeport" in s]
+        assert bool(written_at_start) is not predecessor
+        replies.account([], [("10.244.1.12", "tcp", 8080)])
+        await replies.sync()
+        assert "10.244.1.12 . tcp . 8080" in scripts[-1]
+        assert scripts[-1].startswith("table bridge kubeport {}") is predecessor  # whole, or one element added
+
+    asyncio.run(run())
+    assert replies.enabled and replies.bridge_problem is None
