@@ -24,7 +24,6 @@ import ctypes
 import errno
 import ipaddress
 import os
-import platform
 import struct
 from collections.abc import Iterable
 
@@ -34,11 +33,8 @@ from kubeport.proxy.relay.sockmap import (
     BPF_MAP_LOOKUP_ELEM,
     BPF_MAP_TYPE_HASH,
     BPF_MAP_UPDATE_ELEM,
+    bpf,
 )
-
-_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "armv7l": 386, "ppc64le": 361, "s390x": 351}
-_ATTR_SIZE = 128
-_libc = ctypes.CDLL(None, use_errno=True)
 
 BPF_ANY = 0  # BPF_MAP_UPDATE_ELEM flags: create or replace
 
@@ -52,19 +48,6 @@ SLOTS = 1 << 32
 PROTOCOLS = {"TCP": 6, "UDP": 17, "SCTP": 132}
 
 Address = str | ipaddress.IPv4Address
-
-
-def _bpf(cmd: int, attr: bytes) -> int:
-    """bpf(2) with ``attr``; OSError with the kernel's errno."""
-    number = _BPF_SYSCALL.get(platform.machine())
-    if number is None:
-        raise OSError(errno.ENOSYS, f"bpf(2): unknown syscall number on {platform.machine()}")
-    buf = ctypes.create_string_buffer(attr, _ATTR_SIZE)
-    result = _libc.syscall(number, cmd, buf, _ATTR_SIZE)
-    if result < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return result
 
 
 # --- encoding (pure) ---------------------------------------------------------------------------
@@ -122,7 +105,7 @@ class HashMap:
         self.key_size, self.value_size = key_size, value_size
         attr = struct.pack("<IIIIIII16s", BPF_MAP_TYPE_HASH, key_size, value_size, capacity, 0, 0, 0,
                            name.encode()[:15])
-        self.fd = _bpf(BPF_MAP_CREATE, attr)
+        self.fd = bpf(BPF_MAP_CREATE, attr)
 
     def _attr(self, key: bytes, value: ctypes.Array | None, flags: int = 0) -> tuple[bytes, ctypes.Array]:
         if len(key) != self.key_size:
@@ -136,13 +119,13 @@ class HashMap:
             raise ValueError(f"value of {len(value)} bytes, the map's are {self.value_size}")
         value_buf = ctypes.create_string_buffer(value, self.value_size)
         attr, _key_buf = self._attr(key, value_buf, flags)
-        _bpf(BPF_MAP_UPDATE_ELEM, attr)
+        bpf(BPF_MAP_UPDATE_ELEM, attr)
 
     def lookup(self, key: bytes) -> bytes | None:
         value_buf = ctypes.create_string_buffer(self.value_size)
         attr, _key_buf = self._attr(key, value_buf)
         try:
-            _bpf(BPF_MAP_LOOKUP_ELEM, attr)
+            bpf(BPF_MAP_LOOKUP_ELEM, attr)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return None
@@ -153,7 +136,7 @@ class HashMap:
         """False when the key was not there."""
         attr, _key_buf = self._attr(key, None)
         try:
-            _bpf(BPF_MAP_DELETE_ELEM, attr)
+            bpf(BPF_MAP_DELETE_ELEM, attr)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return False

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from kubeport.proxy.relay.sockmap import (
     ADD64_IMM,
-    BPF_FUNC_map_lookup_elem,
     BPF_PROG_ATTACH,
     BPF_PROG_LOAD,
     BPF_PSEUDO_MAP_FD,
@@ -48,11 +47,11 @@ from kubeport.proxy.relay.sockmap import (
     R2,
     R6,
     R10,
+    BPF_FUNC_map_lookup_elem,
     Insn,
+    bpf,
     encode,
 )
-
-from .maps import _bpf
 
 # bpf(2) command, program and attach types, flags and helpers (include/uapi/linux/bpf.h, 6.1).
 BPF_PROG_DETACH = 9
@@ -167,7 +166,7 @@ def load_program(program: list[Insn], attach_type: int = BPF_CGROUP_INET4_CONNEC
     # The verifier gives up with EAGAIN when a signal is pending; libbpf retries it 5 times.
     for attempt in range(5):
         try:
-            fd = _bpf(BPF_PROG_LOAD, attr)
+            fd = bpf(BPF_PROG_LOAD, attr)
         except OSError as exc:
             if exc.errno == errno.EAGAIN and attempt < 4:
                 continue
@@ -180,12 +179,12 @@ def load_program(program: list[Insn], attach_type: int = BPF_CGROUP_INET4_CONNEC
 def attach(cgroup_fd: int, prog_fd: int, attach_type: int = BPF_CGROUP_INET4_CONNECT,
            flags: int = BPF_F_ALLOW_MULTI) -> None:
     """BPF_PROG_ATTACH to the cgroup v2 directory open as ``cgroup_fd``."""
-    _bpf(BPF_PROG_ATTACH, struct.pack("<IIII", cgroup_fd, prog_fd, attach_type, flags))
+    bpf(BPF_PROG_ATTACH, struct.pack("<IIII", cgroup_fd, prog_fd, attach_type, flags))
 
 
 def detach(cgroup_fd: int, prog_fd: int, attach_type: int = BPF_CGROUP_INET4_CONNECT) -> None:
     """BPF_PROG_DETACH of this program (a BPF_F_ALLOW_MULTI attachment is named by its program)."""
-    _bpf(BPF_PROG_DETACH, struct.pack("<III", cgroup_fd, prog_fd, attach_type))
+    bpf(BPF_PROG_DETACH, struct.pack("<III", cgroup_fd, prog_fd, attach_type))
 
 
 def cgroup2_mounts(mountinfo: str) -> list[Path]:

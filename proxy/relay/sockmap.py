@@ -147,19 +147,20 @@ class SockmapUnavailable(Exception):
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_ATTR_SIZE = 128
+ATTR_SIZE = 128
 
 
-def _bpf(cmd: int, attr: bytes, buf=None) -> int:
-    """bpf(2) with ``attr`` (in ``buf`` when given, where the kernel's answers can be read back)."""
+def bpf(cmd: int, attr: bytes, buf=None) -> int:
+    """bpf(2) with ``attr`` (in ``buf`` when given, where the kernel's answers can be read back);
+    OSError with the kernel's errno. Shared with proxy/connectlb."""
     number = _BPF_SYSCALL.get(platform.machine())
     if number is None:
         raise OSError(errno.ENOSYS, f"bpf(2): unknown syscall number on {platform.machine()}")
     if buf is None:
-        buf = ctypes.create_string_buffer(attr, _ATTR_SIZE)
+        buf = ctypes.create_string_buffer(attr, ATTR_SIZE)
     else:
         ctypes.memmove(buf, attr, len(attr))
-    result = _libc.syscall(number, cmd, buf, _ATTR_SIZE)
+    result = _libc.syscall(number, cmd, buf, ATTR_SIZE)
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -167,7 +168,7 @@ def _bpf(cmd: int, attr: bytes, buf=None) -> int:
 
 
 def _map_create(map_type: int, key_size: int, value_size: int, entries: int, flags: int = 0) -> int:
-    return _bpf(BPF_MAP_CREATE, struct.pack("<IIIII", map_type, key_size, value_size, entries, flags))
+    return bpf(BPF_MAP_CREATE, struct.pack("<IIIII", map_type, key_size, value_size, entries, flags))
 
 
 def load_program(program: list[Insn]) -> int:
@@ -183,12 +184,12 @@ def load_program(program: list[Insn]) -> int:
     # The verifier gives up with EAGAIN when a signal is pending; libbpf retries it 5 times.
     for _ in range(4):
         try:
-            return _bpf(BPF_PROG_LOAD, attr)
+            return bpf(BPF_PROG_LOAD, attr)
         except OSError as exc:
             if exc.errno != errno.EAGAIN:
                 break
     try:
-        return _bpf(BPF_PROG_LOAD, attr)
+        return bpf(BPF_PROG_LOAD, attr)
     except OSError as exc:
         verifier = log_buf.value.decode(errors="replace").strip()
         raise OSError(exc.errno, f"{exc.strerror}{': ' + verifier if verifier else ''}") from None
@@ -275,7 +276,7 @@ class Sockmap:
             # Not preallocated: a hash map would otherwise hold all ``capacity`` entries from the start.
             self.counts = self._keep(_map_create(BPF_MAP_TYPE_HASH, 8, 8, capacity, BPF_F_NO_PREALLOC))
             self.program = self._keep(load_program(verdict_program(self.peers, self.counts)))
-            _bpf(BPF_PROG_ATTACH, struct.pack("<IIII", self.verdict, self.program, BPF_SK_SKB_STREAM_VERDICT, 0))
+            bpf(BPF_PROG_ATTACH, struct.pack("<IIII", self.verdict, self.program, BPF_SK_SKB_STREAM_VERDICT, 0))
         except OSError as exc:
             self.close()
             needs = " (needs CAP_BPF and CAP_NET_ADMIN)" if exc.errno == errno.EPERM else ""
@@ -288,7 +289,7 @@ class Sockmap:
         self._batch_keys = (ctypes.c_uint64 * capacity)()
         self._batch_values = (ctypes.c_uint64 * capacity)()
         self._batch_token = (ctypes.c_uint32 * 2)()  # in and out: a hash map's bucket index
-        self._batch_attr = ctypes.create_string_buffer(_ATTR_SIZE)
+        self._batch_attr = ctypes.create_string_buffer(ATTR_SIZE)
 
     def _keep(self, fd: int) -> int:
         self._fds.append(fd)
@@ -296,12 +297,12 @@ class Sockmap:
 
     def _update(self, map_fd: int, key: int, value: ctypes._SimpleCData) -> None:
         self._key.value = key
-        _bpf(BPF_MAP_UPDATE_ELEM, struct.pack("<IIQQQ", map_fd, 0, self._key_p, ctypes.addressof(value), 0))
+        bpf(BPF_MAP_UPDATE_ELEM, struct.pack("<IIQQQ", map_fd, 0, self._key_p, ctypes.addressof(value), 0))
 
     def _delete(self, map_fd: int, key: int) -> None:
         self._key.value = key
         try:
-            _bpf(BPF_MAP_DELETE_ELEM, struct.pack("<IIQ", map_fd, 0, self._key_p))
+            bpf(BPF_MAP_DELETE_ELEM, struct.pack("<IIQ", map_fd, 0, self._key_p))
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
@@ -332,7 +333,7 @@ class Sockmap:
 
     def counted(self, src_cookie: int) -> int:
         self._key.value = src_cookie
-        _bpf(BPF_MAP_LOOKUP_ELEM, struct.pack("<IIQQ", self.counts, 0, self._key_p, ctypes.addressof(self._value64)))
+        bpf(BPF_MAP_LOOKUP_ELEM, struct.pack("<IIQQ", self.counts, 0, self._key_p, ctypes.addressof(self._value64)))
         return self._value64.value
 
     def all_counted(self) -> dict[int, int]:
@@ -347,7 +348,7 @@ class Sockmap:
                                self._capacity, self.counts, 0, 0)
             done = False
             try:
-                _bpf(BPF_MAP_LOOKUP_BATCH, attr, self._batch_attr)
+                bpf(BPF_MAP_LOOKUP_BATCH, attr, self._batch_attr)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # ENOENT: the last batch (it may still hold entries)
                     raise
