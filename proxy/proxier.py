@@ -14,7 +14,7 @@ import logging
 import operator
 import random
 from types import MappingProxyType
-from typing import Awaitable, Callable, Iterable, Mapping
+from typing import Awaitable, Callable, Iterable, Iterator, Mapping
 
 from kubeport.endpoints.types import ServiceName, ServicePortName, Snapshot
 from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
@@ -466,8 +466,11 @@ class Proxier:
         host = self._host
         await host.before_listeners()
         if self._replies is not None and self.keeps_client:
-            self._replies.account(_endpoint_elements((c.frontend, c.old) for c in changes),
-                                  _endpoint_elements((c.frontend, c.new) for c in changes))
+            if self._replies.needs_recount:  # the bridges changed: what counts changed too
+                self._replies.recount(_endpoint_elements(self._table.rules.items()))
+            else:
+                self._replies.account(_endpoint_elements((c.frontend, c.old) for c in changes),
+                                      _endpoint_elements((c.frontend, c.new) for c in changes))
             await self._replies.sync()
         listeners = self._listeners
         for count, change in enumerate(changes, 1):
@@ -505,13 +508,14 @@ class Proxier:
                      keep=frontend_keep(rule.kind, external_local, self.keeps_client))
 
 
-def _endpoint_elements(changes) -> list[tuple[str, str, int]]:
-    """(address, protocol, port) of every endpoint a forwarding rule of ``changes`` names."""
-    found = []
+def _endpoint_elements(changes) -> Iterator[tuple[str, str, int]]:
+    """(address, protocol, port) of every endpoint a rule of ``changes`` names; lazily, so a
+    node without bridges (which counts none) builds none."""
     for frontend, rule in changes:
         if rule is None:
             continue
         proto = frontend.protocol.lower()
-        found += [(e.ip, proto, e.port) for e in rule.endpoints]
-        found += [(e.ip, proto, e.port) for e in rule.local_client_endpoints or ()]
-    return found
+        for endpoint in rule.endpoints:
+            yield endpoint.ip, proto, endpoint.port
+        for endpoint in rule.local_client_endpoints or ():
+            yield endpoint.ip, proto, endpoint.port

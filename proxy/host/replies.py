@@ -202,8 +202,14 @@ class ClientReplies:
         #: the node, as a hairpin connection does
         self.bridge_problem: str | None = None
         self._bridges: tuple[Bridge, ...] = ()
-        #: endpoint (address, protocol, port) -> frontends using it
+        #: the bridges' subnets as (network, mask) integers per family: an endpoint is looked
+        #: at once per rule change, so the test must be cheap at 250,000 endpoints
+        self._subnets: dict[int, tuple[tuple[int, int], ...]] = {4: (), 6: ()}
+        #: endpoint (address, protocol, port) on a bridge subnet -> frontends using it; the
+        #: others are never counted (a node without bridges counts nothing)
         self._counts: dict[Element, int] = {}
+        #: the bridges changed: the Proxier counts again from its whole table
+        self.needs_recount = False
         #: the elements the bridge set holds
         self._applied: frozenset[Element] = frozenset()
         self._dirty = False
@@ -216,7 +222,7 @@ class ClientReplies:
     async def start(self, links: NodeLinks) -> None:
         """Write both tables; on failure keep the reason in ``problem`` (the relay then keeps
         the node's address) and say it in one line."""
-        self._bridges = links.bridges
+        self._take_bridges(links.bridges)
         problem = transparent_allowed()
         if problem is None and shutil.which("nft") is None:
             problem = "nft (nftables) not found"
@@ -245,23 +251,50 @@ class ClientReplies:
 
     def set_bridges(self, bridges: tuple[Bridge, ...]) -> None:
         if bridges != self._bridges:
-            self._bridges = bridges
+            self._take_bridges(bridges)
+            self._counts.clear()
+            self.needs_recount = True
             self._dirty = True
 
+    def _take_bridges(self, bridges: tuple[Bridge, ...]) -> None:
+        self._bridges = bridges
+        subnets: dict[int, list[tuple[int, int]]] = {4: [], 6: []}
+        for bridge in bridges:
+            for text in bridge.networks:
+                network = ipaddress.ip_network(text, strict=False)
+                subnets[network.version].append((int(network.network_address), int(network.netmask)))
+        self._subnets = {family: tuple(found) for family, found in subnets.items()}
+
+    def _on_a_bridge(self, ip: str) -> bool:
+        family, kind = (6, socket.AF_INET6) if ":" in ip else (4, socket.AF_INET)
+        subnets = self._subnets[family]
+        if not subnets:
+            return False
+        try:
+            value = int.from_bytes(socket.inet_pton(kind, ip), "big")
+        except OSError:
+            return False
+        return any(value & mask == network for network, mask in subnets)
+
     def _desired(self) -> frozenset[Element]:
-        networks = [ipaddress.ip_network(n, strict=False) for b in self._bridges for n in b.networks]
-        wanted = set()
-        for element in self._counts:
-            address = ipaddress.ip_address(element[0])
-            if any(address.version == n.version and address in n for n in networks):
-                wanted.add(element)
-        return frozenset(wanted)
+        return frozenset(self._counts)
+
+    def recount(self, endpoints: Iterable[Element]) -> None:
+        """Count from scratch (after ``set_bridges``): every endpoint the rules name now."""
+        self._counts.clear()
+        self.needs_recount = False
+        self.account((), endpoints)
 
     def account(self, endpoints_gone: Iterable[Element], endpoints_new: Iterable[Element]) -> None:
-        counts = self._counts
+        if not self._subnets[4] and not self._subnets[6]:
+            return
+        counts, on_a_bridge = self._counts, self._on_a_bridge
         for element in endpoints_new:
-            counts[element] = counts.get(element, 0) + 1
+            if on_a_bridge(element[0]):
+                counts[element] = counts.get(element, 0) + 1
         for element in endpoints_gone:
+            if not on_a_bridge(element[0]):
+                continue
             left = counts.get(element, 0) - 1
             if left > 0:
                 counts[element] = left

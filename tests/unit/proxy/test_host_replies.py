@@ -127,3 +127,14 @@ def test_start_keeps_a_predecessors_bridge_table_until_the_first_sync(monkeypatc
 
     asyncio.run(run())
     assert replies.enabled and replies.bridge_problem is None
+
+
+def test_a_node_without_bridges_counts_nothing_and_new_bridges_ask_for_a_recount():
+    replies = ClientReplies()
+    here = ("10.244.1.12", "tcp", 8080)
+    replies.account([], iter([here]))
+    assert replies._desired() == frozenset() and not replies.needs_recount
+    replies.set_bridges((BR0,))
+    assert replies.needs_recount
+    replies.recount([here, ("10.244.2.11", "udp", 9090), ("fd00:10:244:1::12", "udp", 9090)])
+    assert replies._desired() == {here, ("fd00:10:244:1::12", "udp", 9090)} and not replies.needs_recount
