@@ -51,6 +51,26 @@ http {{
     return topo.spawn(role, ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"], f"nginx-{role}")
 
 
+def start_echo_nginx(topo: Topology, workdir: Path, name: str, listen: str | int, variable: str,
+                     connections: int = 1024) -> subprocess.Popen:
+    """nginx in ``be`` answering every request with one nginx variable: ``$remote_addr`` (the
+    address the backend saw), ``$server_addr`` (which endpoint address was dialled)."""
+    directory = workdir / name
+    directory.mkdir(parents=True, exist_ok=True)
+    conf = directory / "nginx.conf"
+    conf.write_text(f"""worker_processes 1;
+pid {directory}/nginx.pid;
+error_log {directory}/error.log error;
+events {{ worker_connections {connections}; }}
+http {{
+    access_log off;
+    default_type text/plain;
+    server {{ listen {listen}; location / {{ return 200 "{variable}\\n"; }} }}
+}}
+""")
+    return topo.spawn("be", ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"], name)
+
+
 def start_iperf3(topo: Topology, role: str, port: int) -> subprocess.Popen:
     return topo.spawn(role, ["iperf3", "-s", "-p", str(port)], f"iperf3-{role}")
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import generate, probes
+from . import backends, generate, probes
 from .change_watch import ChangeWatch
 from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, measured, run_rounds
 from .kubeport_daemon import HEALTHZ, KubeportDaemon
@@ -317,19 +317,6 @@ def start_api_server(setup: Setup, progress: Progress) -> subprocess.Popen:
 
 
 def start_identity_nginx(topo: Topology, workdir: Path) -> None:
-    directory = workdir / "nginx-identity"
-    directory.mkdir(parents=True, exist_ok=True)
-    conf = directory / "nginx.conf"
-    conf.write_text(f"""worker_processes 1;
-pid {directory}/nginx.pid;
-error_log {directory}/error.log error;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    default_type text/plain;
-    server {{ listen {PROBE_PORT}; location / {{ return 200 "$server_addr\\n"; }} }}
-}}
-""")
-    topo.spawn("be", ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"], "nginx-identity")
+    backends.start_echo_nginx(topo, workdir, "nginx-identity", PROBE_PORT, "$server_addr", connections=4096)
     for address in PROBE_ENDPOINTS:
         wait_for(lambda a=address: topo.call_in("client", probes.tcp_open, a, PROBE_PORT), 20, f"nginx on {address}")

@@ -398,20 +398,7 @@ class KubeportNodeAddress(KubeportClientAddress):
 
 def start_who_nginx(topo: Topology, workdir: Path) -> None:
     """nginx in be on WHO answering the address of the peer that connected to it."""
-    directory = workdir / "nginx-who"
-    directory.mkdir(parents=True, exist_ok=True)
-    conf = directory / "nginx.conf"
-    conf.write_text(f"""worker_processes 1;
-pid {directory}/nginx.pid;
-error_log {directory}/error.log error;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    default_type text/plain;
-    server {{ listen {WHO}; location / {{ return 200 "$remote_addr\\n"; }} }}
-}}
-""")
-    topo.spawn("be", ["nginx", "-p", str(directory), "-c", str(conf), "-g", "daemon off;"], "nginx-who")
+    backends.start_echo_nginx(topo, workdir, "nginx-who", WHO, "$remote_addr")
 
 
 def backend_saw(topo: Topology) -> str:
