@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 import functools
 import random
+import resource
 import socket
 import struct
-from typing import AsyncIterator, Awaitable, Callable, NamedTuple
+from typing import AsyncIterator, Awaitable, Callable, Iterator, NamedTuple
 
 import uvloop
 
@@ -264,3 +265,14 @@ async def read_all(address: tuple[str, int], request: bytes | None = None) -> by
     finally:
         writer.close()
 
+
+
+@contextlib.contextmanager
+def open_file_limit(limit: int) -> Iterator[None]:
+    """The process's soft RLIMIT_NOFILE at ``limit`` for the block (the hard one unchanged)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -15,7 +15,7 @@ import pytest
 
 from kubeport.proxy.relay.pipes import PipePool
 from kubeport.proxy.relay.reserve import DescriptorReserve, ceilings, no_listener_problem, reserve_for
-from support.proxy_loopback import backend_server, on_uvloop, read_all, relay_in_front_of, relay_to
+from support.proxy_loopback import backend_server, on_uvloop, open_file_limit, read_all, relay_in_front_of, relay_to
 from support.wait import DEADLINE
 
 
@@ -126,16 +126,6 @@ def test_a_nested_call_keeps_the_ceiling_and_the_outermost_raises_the_limit_back
     assert limits.calls == [(960, 4096), (1024, 4096)] and not reserve.lowered
     inner()  # alone: it sets the ceiling itself
     assert limits.calls[2:] == [(960, 4096), (1024, 4096)]
-
-
-@contextlib.contextmanager
-def open_file_limit(limit: int) -> Iterator[None]:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @contextlib.contextmanager

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import pytest
-from support.proxy_loopback import apply_states, greeting, on_uvloop, running_proxier, web
+from support.proxy_loopback import apply_states, greeting, on_uvloop, open_file_limit, running_proxier, web
 from support.wait import until
 
 from kubeport.proxy import proxier as proxier_module
@@ -22,14 +21,13 @@ LIMIT = 256
 SERVICES = 250
 
 
-@contextlib.contextmanager
-def open_file_limit(limit: int) -> Iterator[None]:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+@contextlib.asynccontextmanager
+async def many_services(**running) -> AsyncIterator[tuple]:
+    """A proxier under the limit, its backend, and SERVICES services on their own VIPs (not applied)."""
+    with open_file_limit(LIMIT):
+        async with running_proxier(**running) as (proxier, _, _, backends):
+            backend = await backends.tcp("a")
+            yield proxier, [web(backend, name=f"svc-{i:03}", vip=vip(i)) for i in range(SERVICES)]
 
 
 def vip(index: int) -> str:
@@ -48,10 +46,7 @@ def quick_retry(monkeypatch):
 
 @on_uvloop
 async def test_the_first_services_are_served_the_rest_named_once_and_served_when_listeners_close(quick_retry):
-    with open_file_limit(LIMIT):
-        async with running_proxier() as (proxier, _, _, backends):
-            backend = await backends.tcp("a")
-            states = [web(backend, name=f"svc-{i:03}", vip=vip(i)) for i in range(SERVICES)]
+    async with many_services() as (proxier, states):
             first = await apply_states(proxier, states)
             served = len(proxier.listening)
             assert 0 < served < SERVICES
@@ -73,10 +68,7 @@ async def test_the_first_services_are_served_the_rest_named_once_and_served_when
 
 @on_uvloop
 async def test_descriptors_freed_without_a_change_are_taken_by_the_timer(quick_retry):
-    with open_file_limit(LIMIT):
-        async with running_proxier() as (proxier, _, _, backends):
-            backend = await backends.tcp("a")
-            states = [web(backend, name=f"svc-{i:03}", vip=vip(i)) for i in range(SERVICES)]
+    async with many_services() as (proxier, states):
             held = [os.open("/dev/null", os.O_RDONLY) for _ in range(20)]  # another user of descriptors
             try:
                 await apply_states(proxier, states)
@@ -90,10 +82,7 @@ async def test_descriptors_freed_without_a_change_are_taken_by_the_timer(quick_r
 
 @on_uvloop
 async def test_every_frontend_served_again_leaves_no_problem(quick_retry):
-    with open_file_limit(LIMIT):
-        async with running_proxier() as (proxier, _, _, backends):
-            backend = await backends.tcp("a")
-            states = [web(backend, name=f"svc-{i:03}", vip=vip(i)) for i in range(SERVICES)]
+    async with many_services() as (proxier, states):
             first = await apply_states(proxier, states)
             served = len(proxier.listening)
             await apply_states(proxier, states[:served - 5], previous=first)
