@@ -10,25 +10,16 @@ but fail under CI=true.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import errno
 import ipaddress
-import json
-import os
 import socket
-import struct
-import subprocess
 import sys
-import time
 
 import pytest
-from conftest import IN_CI
 
-from kubeport.proxy.connectlb import maps, programs
+from kubeport.proxy.connectlb import maps
 from kubeport.proxy.connectlb.maps import (
     LAYOUTS,
-    ConnectMaps,
     affinity_key,
     allocate_slots,
     backend_key,
@@ -46,9 +37,7 @@ from kubeport.proxy.connectlb.programs import (
     HOOKS,
     build_program,
     cgroup2_mounts,
-    connect4_program,
     forward_program,
-    load_program,
     resolve,
     reverse_program,
 )
