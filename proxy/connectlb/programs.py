@@ -32,12 +32,16 @@ attached, only pick among them. Eight hooks (``HOOKS``), assembled here per fami
   and ``getpeername4``/``getpeername6`` (``inet_getname``/``inet6_getname`` with peer) translate
   back, ``reverse_program``: a ``revnat`` entry of (socket cookie, ``user_ip``, ``user_port``)
   replaces them by the Service's; without one they are left alone. These hooks must return 1
-  (``bpf_prog_ctx_arg_info``/``check_return_code`` in kernel/bpf/verifier.c allow only 1).
+  (``check_return_code`` in kernel/bpf/verifier.c allows them only 1).
 
 IPv6: ``user_ip6`` is read and written as four u32 words. An IPv4-mapped address
-(::ffff:a.b.c.d) on an AF_INET6 socket runs only the v6 hooks (``tcp_v6_pre_connect``); maps.py
-refuses such service addresses, so its ``services6`` lookup misses and the socket proceeds as
-addressed, untranslated. Cilium translates those through its IPv4 maps; this does not.
+(::ffff:a.b.c.d) on an AF_INET6 socket is never translated, a difference from Cilium, which
+translates it through its IPv4 maps. connect() gives it to the v6 hook (``tcp_v6_pre_connect``,
+``udpv6_pre_connect``), where maps.py refuses such service addresses, so the ``services6``
+lookup misses; an unconnected sendto() goes through ``udp_sendmsg`` and the *v4* hook
+(``udpv6_sendmsg``, net/ipv6/udp.c), while the reply's source reaches the v6 recvmsg hook as
+the mapped address: the v4 programs leave sockets whose ``family`` is not AF_INET alone, so
+the way out is not translated when the way back could not be.
 """
 
 from __future__ import annotations
@@ -116,8 +120,10 @@ HOOKS: tuple[tuple[str, int], ...] = (
 # at 4, user_ip6[4] at 8, user_port at 24, family 28, type 32, protocol 36). user_ip4, each
 # user_ip6 word and user_port allow 4-byte reads and writes (``sock_addr_is_valid_access``,
 # net/core/filter.c), protocol 4-byte reads; addresses are in network byte order, the port in
-# the low 16 bits of user_port as the sockaddr's sin_port is in memory.
-USER_IP4, USER_IP6, USER_PORT, PROTOCOL = 4, 8, 24, 36
+# the low 16 bits of user_port as the sockaddr's sin_port is in memory. ``family`` is the
+# socket's (sk->sk_family), not the address's.
+USER_IP4, USER_IP6, USER_PORT, FAMILY, PROTOCOL = 4, 8, 24, 28, 36
+AF_INET = 2
 USER_IP = {4: USER_IP4, 6: USER_IP6}
 ADDRESS_SIZE = {4: 4, 6: 16}
 IPPROTO_TCP, IPPROTO_UDP = 6, 17
@@ -213,6 +219,8 @@ def forward_program(family: int, fds: Mapping[str, int], *, count: bool,
         Insn(JEQ_IMM, R2, off="translate", imm=IPPROTO_TCP),
         Insn(JNE_IMM, R2, off="proceed", imm=IPPROTO_UDP),  # only TCP and UDP are translated
         "translate",
+        *([Insn(LDX_W, R2, R6, FAMILY),                 # an AF_INET6 socket's IPv4-mapped destination
+           Insn(JNE_IMM, R2, off="proceed", imm=AF_INET)] if family == 4 else []),
         *_copy_words(R10, SVC_KEY, R6, user_ip, words),  # the services key: address,
         Insn(LDX_W, R2, R6, USER_PORT),
         Insn(STX_H, R10, R2, SVC_KEY + a),              #   port (network order, the low 16 bits)

@@ -242,13 +242,14 @@ def test_the_forward_program__the_counter_is_an_atomic_add():
     assert Insn(0xDB, 0, 1, 0, 0) not in forward_program(4, FAKE_FDS, count=False)
 
 
-@pytest.mark.parametrize(("family", "address_loads"), [(4, [4]), (6, [8, 12, 16, 20])])
+@pytest.mark.parametrize(("family", "address_loads"), [(4, [28, 4]), (6, [8, 12, 16, 20])])
 def test_the_forward_program__the_key_from_user_ip_user_port_protocol(family, address_loads):
+    """IPv4: the socket's family first (an AF_INET6 socket's mapped address is not translated)."""
     program = forward_program(family, FAKE_FDS, count=True)
     ctx_loads = [insn.off for insn in program if insn.code == 0x61 and insn.src == 6]
     assert ctx_loads == [36, *address_loads, 24, 36]
     ctx_stores = [insn.off for insn in program if insn.code == 0x63 and insn.dst == 6]
-    assert ctx_stores == [*address_loads, 24]  # the rewrite, once, at the end
+    assert ctx_stores == [*address_loads[-4 if family == 6 else -1:], 24]  # the rewrite, once, at the end
 
 
 #: the recvmsg4/getpeername4 program for revnat4=7, one instruction a row: (code, dst, src, off, imm).

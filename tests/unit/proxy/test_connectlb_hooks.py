@@ -513,6 +513,18 @@ def test_an_ipv4_mapped_address_on_an_ipv6_socket_is_not_translated(lb):
         assert accepted(backend, there) == [0, 1]
 
 
+def test_an_ipv4_mapped_sendto_on_an_ipv6_socket_is_not_translated(lb):
+    """The kernel hands it to the v4 sendmsg hook (udpv6_sendmsg -> udp_sendmsg) but the
+    reply's source to the v6 recvmsg hook: translated one way only, it would come back from
+    the endpoint. Neither way is translated."""
+    maps_, cgroup = lb
+    with listener("127.0.0.1", "udp") as backend, listener(VIP, "udp") as there:
+        maps_.set_service(VIP, port_of(there), UDP, [("127.0.0.1", port_of(backend))])
+        mapped = f"::ffff:{VIP}"
+        seen, _ = sendto_from(cgroup, mapped, port_of(there), there)
+        assert seen == (mapped, port_of(there))
+
+
 def test_connects_are_counted_per_service_port_and_kept_across_updates(lb):
     maps_, cgroup = lb
     with listener("127.0.0.1") as backend, listener("127.0.0.1") as other:
