@@ -22,7 +22,9 @@ counts, slots, ids and times in host order. ``A`` is 4 (IPv4) or 16 (IPv6) bytes
   chosen yet: Cilium's socket LB keys its affinity by ``bpf_get_netns_cookie`` too.
 * ``revnat4``/``revnat6`` (LRU hash): (socket cookie u64, endpoint address A, endpoint port 2,
   padding 2) -> (service address A, service port 2, padding 2), written by connect/sendmsg,
-  read by recvmsg/getpeername.
+  read by recvmsg/getpeername. Nothing removes an entry when its socket closes: the LRU
+  evicts it in time, and a cookie is never given to another socket before reboot
+  (``sock_gen_cookie``, net/core/sock_diag.c), so a stale entry translates nothing.
 * ``connects4``/``connects6`` (hash): the services key -> connects balanced u64, added
   atomically by the connect programs; the entry is made by ``set_service`` and kept across
   its calls, so the program only adds.

@@ -387,7 +387,7 @@ def load_programs(maps: ConnectMaps) -> dict[str, int]:
     loaded: dict[str, int] = {}
     try:
         for hook, attach_type in HOOKS:
-            loaded[hook], _ = load_program(build_program(hook, maps), attach_type, f"kubeport_{hook}")
+            loaded[hook], _ = load_program(build_program(hook, maps), attach_type, f"kp_{hook}")  # 15 chars at most
     except BaseException:
         for fd in loaded.values():
             os.close(fd)

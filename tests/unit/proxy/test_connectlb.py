@@ -1,12 +1,6 @@
-"""Connect-time load balancing: the maps' encodings, the programs as assembled, the kernel's
-verifier on each, and the sockets of a child process in a cgroup v2 directory of the test's
-own with all eight programs attached (loopback only: the Service addresses 127.0.0.240 and
-fd00::240 are rewritten before routing).
-
-The kernel parts need root of the host (CAP_BPF, CAP_NET_ADMIN, cgroups): marked
-host_privileges; where they have them and still cannot load or attach, they are skipped,
-but fail under CI=true.
-"""
+"""Connect-time load balancing without a kernel: the maps' encodings and layouts, and the
+programs as assembled (which maps each hook reads, its helpers, its context accesses). The
+kernel's side is in test_connectlb_hooks.py."""
 
 from __future__ import annotations
 
