@@ -44,7 +44,7 @@ def cleanup_host(config: KubeportConfiguration, report: Callable[[str], None]) -
     if handover.abstract_name_in_use(config.hostname_override):
         raise CleanupRefused(f"a kubeport instance serves node {config.hostname_override} in this network "
                              f"namespace: stop it first (its own shutdown removes what it programmed)")
-    lines = leftovers.remove(leftovers.find())
+    lines = leftovers.remove(leftovers.find(bpf_root=config.bpf_root))
     lines += _remove_files(stale_files(config))
     for line in lines or ["nothing to remove"]:
         report(line)

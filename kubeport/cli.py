@@ -145,6 +145,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--keep-client-address", action=argparse.BooleanOptionalAction, default=None,
                      help="endpoints see the client's address where kube-proxy keeps it (default on); "
                           "--no-keep-client-address: always the node's")
+    run.add_argument("--connect-balancing", action=argparse.BooleanOptionalAction, default=None,
+                     help="the node's pods reach Services straight at an endpoint, translated by BPF programs "
+                          "inside connect() (default on); --no-connect-balancing: through the relay")
+    run.add_argument("--connect-balancing-cgroup", metavar="PATH",
+                     help="the cgroup v2 whose processes are balanced at connect() (default /: every process)")
+    run.add_argument("--bpf-root", metavar="DIR", help="the bpffs for the pinned programs and maps "
+                     "(default /sys/fs/bpf; mounted there if it is not one)")
     run.add_argument("--after-handover", choices=["exit", "wait"],
                      help="once a new instance took over: exit (default), or wait for SIGTERM (a DaemonSet pod)")
     run.add_argument("--handover-generation", metavar="N",
@@ -190,6 +197,9 @@ FIELD_FLAGS: dict[str, tuple[str, ...]] = {
     "workers": ("--workers",),
     "tcpRelay": ("--tcp-relay",),
     "keepClientAddress": ("--keep-client-address",),
+    "connectBalancing": ("--connect-balancing",),
+    "connectBalancingCgroup": ("--connect-balancing-cgroup",),
+    "bpfRoot": ("--bpf-root",),
     "afterHandover": ("--after-handover",),
     "readyFile": ("--ready-file",),
     "liveFile": ("--live-file",),

@@ -155,6 +155,9 @@ def build_proxy(config: KubeportConfiguration, registry: CollectorRegistry,
         workers=config.workers,
         tcp_relay=config.tcp_relay,
         keep_client_address=config.keep_client_address,
+        connect_balancing=config.connect_balancing,
+        connect_balancing_cgroup=config.connect_balancing_cgroup,
+        bpf_root=str(config.bpf_root),
     )
     # Manifest mode may have no Node object at all: then the node counts as eligible.
     from kubeport.proxy.host.address_events import AddressEvents

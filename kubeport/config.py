@@ -158,6 +158,17 @@ class KubeportConfiguration(_Section):
         "kube-proxy keeps it: pods (clusterCIDR) reaching a ClusterIP, externalIP or LB IP, and any client of an "
         "externalTrafficPolicy Local NodePort, externalIP or LB IP; elsewhere, and where the node cannot, the "
         "node's address.")
+    connect_balancing: bool = Field(
+        True, description="The node's pods (the processes of connectBalancingCgroup) reach ClusterIPs, externalIPs "
+        "and LoadBalancer IPs straight at an endpoint: BPF programs on the cgroup translate the Service address "
+        "inside connect() and sendmsg(), choosing among the endpoints kubeport selected; NodePorts and clients "
+        "outside the node stay on the relay. Without cgroup v2 or BPF privileges the relay serves them.")
+    connect_balancing_cgroup: str = Field(
+        "/", pattern=r"^/", description="The cgroup v2 (a path in the hierarchy, e.g. /kubepods.slice) whose "
+        "processes are balanced at connect(); / is every process of the node, as Cilium's socket LB.")
+    bpf_root: Path = Field(
+        Path("/sys/fs/bpf"), description="The bpffs where connect-time balancing pins its programs' links and "
+        "maps (under kubeport/<node>), so they outlive the process; mounted there when it is not a bpffs.")
     after_handover: Literal["exit", "wait"] = Field(
         "exit",
         description="What this process does once a new instance has taken the node over: exit, or "

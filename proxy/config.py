@@ -60,6 +60,11 @@ class ProxyConfig:
     #: and endpoints on the client's own bridge too (host/replies.py hands their replies to the
     #: host); a parent whose bridge table could not be written tells its relay workers False
     keep_client_address_on_bridge: bool = True
+    #: --connect-balancing: the process that programs the host attaches the connect-time programs
+    #: (connectlb/) to ``connect_balancing_cgroup`` and pins them under ``bpf_root``
+    connect_balancing: bool = True
+    connect_balancing_cgroup: str = "/"
+    bpf_root: str = "/sys/fs/bpf"
     #: bytes a kernel-relayed direction may run ahead of its destination before its source pauses.
     sockmap_queue_limit: int = 1 << 20
     #: seconds between the sweeps that enforce ``sockmap_queue_limit`` and pass FINs on.

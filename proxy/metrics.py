@@ -257,6 +257,16 @@ class RelayCollector(Collector):
                                                       "UDP flows refused by the flow limits",
                                                       labels=["service_port"]),
         }
+        balanced = CounterMetricFamily("kubeport_proxy_connects_balanced",
+                                       "Connects of the node's pods balanced in the kernel at connect() "
+                                       "(no relay on their path)", labels=["service_port"])
+        counts = sorted(((str(name), count) for name, count in getattr(self._proxier, "connects_balanced", {}).items()),
+                        key=lambda item: item[1], reverse=True)
+        for label, count in counts[:MAX_SERVICE_PORT_SERIES]:
+            balanced.add_metric([label], count)
+        if len(counts) > MAX_SERVICE_PORT_SERIES:
+            balanced.add_metric(["_other"], sum(count for _, count in counts[MAX_SERVICE_PORT_SERIES:]))
+        yield balanced
         for label, protocol, values in _capped(stats):
             families["bytes"].add_metric([label, "to_backend"], values["bytes_to_backend"])
             families["bytes"].add_metric([label, "to_client"], values["bytes_to_client"])

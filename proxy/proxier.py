@@ -21,6 +21,7 @@ from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.balancer import Balancer, Route, ServicePortPool, default_affinity_factory
 from kubeport.proxy.clientaddress import frontend_keep
 from kubeport.proxy.config import ProxyConfig
+from kubeport.proxy.connectlb.balancing import ConnectBalancing
 from kubeport.proxy.host.addresses import AddressManager, NetlinkAddresses, canonical
 from kubeport.proxy.host.kernel import requests_migrate, sctp_supported
 from kubeport.proxy.host.nftables import Firewall, NftFirewall
@@ -63,6 +64,7 @@ class Proxier:
         affinity_factory=default_affinity_factory,
         relay: bool = True,
         replies: ClientReplies | None = None,
+        balancing: ConnectBalancing | None = None,
         hold: HeldSockets = NOT_HELD,
     ) -> None:
         self.config = config
@@ -77,10 +79,14 @@ class Proxier:
             firewall = NftFirewall()
             if replies is None and config.keep_client_address:
                 replies = ClientReplies()
+            if balancing is None and config.connect_balancing:
+                balancing = ConnectBalancing(node_name, config.connect_balancing_cgroup, config.bpf_root)
         self._host = HostState(self._addresses, firewall)
         #: the process that programs the host also takes replies to clients' addresses back to
         #: the relays (relay workers only bind them: their parent programs the tables)
         self._replies = replies
+        #: the node's pods balanced at connect() (the process that programs the host only)
+        self._balancing = balancing
         #: where the client's address is kept: "client", or "node: <why>" (status)
         self._client_address = "node: --no-keep-client-address" if not config.keep_client_address else "client"
         self._affinity_factory = affinity_factory
@@ -138,6 +144,8 @@ class Proxier:
         await self._host.start(self._extra_addresses, config.cluster_cidrs, config.service_cidrs,
                                extra_ports=(f for f in self._reserved if f.ip in self._extra_addresses))
         await self._start_client_address()
+        if self._balancing is not None:
+            self._balancing.start()
 
     async def _start_client_address(self) -> None:
         """Decide once whether upstream sockets bind the client's address, before any route."""
@@ -166,6 +174,24 @@ class Proxier:
     def client_address(self) -> str:
         """What endpoints see where kube-proxy keeps the client's address: "client", or why the node's."""
         return self._client_address
+
+    @property
+    def pod_traffic(self) -> str:
+        """Which path serves the node's pods reaching Services: connect-time balancing (in which
+        cgroup, pinned where), or the relay and why."""
+        balancing = self._balancing
+        if balancing is None:
+            return "relay: --no-connect-balancing" if not self.config.connect_balancing else "relay"
+        if balancing.problem is not None:
+            return f"relay: {balancing.problem}"
+        if not balancing.active:
+            return "relay: not started"
+        return f"connect(): cgroup {balancing.cgroup}, pinned in {balancing.pin_directory}"
+
+    @property
+    def connects_balanced(self) -> Mapping[ServicePortName, int]:
+        """Connects of the node's pods balanced in the kernel, per service port."""
+        return self._balancing.connects() if self._balancing is not None else {}
 
     @property
     def keeps_client(self) -> bool:
@@ -222,6 +248,8 @@ class Proxier:
         await self._host.stop(release=release)
         if self._replies is not None:
             await self._replies.stop(release=release)
+        if self._balancing is not None:
+            self._balancing.stop(release=release)
         self._ctx = None
         self._stopped.set()
 
@@ -293,6 +321,8 @@ class Proxier:
         found += self._node.problems
         if self.config.keep_client_address and not self.keeps_client:
             found.append(f"endpoints see the node's address, not the client's ({self._client_address[6:]})")
+        if self._balancing is not None and self._balancing.problem is not None:
+            found.append(f"connect-time balancing is off, the relay serves the node's pods: {self._balancing.problem}")
         if self._listeners is not None:
             found += self._listeners.problems()
         return found
@@ -472,6 +502,8 @@ class Proxier:
                 self._replies.account(_endpoint_elements((c.frontend, c.old) for c in changes),
                                       _endpoint_elements((c.frontend, c.new) for c in changes))
             await self._replies.sync()
+        if self._balancing is not None:
+            await self._balancing.apply(changes, self._table.rules)
         listeners = self._listeners
         for count, change in enumerate(changes, 1):
             listeners.apply(change, self._route_for)

@@ -61,6 +61,12 @@ class Relays(Protocol):
     def client_address(self) -> str: ...  # what endpoints see: "client", or "node: <why>"
 
     @property
+    def pod_traffic(self) -> str: ...  # "connect(): cgroup ...", or "relay: <why>"
+
+    @property
+    def connects_balanced(self) -> Mapping[ServicePortName, int]: ...  # counted by the connect() programs
+
+    @property
     def node_addresses(self) -> tuple[str, ...]: ...
 
     @property

@@ -169,7 +169,8 @@ class ProxyService:
 
     def status(self) -> dict[str, int | str]:
         found: dict[str, int | str] = {"listeners": len(self.relays.listening), "tcpRelay": self.relays.tcp_relay,
-                                       "clientAddress": self.relays.client_address}
+                                       "clientAddress": self.relays.client_address,
+                                       "podTraffic": self.relays.pod_traffic}
         if isinstance(self.relays, ProxyWorkers):
             found["workers"] = self.relays.worker_status
         return found

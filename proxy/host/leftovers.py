@@ -1,7 +1,8 @@
 """What kubeport programs on a host, found and removed whole: its local routes (``table local
 proto 0x6b``, on any link), the ``inet kubeport`` nftables table, the tables that take
-replies to clients' addresses back (replies.py), and the capture's policy rule and routing
-table (capture.py). kube-proxy's ``--cleanup`` does the same for its own
+replies to clients' addresses back (replies.py), the capture's policy rule and routing
+table (capture.py), and the pinned links and maps of connect-time balancing (connectlb/pins.py:
+unpinned, the programs detach). kube-proxy's ``--cleanup`` does the same for its own
 (``cmd/kube-proxy/app/server.go cleanupAndExit``, each proxier's ``CleanupLeftovers``).
 
 Blocking (netlink and two small commands): the CLI's ``--cleanup``, and once at a daemon's
@@ -13,7 +14,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from kubeport.proxy.connectlb import pins
 from kubeport.proxy.host import capture, netlink, replies
 from kubeport.proxy.host.addresses import ADDRESS_PROTO
 from kubeport.proxy.host.netlink import RouteOp
@@ -30,9 +33,12 @@ class Leftovers:
     table_routes: tuple[str, ...] = ()  # "ip -4 route show table 27499" lines
     #: the client-reply tables present ("inet kubeport_replies", "bridge kubeport")
     reply_tables: tuple[str, ...] = ()
+    #: directories of pinned connect-time balancing links and maps, one per node name
+    pin_directories: tuple[Path, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.routes or self.nft_table or self.rules or self.table_routes or self.reply_tables)
+        return bool(self.routes or self.nft_table or self.rules or self.table_routes or self.reply_tables
+                    or self.pin_directories)
 
     def describe(self) -> list[str]:
         lines = []
@@ -47,6 +53,7 @@ class Leftovers:
         if self.table_routes:
             lines.append(f"routing table {capture.ROUTE_TABLE} ({len(self.table_routes)} "
                          f"route{'s' if len(self.table_routes) != 1 else ''})")
+        lines += [f"connect-time balancing pins in {directory}" for directory in self.pin_directories]
         return lines
 
 
@@ -58,7 +65,15 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
-def find(nft: str = "nft", ip: str = "ip") -> Leftovers:
+def find_pins(bpf_root: Path | None) -> tuple[Path, ...]:
+    """The pin directories under ``bpf_root`` when it is a mounted bpffs (nothing is mounted here)."""
+    if bpf_root is None or Path(bpf_root) not in pins.mounts_of(Path("/proc/self/mountinfo").read_text(), "bpf"):
+        return ()
+    directory = Path(bpf_root) / pins.PIN_DIRECTORY
+    return tuple(sorted(p for p in directory.iterdir() if p.is_dir())) if directory.is_dir() else ()
+
+
+def find(nft: str = "nft", ip: str = "ip", bpf_root: Path | None = None) -> Leftovers:
     routes: dict[int, list[str]] = {}
     for address, index, proto in netlink.dump_local_routes():
         if proto == ADDRESS_PROTO:
@@ -79,7 +94,8 @@ def find(nft: str = "nft", ip: str = "ip") -> Leftovers:
             shown = _run([ip, family, "route", "show", "table", str(capture.ROUTE_TABLE)]).stdout
             table_routes += [f"{family} {line.strip()}" for line in shown.splitlines() if line.strip()]
     return Leftovers({index: tuple(sorted(vips)) for index, vips in routes.items()}, nft_table,
-                     tuple(rules), tuple(table_routes), reply_tables=reply_tables)
+                     tuple(rules), tuple(table_routes), reply_tables=reply_tables,
+                     pin_directories=find_pins(bpf_root))
 
 
 def remove(found: Leftovers, nft: str = "nft", ip: str = "ip") -> list[str]:
@@ -112,4 +128,10 @@ def remove(found: Leftovers, nft: str = "nft", ip: str = "ip") -> list[str]:
                     else f"routing table {capture.ROUTE_TABLE}")
             lines.append(f"removed {_family_name(family)} {what}" if done.returncode == 0
                          else f"failed: {' '.join(argv)}: {done.stderr.strip()}")
+    for directory in found.pin_directories:
+        try:
+            pins.remove_pins(directory)
+            lines.append(f"removed connect-time balancing pins in {directory}")
+        except OSError as exc:
+            lines.append(f"failed: removing {directory}: {exc}")
     return lines

@@ -384,6 +384,14 @@ class ProxyWorkers:
         return self._local.client_address
 
     @property
+    def pod_traffic(self) -> str:  # this process attaches the connect() programs, for the whole node
+        return self._local.pod_traffic
+
+    @property
+    def connects_balanced(self) -> Mapping[ServicePortName, int]:
+        return self._local.connects_balanced
+
+    @property
     def worker_status(self) -> str:
         """One line for `kubeport get status`: the relay processes and those adopted."""
         live = [c for c in self._children if not c.stopped.done()]

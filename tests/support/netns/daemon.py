@@ -16,6 +16,7 @@ from typing import Any
 from kubeport.get_client import status_sockets
 
 from ..wait import WaitTimeout, until_sync
+from . import cgroups
 from .proc import CommandFailed, current_scope, run_in, spawn_in, stop_process
 
 # The kubeport command under test: $KUBEPORT_BIN (an installed wheel's console script, a
@@ -128,9 +129,12 @@ class KubeportDaemon:
                      if not any(a.startswith(flag) for a in self.extra_args)]
         source = (["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig is not None
                   else ["--manifests", str(self.manifests_dir)])
+        # Each daemon's connect() programs on a cgroup of its own, unless the test chose
+        balancing = () if any(a.startswith(("--connect-balancing", "--no-connect-balancing"))
+                              for a in self.extra_args) else cgroups.daemon_args(self.ns)
         return [*self.program, "run", *source,
                 "--hostname-override", self.node_name, "--state-dir", str(self.state_dir), *fast_stop,
-                *self.extra_args]
+                *balancing, *self.extra_args]
 
     @property
     def running(self) -> bool:

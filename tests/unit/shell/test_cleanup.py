@@ -57,7 +57,7 @@ def test_cleanup_reports_each_removal_then_nothing(tmp_path, monkeypatch):
     config = configuration(tmp_path)
     (tmp_path / "pod").mkdir()
     (tmp_path / "pod" / "ready").write_text("1\n")
-    monkeypatch.setattr(leftovers, "find", lambda: Leftovers())
+    monkeypatch.setattr(leftovers, "find", lambda **_: Leftovers())
     reports: list[str] = []
     cleanup.cleanup_host(config, reports.append)
     cleanup.cleanup_host(config, reports.append)
@@ -66,7 +66,7 @@ def test_cleanup_reports_each_removal_then_nothing(tmp_path, monkeypatch):
 
 def test_cleanup_refuses_while_an_instance_holds_the_node(tmp_path, monkeypatch):
     node = f"cleanup-test-{os.getpid()}-{time.monotonic_ns()}"
-    monkeypatch.setattr(leftovers, "find", lambda: pytest.fail("nothing is looked at"))
+    monkeypatch.setattr(leftovers, "find", lambda **_: pytest.fail("nothing is looked at"))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as holder:
         holder.bind(instance_address(node))
         holder.listen()

@@ -1,0 +1,264 @@
+"""Connect-time balancing for the node's own pods: the forwarding table, written into BPF maps.
+
+Python keeps deciding which endpoints a Service port may use on this node (table.py: topology,
+traffic policies, terminating fallback, trafficDistribution, the relay's own selection); the
+programs (programs.py), run by the kernel inside the pods' ``connect()``/``sendmsg()``, only
+pick among them. A pod's socket then connects straight to the endpoint: no relay, no per-packet
+NAT, the pod's own address at the endpoint.
+
+Which frontends (``connect_entry``, pure): ClusterIPs, externalIPs and LoadBalancer IPs over TCP
+and UDP. Pods and the node are the clients here, so an ``externalTrafficPolicy: Local`` frontend
+uses its short-circuit set, as kube-proxy sends pod and node traffic to any endpoint
+(pkg/proxy/nftables/proxier.go, the external chain's "short-circuit" rules). Left to the relay:
+NodePorts (reached from outside the node), LoadBalancer IPs with ``loadBalancerSourceRanges`` (the
+relay's filter decides by the client's address, which a connect hook does not know yet), PROXY
+protocol ports (the relay writes the header) and SCTP. A frontend whose Local policy has no local
+endpoint (kube-proxy's DROP) is not written: the connect goes to the Service address, where the
+node drops it as before. A frontend with no endpoint at all is written with none: its connects
+fail at once with ECONNREFUSED, kube-proxy's REJECT without the round trip.
+
+The shell (``ConnectBalancing``) adopts what a predecessor pinned (pins.py) and reconciles it
+with the first table it is given; after that, each rule change writes only its own entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from kubeport.endpoints.types import ServicePortName
+from kubeport.proxy.connectlb import pins
+from kubeport.proxy.table import Action, Frontend, FrontendKind, FrontendRule, RuleChange
+
+log = logging.getLogger(__name__)
+
+#: Service protocols the programs translate -> the socket's protocol number (bpf_sock_addr.protocol)
+PROTOCOLS = {"TCP": 6, "UDP": 17}
+#: entries written between two turns of the event loop while a big table is written
+_ENTRIES_PER_TURN = 500
+DEFAULT_BPF_ROOT = Path("/sys/fs/bpf")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What a frontend's connects may use: endpoints (objects with ``ip`` and ``port``; none:
+    refused) and the ClientIP affinity timeout in seconds (0: none)."""
+
+    endpoints: tuple
+    affinity_timeout: int = 0
+
+    def backends(self) -> list[tuple[str, int]]:
+        return [(endpoint.ip, endpoint.port) for endpoint in self.endpoints]
+
+
+def connect_entry(frontend: Frontend, rule: FrontendRule | None) -> Entry | None:
+    """The map entry of one frontend for clients on this node; None: not balanced at connect(). Pure."""
+    if rule is None or frontend.protocol not in PROTOCOLS:
+        return None
+    if rule.kind is FrontendKind.NODE_PORT or rule.source_ranges is not None or rule.proxy_protocol:
+        return None
+    if rule.action is Action.REFUSE:
+        return Entry((), rule.affinity_timeout)
+    # Pods and the node are "local" clients: an eTP=Local frontend's short-circuit set is theirs.
+    chosen = rule.local_client_endpoints if rule.local_client_endpoints is not None else rule.endpoints
+    if not chosen:
+        return None  # DROP: no local endpoint under a Local policy
+    return Entry(tuple(chosen), rule.affinity_timeout)
+
+
+def _key(frontend: Frontend) -> tuple[str, int, int]:
+    return frontend.ip, frontend.port, PROTOCOLS[frontend.protocol]
+
+
+class ConnectBalancing:
+    """The programs attached to the pods' cgroup and the maps kept in step with the table.
+
+    ``start`` never raises: where the kernel, the privileges or the filesystems refuse, ``problem``
+    says why and the relay serves the pods as before."""
+
+    def __init__(self, node: str, cgroup: str = "/", bpf_root: Path | str = DEFAULT_BPF_ROOT,
+                 capacity: int = 65536) -> None:
+        self.node = node
+        self.cgroup = cgroup if cgroup.startswith("/") else f"/{cgroup}"
+        self.bpf_root = Path(bpf_root)
+        self.capacity = capacity
+        #: why the relay serves the pods instead (None: started and attached, or not started yet)
+        self.problem: str | None = None
+        self.adopted = False
+        self._maps = None
+        self._pins: pins.Pins | None = None
+        self._written: dict[Frontend, Entry] = {}
+        self._ports: dict[Frontend, ServicePortName] = {}
+        self._reconciled = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except (OSError, ValueError) as exc:
+            self._close_maps()
+            self.problem = str(exc) or type(exc).__name__
+            log.warning("connect-time balancing unavailable, the relay serves the pods: %s", self.problem)
+        else:
+            self.problem = None
+            log.info("connect-time balancing: cgroup %s, pinned in %s%s", self.cgroup, self._pins.directory,
+                     " (taken over from the previous instance)" if self.adopted else "")
+
+    def _start(self) -> None:
+        from kubeport.proxy.connectlb import programs
+        from kubeport.proxy.connectlb.maps import ConnectMaps
+
+        cgroup_root = pins.cgroup2_root()
+        cgroup = pins.cgroup_path(cgroup_root, self.cgroup)
+        if not cgroup.is_dir():
+            raise OSError(f"cgroup {self.cgroup} does not exist (looked in {cgroup})")
+        self._pins = where = pins.Pins(pins.bpffs_at(self.bpf_root), self.node)
+        self._maps = self._adopt_maps(where, ConnectMaps)
+        fresh = not self.adopted
+        program_fds = programs.load_programs(self._maps)
+        try:
+            if fresh:
+                for name, fd in self._maps.fds().items():
+                    where.pin_map(name, fd)
+            self._attach(where, program_fds, cgroup, dict(programs.HOOKS))
+        finally:
+            for fd in program_fds.values():
+                os.close(fd)
+
+    def _adopt_maps(self, where: pins.Pins, maps_type):
+        if where.names("map"):
+            try:
+                fds = where.open_maps()
+                maps = maps_type.adopt(fds)
+            except (OSError, ValueError) as exc:
+                # a layout this version cannot read: start over (the links go with the pins)
+                log.warning("connect-time balancing: not taking over %s (%s): starting afresh", where.directory, exc)
+                where.remove()
+            else:
+                self.adopted = True
+                return maps
+        return maps_type.create(self.capacity)
+
+    def _attach(self, where: pins.Pins, program_fds: Mapping[str, int], cgroup: Path,
+                attach_types: Mapping[str, int]) -> None:
+        """Each hook's link runs this process's program: an adopted link on the same cgroup is
+        updated in place; otherwise a new link is made and pinned over the old one's pin (which
+        then detaches)."""
+        links = where.open_links()
+        try:
+            wanted = pins.cgroup_id(cgroup)
+            cgroup_fd = pins.open_cgroup(cgroup)
+            try:
+                for hook, prog_fd in program_fds.items():
+                    link = links.get(hook)
+                    if link is not None and pins.link_cgroup_id(link) == wanted:
+                        pins.link_update(link, prog_fd)
+                        continue
+                    created = pins.link_create(prog_fd, cgroup_fd, attach_types[hook])
+                    try:
+                        where.pin_link(hook, created)
+                    finally:
+                        os.close(created)
+            finally:
+                os.close(cgroup_fd)
+        finally:
+            for fd in links.values():
+                os.close(fd)
+
+    def stop(self, release: bool) -> None:
+        """``release``: unpin the links and maps (the programs detach, pods' connects go to the
+        Service addresses again); else leave them to the next instance, serving meanwhile."""
+        if release and self._pins is not None and self.problem is None:
+            try:
+                self._pins.remove()
+            except OSError as exc:
+                log.warning("connect-time balancing: %s", exc)
+        self._close_maps()
+
+    def _close_maps(self) -> None:
+        if self._maps is not None:
+            self._maps.close()
+            self._maps = None
+
+    # --- views --------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self.problem is None and self._maps is not None
+
+    @property
+    def pin_directory(self) -> Path | None:
+        return self._pins.directory if self._pins is not None else None
+
+    @property
+    def frontends(self) -> frozenset[Frontend]:
+        """The frontends whose connects are balanced in the kernel now."""
+        return frozenset(self._written)
+
+    def connects(self) -> dict[ServicePortName, int]:
+        """Connects balanced in the kernel per service port (the program counts them)."""
+        if not self.active:
+            return {}
+        by_key = {_key(frontend): port for frontend, port in self._ports.items()}
+        totals: dict[ServicePortName, int] = {}
+        for key, count in self._maps.connects().items():
+            port = by_key.get(key)
+            if port is not None:
+                totals[port] = totals.get(port, 0) + count
+        return totals
+
+    # --- keeping the maps in step -------------------------------------------------------------
+
+    async def apply(self, changes: Iterable[RuleChange], rules: Mapping[Frontend, FrontendRule]) -> None:
+        """The maps in line with the table: the whole table the first time (what a predecessor
+        left is reconciled: entries no longer wanted are removed), then only ``changes``."""
+        if not self.active:
+            return
+        if not self._reconciled:
+            await self._write_all(rules)
+            self._reconciled = True
+            return
+        for count, change in enumerate(changes, 1):
+            self._write(change.frontend, change.new)
+            if not count % _ENTRIES_PER_TURN:
+                await asyncio.sleep(0)
+
+    async def _write_all(self, rules: Mapping[Frontend, FrontendRule]) -> None:
+        wanted: set[tuple[str, int, int]] = set()
+        for count, (frontend, rule) in enumerate(list(rules.items()), 1):
+            if self._write(frontend, rule):
+                wanted.add(_key(frontend))
+            if not count % _ENTRIES_PER_TURN:
+                await asyncio.sleep(0)
+        for key in self._maps.service_ports() - wanted:
+            self._maps.remove_service(*key)
+
+    def _write(self, frontend: Frontend, rule: FrontendRule | None) -> bool:
+        """One frontend's entry written (True) or removed; unchanged entries cost nothing."""
+        entry = connect_entry(frontend, rule)
+        old = self._written.get(frontend)
+        if entry is None:
+            if old is not None:
+                del self._written[frontend]
+                self._ports.pop(frontend, None)
+                self._maps.remove_service(*_key(frontend))
+            return False
+        if entry != old:
+            try:
+                self._maps.set_service(*_key(frontend), entry.backends(), entry.affinity_timeout)
+            except (OSError, ValueError) as exc:
+                # a full map: this frontend stays with the relay, as if never balanced
+                log.warning("connect-time balancing: %s left to the relay: %s", frontend, exc)
+                if old is not None:
+                    del self._written[frontend]
+                    self._ports.pop(frontend, None)
+                    self._maps.remove_service(*_key(frontend))
+                return False
+            self._written[frontend] = entry
+            self._ports[frontend] = rule.port_name
+        return True
