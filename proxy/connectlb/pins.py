@@ -1,8 +1,8 @@
 """Where connect-time balancing lives outside the process: bpffs pins, BPF links, the cgroup.
 
 The programs are attached with BPF links (BPF_LINK_CREATE on the cgroup) and the links and
-maps are pinned in a bpffs, under ``<bpf root>/kubeport/<node name>/``: ``link.<hook>`` per
-program, ``map.<name>`` per map. A pinned link keeps its program attached after the last
+maps are pinned in a bpffs, under ``<bpf root>/kubeport/<node name>/``: ``link_<hook>`` per
+program, ``map_<name>`` per map (a bpffs refuses names with a dot, kernel/bpf/inode.c bpf_lookup). A pinned link keeps its program attached after the last
 descriptor closes (kernel/bpf/cgroup.c ``bpf_cgroup_link_release`` runs only when the link's
 last reference goes), so the node's pods keep reaching their Services while no daemon runs; the
 next daemon opens the pins (BPF_OBJ_GET), swaps its own programs into the links
@@ -155,7 +155,7 @@ def open_cgroup(path: Path) -> int:
 
 
 class Pins:
-    """The pins of one node's connect-time balancing: ``<root>/kubeport/<node>/{map,link}.<name>``."""
+    """The pins of one node's connect-time balancing: ``<root>/kubeport/<node>/{map,link}_<name>``."""
 
     def __init__(self, root: Path, node: str) -> None:
         if not node or "/" in node or node in (".", ".."):
@@ -164,16 +164,16 @@ class Pins:
         self.directory = self.root / PIN_DIRECTORY / node
 
     def map_path(self, name: str) -> Path:
-        return self.directory / f"map.{name}"
+        return self.directory / f"map_{name}"
 
     def link_path(self, hook: str) -> Path:
-        return self.directory / f"link.{hook}"
+        return self.directory / f"link_{hook}"
 
     def present(self) -> bool:
         return self.directory.is_dir() and any(self.directory.iterdir())
 
     def names(self, kind: str) -> list[str]:
-        prefix = f"{kind}."
+        prefix = f"{kind}_"
         if not self.directory.is_dir():
             return []
         return sorted(p.name[len(prefix):] for p in self.directory.iterdir() if p.name.startswith(prefix))
@@ -188,7 +188,7 @@ class Pins:
         opened: dict[str, int] = {}
         try:
             for name in self.names(kind):
-                opened[name] = open_pinned(self.directory / f"{kind}.{name}")
+                opened[name] = open_pinned(self.directory / f"{kind}_{name}")
         except OSError:
             for fd in opened.values():
                 os.close(fd)

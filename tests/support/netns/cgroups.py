@@ -47,6 +47,8 @@ def connect_balancing_possible() -> str | None:
 
 
 class TestCgroup:
+    __test__ = False  # not a test class for pytest
+
     """``<cgroup2>/kubeport-tests/<name>``, made now; ``hierarchy_path`` is what the daemon's
     ``--connect-balancing-cgroup`` takes."""
 

@@ -166,13 +166,13 @@ def test_pins_refuse_a_node_name_that_is_not_a_directory_name(tmp_path, node):
 
 def test_pin_paths(tmp_path):
     where = pins.Pins(tmp_path, "node-a")
-    assert where.map_path("services4") == tmp_path / "kubeport/node-a/map.services4"
-    assert where.link_path("connect4") == tmp_path / "kubeport/node-a/link.connect4"
+    assert where.map_path("services4") == tmp_path / "kubeport/node-a/map_services4"
+    assert where.link_path("connect4") == tmp_path / "kubeport/node-a/link_connect4"
     assert where.names("map") == [] and not where.present()
     (tmp_path / "kubeport/node-a").mkdir(parents=True)
-    (tmp_path / "kubeport/node-a/map.b").touch()
-    (tmp_path / "kubeport/node-a/map.a").touch()
-    (tmp_path / "kubeport/node-a/link.connect6").touch()
+    (tmp_path / "kubeport/node-a/map_b").touch()
+    (tmp_path / "kubeport/node-a/map_a").touch()
+    (tmp_path / "kubeport/node-a/link_connect6").touch()
     assert where.names("map") == ["a", "b"] and where.names("link") == ["connect6"]
     assert where.remove() and not (tmp_path / "kubeport/node-a").exists() and not where.remove()
 
