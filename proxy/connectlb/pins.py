@@ -2,9 +2,10 @@
 
 The programs are attached with BPF links (BPF_LINK_CREATE on the cgroup) and the links and
 maps are pinned in a bpffs, under ``<bpf root>/kubeport/<node name>/``: ``link_<hook>`` per
-program, ``map_<name>`` per map (a bpffs refuses names with a dot, kernel/bpf/inode.c bpf_lookup). A pinned link keeps its program attached after the last
-descriptor closes (kernel/bpf/cgroup.c ``bpf_cgroup_link_release`` runs only when the link's
-last reference goes), so the node's pods keep reaching their Services while no daemon runs; the
+program, ``map_<name>`` per map (a bpffs refuses names with a dot, kernel/bpf/inode.c
+bpf_lookup). A pinned link keeps its program attached after the last descriptor closes
+(kernel/bpf/cgroup.c ``bpf_cgroup_link_release`` runs only when the link's last reference
+goes), so the node's pods keep reaching their Services while no daemon runs; the
 next daemon opens the pins (BPF_OBJ_GET), swaps its own programs into the links
 (BPF_LINK_UPDATE, atomic per hook) and carries on with the maps as its predecessor left them.
 Cilium keeps its socket-LB state the same way, under ``/sys/fs/bpf/tc/globals``.

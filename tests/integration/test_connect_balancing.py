@@ -85,7 +85,8 @@ def test_pod_to_cluster_ip_reaches_the_endpoint_directly(cluster, topology, pod_
     assert answered() == ("b1", client.ip(4))
     metrics = run_in(topology.node("a"), "curl", "-s", "http://127.0.0.1:10249/metrics").stdout
     balanced = [line for line in metrics.splitlines() if line.startswith("kubeport_proxy_connects_balanced_total")]
-    assert any('service_port="demo/direct:http/TCP"' in line and not line.endswith(" 0.0") for line in balanced), balanced
+    counted = [line for line in balanced if 'service_port="demo/direct:http/TCP"' in line]
+    assert counted and not counted[0].endswith(" 0.0"), balanced
     relayed = [line for line in metrics.splitlines()
                if line.startswith('kubeport_proxy_connections_total{service_port="demo/direct:http/TCP"')]
     assert not relayed or relayed[0].endswith(" 0.0"), relayed
