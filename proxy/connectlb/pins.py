@@ -78,8 +78,12 @@ def _mount(fstype: str, target: Path) -> None:
 
 
 def cgroup2_root() -> Path:
-    """Where this process sees the cgroup v2 hierarchy; mounted at CGROUP2_FALLBACK if nowhere."""
+    """Where this process sees the cgroup v2 hierarchy: CGROUP2_FALLBACK when the host's is
+    mounted there (a pod's ``hostPath``: a container's own /sys/fs/cgroup shows only its own
+    cgroup namespace), else the first mount; mounted at CGROUP2_FALLBACK if nowhere."""
     mounts = mounts_of(_mountinfo(), "cgroup2")
+    if CGROUP2_FALLBACK in mounts:
+        return CGROUP2_FALLBACK
     if mounts:
         return mounts[0]
     _mount("cgroup2", CGROUP2_FALLBACK)

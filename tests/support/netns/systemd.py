@@ -25,7 +25,7 @@ import textwrap
 from pathlib import Path
 
 from ..wait import until_sync
-from . import REPO
+from . import REPO, cgroups
 from .daemon import kubeport_bin
 from .proc import CommandFailed, run_in, spawn_in, stop_process
 
@@ -125,6 +125,9 @@ class Systemd:
         self.write("/run/systemd/system/kubeport.service", UNIT.read_text())
         self.write("/etc/kubeport/config.yaml", CONFIG.read_text())
         shipped = shlex.split(_unit_value(UNIT.read_text(), "ExecStart"))
+        # connect() programs on a cgroup of the test's own, never on the machine's root
+        if not any(arg.startswith(("--connect-balancing", "--no-connect-balancing")) for arg in extra_args):
+            extra_args = (*extra_args, *cgroups.daemon_args(netns))
         command = [str(kubeport_bin()), *shipped[1:], *extra_args]
         prefix, _, pre = _unit_value(UNIT.read_text(), "ExecStartPre").partition("/")
         shipped_pre = shlex.split("/" + pre)

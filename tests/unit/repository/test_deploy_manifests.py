@@ -160,10 +160,11 @@ def test_daemonset_declares_no_ports_under_host_network__kubeadm_kube_proxy():
 
 
 def test_daemonset_keeps_no_node_state__apiserver_allocates_in_a_cluster():
-    """No hostPath: allocations belong to the API server. The state dir is an emptyDir, which
-    outlives the container's restarts and not the pod: the last applied state a restarted
-    container serves before it has synced."""
-    assert all("hostPath" not in volume for volume in pod_spec()["volumes"])
+    """No hostPath but the kernel's own filesystems: allocations belong to the API server. The
+    state dir is an emptyDir, which outlives the container's restarts and not the pod: the last
+    applied state a restarted container serves before it has synced."""
+    host_paths = {v["hostPath"]["path"] for v in pod_spec()["volumes"] if "hostPath" in v}
+    assert host_paths == {"/sys/fs/bpf", "/sys/fs/cgroup"}
     state = [m for m in the_container()["volumeMounts"] if m["mountPath"] == "/var/lib/kubeport"]
     assert len(state) == 1
     volume = next(v for v in pod_spec()["volumes"] if v["name"] == state[0]["name"])
@@ -314,3 +315,16 @@ def test_kustomize_renders_the_manifests_with_the_image_and_api_server_set(tmp_p
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert (container["image"], env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (
             image, host, "6443")
+
+
+def test_daemonset_gives_connect_balancing_the_hosts_bpffs_and_cgroup2():
+    """Pins outlive the container only in the host's bpffs; the node's pods are in the host's
+    cgroup hierarchy, which the daemon looks for at /run/kubeport/cgroup2 first (connectlb/pins.py)."""
+    from kubeport.proxy.connectlb import pins
+
+    mounts = {m["mountPath"]: m for m in the_container()["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec()["volumes"]}
+    assert volumes[mounts["/sys/fs/bpf"]["name"]]["hostPath"]["path"] == "/sys/fs/bpf"
+    cgroup = mounts[str(pins.CGROUP2_FALLBACK)]
+    assert volumes[cgroup["name"]]["hostPath"]["path"] == "/sys/fs/cgroup" and cgroup["readOnly"] is True
+    assert "BPF" in the_container()["securityContext"]["capabilities"]["add"]
