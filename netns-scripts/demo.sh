@@ -15,11 +15,20 @@ keep=${KUBEPORT_DEMO_KEEP:-}          # set to 1 to leave the topology and daemo
 kubeport=${KUBEPORT_BIN:-$repo/.venv/bin/kubeport}   # KUBEPORT_BIN: an installed kubeport instead
 work=$(mktemp -d /tmp/kubeport-demo.XXXXXX)
 pids=()
+# node-a's pods' processes go in a cgroup of their own, as the kubelet puts a node's pods under
+# kubepods.slice: kubeport balances their connects in the kernel (--connect-balancing-cgroup).
+cgroup2=$(awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i + 1) == "cgroup2") { print $5; exit } break } }' \
+    /proc/self/mountinfo)
+pods_cgroup=""
+if [ -n "$cgroup2" ] && mkdir -p "$cgroup2/$prefix-node-a-pods" 2>/dev/null; then
+    pods_cgroup="$cgroup2/$prefix-node-a-pods"
+fi
 
 cleanup() {
     [ -n "$keep" ] && { echo "left running: namespaces $prefix-*, state in $work"; return; }
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     "$repo/netns-scripts/topology.sh" down --prefix "$prefix" >/dev/null 2>&1 || true
+    [ -z "$pods_cgroup" ] || rmdir "$pods_cgroup" 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -27,6 +36,14 @@ trap cleanup EXIT
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 show() { printf '\033[2m$ %s\033[0m\n' "$*"; "$@"; }
 in_ns() { ip netns exec "$prefix-$1" "${@:2}"; }
+# A process of node-a's pod $1: it joins the pods' cgroup, then enters the pod's namespace.
+in_pod() {
+    if [ -n "$pods_cgroup" ]; then
+        sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$pods_cgroup" ip netns exec "$prefix-$1" "${@:2}"
+    else
+        in_ns "$@"
+    fi
+}
 
 step "Topology: node-a (zone-a) and node-b (zone-b), two pods each, a client outside the cluster"
 "$repo/netns-scripts/topology.sh" up --prefix "$prefix" --pods-per-node 2 >/dev/null
@@ -38,7 +55,8 @@ done
 step "kubeport on node-a with examples/"
 in_ns node-a "$kubeport" run --manifests "$repo/examples" --hostname-override node-a \
     --state-dir "$work/state" --upstream 192.168.50.200 \
-    --cluster-cidr 10.244.0.0/16,fd00:10:244::/56 >"$work/kubeport.log" 2>&1 &
+    --cluster-cidr 10.244.0.0/16,fd00:10:244::/56 \
+    ${pods_cgroup:+--connect-balancing-cgroup "/${pods_cgroup#"$cgroup2"/}"} >"$work/kubeport.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
     code=$(in_ns node-a curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:10256/readyz || true)
@@ -62,8 +80,13 @@ show in_ns a1 dig +short @10.96.0.10 web.demo.svc.cluster.local A
 show in_ns a1 dig +short @10.96.0.10 _http._tcp.web.demo.svc.cluster.local SRV
 show in_ns a1 dig +short @10.96.0.10 db.demo.svc.cluster.local A
 
-step "curl the ClusterIP $web_ip from pod a1 (10.244.1.11): answered by different pods, who see a1 (a1 answering itself sees the node: kube-proxy masquerades hairpin traffic)"
-for _ in 1 2 3 4 5 6; do show in_ns a1 curl -s --max-time 2 "http://$web_ip/"; done
+step "curl the ClusterIP $web_ip from pod a1 (10.244.1.11): answered by different pods, who see a1"
+for _ in 1 2 3 4 5 6; do show in_pod a1 curl -s --max-time 2 "http://$web_ip/"; done
+
+step "Which path served them: a1's own connect() went straight to the pod (no relay), or the relay"
+in_ns node-a "$kubeport" get status -o json |
+    python3 -c 'import json,sys; print("podTraffic:", json.load(sys.stdin)["proxy"]["podTraffic"])'
+show in_ns node-a sh -c "curl -s http://127.0.0.1:10249/metrics | grep '^kubeport_proxy_connects_balanced_total{service_port=\"demo/web'"
 
 step "curl the NodePort 192.168.50.11:30080 from the client outside the cluster: pods see node-a"
 for _ in 1 2 3 4; do show in_ns client curl -s --max-time 2 http://192.168.50.11:30080/; done
