@@ -84,8 +84,9 @@ def cgroup2_root() -> Path:
     mounts = mounts_of(_mountinfo(), "cgroup2")
     if CGROUP2_FALLBACK in mounts:
         return CGROUP2_FALLBACK
-    if mounts:
-        return mounts[0]
+    for mount in mounts:
+        if (mount / "cgroup.procs").exists():  # not hidden by a later mount (a fresh sysfs)
+            return mount
     _mount("cgroup2", CGROUP2_FALLBACK)
     return CGROUP2_FALLBACK
 
