@@ -42,6 +42,7 @@ import ctypes
 import errno
 import ipaddress
 import os
+import socket
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
@@ -57,6 +58,8 @@ from kubeport.proxy.relay.sockmap import (
 
 BPF_ANY, BPF_NOEXIST = 0, 1  # BPF_MAP_UPDATE_ELEM flags: create or replace; create only
 BPF_MAP_GET_NEXT_KEY = 4
+BPF_MAP_UPDATE_BATCH, BPF_MAP_DELETE_BATCH = 26, 27
+BPF_F_NO_PREALLOC = 1
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_MAP_TYPE_LRU_HASH = 9
 
@@ -95,19 +98,39 @@ AFFINITY_KEY_SIZE, AFFINITY_VALUE_SIZE = 16, 32
 # --- encoding (pure) ---------------------------------------------------------------------------
 
 
-def family_of(address: Address) -> int:
-    """4 or 6. An IPv4-mapped IPv6 address is refused: the programs do not translate them."""
-    parsed = ipaddress.ip_address(address)
-    if parsed.version == 6 and parsed.ipv4_mapped is not None:
-        raise ValueError(f"IPv4-mapped IPv6 address: {address}")
-    if parsed.version == 6 and parsed.scope_id:
-        raise ValueError(f"IPv6 address with a zone: {address}")  # the maps' keys have none
-    return parsed.version
+_MAPPED_PREFIX = bytes(10) + b"\xff\xff"
 
 
 def _address(address: Address) -> bytes:
-    family_of(address)
-    return ipaddress.ip_address(address).packed
+    """The packed address. inet_pton, not ipaddress: a cold start encodes every endpoint of every
+    Service port (250,000 at the published scale), and ipaddress's parser cost ~6 us each where
+    inet_pton costs well under one."""
+    if not isinstance(address, str):
+        address = str(address)
+    if ":" not in address:
+        try:
+            return socket.inet_pton(socket.AF_INET, address)
+        except OSError:
+            raise ValueError(f"not an IPv4 address: {address!r}") from None
+    if "%" in address:
+        raise ValueError(f"IPv6 address with a zone: {address}")  # the maps' keys have none
+    try:
+        packed = socket.inet_pton(socket.AF_INET6, address)
+    except OSError:
+        raise ValueError(f"not an IPv6 address: {address!r}") from None
+    if packed.startswith(_MAPPED_PREFIX):
+        raise ValueError(f"IPv4-mapped IPv6 address: {address}")  # the programs do not translate them
+    return packed
+
+
+def family_of(address: Address) -> int:
+    """4 or 6. An IPv4-mapped IPv6 address is refused: the programs do not translate them."""
+    return 4 if len(_address(address)) == 4 else 6
+
+
+def _canonical(address: Address) -> str:
+    packed = _address(address)
+    return socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
 
 
 def _port(port: int) -> bytes:
@@ -117,7 +140,7 @@ def _port(port: int) -> bytes:
 
 
 def _decode_address(packed: bytes) -> str:
-    return str(ipaddress.ip_address(packed))
+    return socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
 
 
 def service_key(address: Address, port: int, protocol: int) -> bytes:
@@ -208,10 +231,11 @@ class HashMap:
     """A BPF hash map (or LRU hash) of fixed key and value sizes, owned by this process (its fd)."""
 
     def __init__(self, key_size: int, value_size: int, capacity: int, name: str = "",
-                 map_type: int = BPF_MAP_TYPE_HASH, fd: int | None = None) -> None:
+                 map_type: int = BPF_MAP_TYPE_HASH, fd: int | None = None, flags: int = 0) -> None:
         self.key_size, self.value_size = key_size, value_size
         if fd is None:
-            attr = struct.pack("<IIIIIII16s", map_type, key_size, value_size, capacity, 0, 0, 0, name.encode()[:15])
+            attr = struct.pack("<IIIIIII16s", map_type, key_size, value_size, capacity, flags, 0, 0,
+                               name.encode()[:15])
             fd = bpf(BPF_MAP_CREATE, attr)
         self.fd = fd
 
@@ -229,6 +253,42 @@ class HashMap:
         value_buf = ctypes.create_string_buffer(value, self.value_size)
         attr, _key_buf = self._attr(key, value_buf, flags)
         bpf(BPF_MAP_UPDATE_ELEM, attr)
+
+    def update_many(self, items: list[tuple[bytes, bytes]], flags: int = BPF_ANY) -> None:
+        """BPF_MAP_UPDATE_BATCH: every item in one system call (kernel/bpf/syscall.c
+        generic_map_update_batch), where one BPF_MAP_UPDATE_ELEM each cost a call apiece."""
+        if not items:
+            return
+        keys = b"".join(key for key, _ in items)
+        values = b"".join(value for _, value in items)
+        if len(keys) != len(items) * self.key_size or len(values) != len(items) * self.value_size:
+            raise ValueError(f"keys of {self.key_size} bytes and values of {self.value_size} bytes expected")
+        self._batch(BPF_MAP_UPDATE_BATCH, keys, values, len(items), flags)
+
+    def delete_many(self, keys: list[bytes]) -> None:
+        """BPF_MAP_DELETE_BATCH; keys not there are passed over (the kernel stops at the first,
+        ENOENT, and the rest are then deleted one by one)."""
+        if not keys:
+            return
+        joined = b"".join(keys)
+        if len(joined) != len(keys) * self.key_size:
+            raise ValueError(f"keys of {self.key_size} bytes expected")
+        try:
+            self._batch(BPF_MAP_DELETE_BATCH, joined, None, len(keys), 0)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            for key in keys:  # one was gone (a range a predecessor left short): the rest one by one
+                self.delete(key)
+
+    def _batch(self, command: int, keys: bytes, values: bytes | None, count: int, elem_flags: int) -> None:
+        key_buf = ctypes.create_string_buffer(keys, len(keys))
+        value_buf = ctypes.create_string_buffer(values, len(values)) if values is not None else None
+        # struct batch: in_batch, out_batch, keys, values (u64 each), count, map_fd (u32), elem_flags, flags
+        attr = struct.pack("<QQQQIIQQ", 0, 0, ctypes.addressof(key_buf),
+                           ctypes.addressof(value_buf) if value_buf is not None else 0, count, self.fd,
+                           elem_flags, 0)
+        bpf(command, attr)
 
     def lookup(self, key: bytes) -> bytes | None:
         value_buf = ctypes.create_string_buffer(self.value_size)
@@ -296,10 +356,16 @@ def allocate_slots(used: set[int], count: int, start: int) -> int:
 
 
 class Held(NamedTuple):
-    """What a service port holds in the maps: its slot range, id and endpoints."""
+    """What a service port holds in the maps: its slot range, id, endpoints (packed address, port
+    in network order), and whether its endpoints are in the members map (with affinity only)."""
     base: int
     id: int
-    backends: tuple[tuple[str, int], ...]
+    backends: tuple[tuple[bytes, bytes], ...]
+    affinity: bool = False
+
+
+def _member_key(id_: int, packed: bytes, port: bytes) -> bytes:
+    return struct.pack("=I", id_) + port + b"\0\0" + packed
 
 
 class _Family:
@@ -318,10 +384,11 @@ class ConnectMaps:
     def __init__(self, capacity: int = 65536, backend_capacity: int | None = None, *,
                  _maps: Mapping[str, HashMap] | None = None) -> None:
         if _maps is None:
-            _maps = _create(capacity, backend_capacity or 2 * capacity)
+            _maps = _create(capacity, backend_capacity or max(2 * capacity, 1 << 20))
         self.maps: dict[str, HashMap] = dict(_maps)
         self._families = {4: _Family(), 6: _Family()}
         self._next_id = 1
+        self._ids: set[int] = set()  # ids held by a service port of either family
 
     @classmethod
     def create(cls, capacity: int = 65536, backend_capacity: int | None = None) -> ConnectMaps:
@@ -363,12 +430,15 @@ class ConnectMaps:
             for key, value in services.items().items():
                 found = decode_service_value(value)
                 endpoints = []
+                size = 4 if family == 4 else 16
                 for i in range(found.count):
                     slot = (found.slot_base + i) % SLOTS
                     state.used.add(slot)
                     if (backend := backends.lookup(backend_key(slot))) is not None:
-                        endpoints.append(decode_backend_value(backend))
-                state.held[key] = Held(found.slot_base, found.id, tuple(endpoints))
+                        endpoints.append((backend[:size], backend[size:size + 2]))
+                # members are written for the service ports with affinity only (set_service)
+                state.held[key] = Held(found.slot_base, found.id, tuple(endpoints), found.affinity_timeout > 0)
+                self._ids.add(found.id)
                 end = max(end, found.slot_base + found.count)
                 largest = max(largest, found.id)
             state.next = end % SLOTS
@@ -391,33 +461,42 @@ class ConnectMaps:
                     backends: Iterable[tuple[Address, int]], affinity_timeout: int = 0) -> None:
         """The endpoints this node may use for a Service port; none: its connects are refused.
         ``affinity_timeout`` seconds > 0: ClientIP affinity per network namespace."""
-        family = family_of(address)
         key = service_key(address, port, protocol)
-        endpoints = tuple((str(ipaddress.ip_address(a)), p) for a, p in backends)
-        for backend_address, _ in endpoints:
-            if family_of(backend_address) != family:
+        family, size = (4, 4) if len(key) == 8 else (6, 16)
+        # Each endpoint encoded once (a cold start writes every endpoint of every Service port).
+        packed = []
+        for backend_address, backend_port in backends:
+            raw = _address(backend_address)
+            if len(raw) != size:
                 raise ValueError(f"endpoint {backend_address} of another family than {address}")
+            packed.append((raw, _port(backend_port)))
+        endpoints = tuple(packed)
         state = self._families[family]
         old = state.held.get(key)
         id_ = old.id if old is not None else self._take_id()
         backends_map, members = self.maps[f"backends{family}"], self.maps[f"members{family}"]
         base = allocate_slots(state.used, len(endpoints), state.next)
-        for i, (backend_address, backend_port) in enumerate(endpoints):
-            backends_map.update(backend_key(base + i), backend_value(backend_address, backend_port))
+        backends_map.update_many([(struct.pack("=I", (base + i) % SLOTS), raw + port_bytes + b"\0\0")
+                                  for i, (raw, port_bytes) in enumerate(endpoints)])
         state.used.update((base + i) % SLOTS for i in range(len(endpoints)))
         state.next = (base + len(endpoints)) % SLOTS
-        for backend_address, backend_port in set(endpoints) - set(old.backends if old else ()):
-            members.update(member_key(id_, backend_address, backend_port), struct.pack("=I", 1))
-        try:
-            self.maps[f"connects{family}"].update(key, bytes(8), BPF_NOEXIST)
-        except OSError as exc:
-            if exc.errno != errno.EEXIST:
-                raise
+        # Only affinity reads the members map: a port without affinity (most) writes none.
+        affinity = affinity_timeout > 0
+        had = set(old.backends) if old is not None and old.affinity else set()
+        if affinity:
+            one = struct.pack("=I", 1)
+            members.update_many([(_member_key(id_, raw, port_bytes), one) for raw, port_bytes in set(endpoints) - had])
+        if old is None:
+            try:
+                self.maps[f"connects{family}"].update(key, bytes(8), BPF_NOEXIST)
+            except OSError as exc:
+                if exc.errno != errno.EEXIST:
+                    raise
         self.maps[f"services{family}"].update(key, service_value(len(endpoints), base, affinity_timeout, id_))
-        state.held[key] = Held(base, id_, endpoints)
+        state.held[key] = Held(base, id_, endpoints, affinity)
         if old is not None:
-            for backend_address, backend_port in set(old.backends) - set(endpoints):
-                members.delete(member_key(id_, backend_address, backend_port))
+            members.delete_many([_member_key(id_, raw, port_bytes)
+                                 for raw, port_bytes in had - (set(endpoints) if affinity else set())])
             self._free(family, old.base, len(old.backends))
 
     def remove_service(self, address: Address, port: int, protocol: int) -> None:
@@ -428,23 +507,24 @@ class ConnectMaps:
         self.maps[f"connects{family}"].delete(key)
         old = self._families[family].held.pop(key, None)
         if old is not None:
-            for backend_address, backend_port in old.backends:
-                self.maps[f"members{family}"].delete(member_key(old.id, backend_address, backend_port))
+            self._ids.discard(old.id)
+            if old.affinity:
+                self.maps[f"members{family}"].delete_many([_member_key(old.id, raw, port_bytes)
+                                                           for raw, port_bytes in set(old.backends)])
             self._free(family, old.base, len(old.backends))
 
     def _take_id(self) -> int:
-        taken = {held.id for state in self._families.values() for held in state.held.values()}
-        while self._next_id in taken or self._next_id == 0:
+        while self._next_id in self._ids or self._next_id == 0:
             self._next_id = (self._next_id + 1) % IDS
         id_, self._next_id = self._next_id, (self._next_id + 1) % IDS
+        self._ids.add(id_)
         return id_
 
     def _free(self, family: int, base: int, count: int) -> None:
-        state, backends = self._families[family], self.maps[f"backends{family}"]
-        for i in range(count):
-            slot = (base + i) % SLOTS
-            backends.delete(backend_key(slot))
-            state.used.discard(slot)
+        state = self._families[family]
+        slots = [(base + i) % SLOTS for i in range(count)]
+        self.maps[f"backends{family}"].delete_many([backend_key(slot) for slot in slots])
+        state.used.difference_update(slots)
 
     def service_ports(self) -> set[tuple[str, int, int]]:
         """(address, port, protocol) of every service port the maps hold."""
@@ -488,7 +568,12 @@ def _create(capacity: int, backend_capacity: int) -> dict[str, HashMap]:
     made: dict[str, HashMap] = {}
     try:
         for name, layout in LAYOUTS.items():
-            made[name] = HashMap(layout.key_size, layout.value_size, sizes[name], f"kp_{name}", layout.map_type)
+            # Hash maps allocate an entry when written, not all at creation: the capacity is a
+            # ceiling, paid for only by the Services and endpoints a cluster has (an LRU map is
+            # always preallocated).
+            flags = BPF_F_NO_PREALLOC if layout.map_type == BPF_MAP_TYPE_HASH else 0
+            made[name] = HashMap(layout.key_size, layout.value_size, sizes[name], f"kp_{name}", layout.map_type,
+                                 flags=flags)
     except BaseException:
         for map_ in made.values():
             map_.close()
