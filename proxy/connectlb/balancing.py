@@ -70,6 +70,10 @@ def connect_entry(frontend: Frontend, rule: FrontendRule | None) -> Entry | None
     return Entry(tuple(chosen), rule.affinity_timeout)
 
 
+def _bpffs_mounts() -> list[Path]:
+    return pins.mounts_of(Path("/proc/self/mountinfo").read_text(), "bpf")
+
+
 def _key(frontend: Frontend) -> tuple[str, int, int]:
     return frontend.ip, frontend.port, PROTOCOLS[frontend.protocol]
 
@@ -94,6 +98,8 @@ class ConnectBalancing:
         self._written: dict[Frontend, Entry] = {}
         self._ports: dict[Frontend, ServicePortName] = {}
         self._reconciled = False
+        #: frontends a map refused in this apply (full): logged once per apply, not per frontend
+        self._refused: list[tuple[Frontend, Exception]] = []
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -104,6 +110,7 @@ class ConnectBalancing:
             self._close_maps()
             self.problem = str(exc) or type(exc).__name__
             log.warning("connect-time balancing unavailable, the relay serves the pods: %s", self.problem)
+            self._unpin_left_over()
         else:
             self.problem = None
             log.info("connect-time balancing: cgroup %s, pinned in %s%s", self.cgroup, self._pins.directory,
@@ -170,6 +177,21 @@ class ConnectBalancing:
             for fd in links.values():
                 os.close(fd)
 
+    def _unpin_left_over(self) -> None:
+        """After a failed start: links a predecessor pinned (or this start, before it failed) keep
+        their programs attached, translating the pods' connects with maps no one updates any
+        more. Unpinned, the pods reach the Service addresses, the relay, as ``problem`` says."""
+        try:
+            if self._pins is None:
+                if self.bpf_root not in _bpffs_mounts():
+                    return  # not a bpffs (this start could not mount one): nothing of ours is pinned there
+                self._pins = pins.Pins(self.bpf_root, self.node)
+            if self._pins.remove():
+                log.warning("connect-time balancing: removed what was pinned in %s (its programs would go on "
+                            "with endpoints no one updates)", self._pins.directory)
+        except (OSError, ValueError) as exc:
+            log.warning("connect-time balancing: left pinned: %s", exc)
+
     def stop(self, release: bool) -> None:
         """``release``: unpin the links and maps (the programs detach, pods' connects go to the
         Service addresses again); else leave them to the next instance, serving meanwhile."""
@@ -222,11 +244,16 @@ class ConnectBalancing:
         if not self._reconciled:
             await self._write_all(rules)
             self._reconciled = True
-            return
-        for count, change in enumerate(changes, 1):
-            self._write(change.frontend, change.new)
-            if not count % _ENTRIES_PER_TURN:
-                await asyncio.sleep(0)
+        else:
+            for count, change in enumerate(changes, 1):
+                self._write(change.frontend, change.new)
+                if not count % _ENTRIES_PER_TURN:
+                    await asyncio.sleep(0)
+        if self._refused:
+            frontend, exc = self._refused[0]
+            log.warning("connect-time balancing: %d frontends left to the relay, the maps refused them "
+                        "(first: %s: %s)", len(self._refused), frontend, exc)
+            self._refused.clear()
 
     async def _write_all(self, rules: Mapping[Frontend, FrontendRule]) -> None:
         wanted: set[tuple[str, int, int]] = set()
@@ -253,7 +280,7 @@ class ConnectBalancing:
                 self._maps.set_service(*_key(frontend), entry.backends(), entry.affinity_timeout)
             except (OSError, ValueError) as exc:
                 # a full map: this frontend stays with the relay, as if never balanced
-                log.warning("connect-time balancing: %s left to the relay: %s", frontend, exc)
+                self._refused.append((frontend, exc))
                 if old is not None:
                     del self._written[frontend]
                     self._ports.pop(frontend, None)
