@@ -23,7 +23,7 @@ import pytest
 
 from support.netns import http_url, parse_pod_reply, python_in, run_in, until_sync
 from support.netns.cgroups import TestCgroup, connect_balancing_possible, mount_bpffs, unmount
-from support.netns.daemon import KubeportDaemon, kubeport, status_api
+from support.netns.daemon import KubeportDaemon, kubeport, problems_of, status_api
 from support.netns.manifests import DAEMON_ARGS, endpoint, endpoint_slice, node, remove, service, start_daemon, write
 from support.netns.policies import FAST_STOP, HTTP_SLICE_PORT, UDP_SLICE_PORT
 from support.netns.proc import in_ns
@@ -46,6 +46,7 @@ LATE = ("10.96.0.77", "fd00:10:96::77")       # written while the daemon is dead
 GONE = ("10.96.0.78", "fd00:10:96::78")       # removed while the daemon is dead
 REPICK = ("10.96.0.79", "fd00:10:96::79")     # ClientIP affinity, its endpoints change in a test
 CANARY = ("10.96.0.80", "fd00:10:96::80")     # changed with REPICK: shows the change applied
+MOVED = ("10.96.0.81", "fd00:10:96::81")      # moved while a daemon that cannot attach serves
 SERVICES = {"far": (FAR, ("b1",), {}), "near": (NEAR, ("a2",), {}),
             "sticky": (STICKY, ("a2", "b1"), {"sessionAffinity": "ClientIP"}),
             "spread": (SPREAD, ("a2", "b1"), {}), "empty": (EMPTY, (), {})}
@@ -211,8 +212,10 @@ def curl_as_pod(cgroup: TestCgroup, ns: str, url: str, timeout: float = 3.0) -> 
                                                    f"{timeout:g}", url])), timeout=timeout + 5).stdout
 
 
-def answered_by(cgroup: TestCgroup, ns: str, host: str, pod: str, what: str = "", deadline: float = 15.0) -> None:
-    """Wait until ``pod`` answers a connection from ``ns`` to ``host``:80 (the daemon applied a change)."""
+def answered_by(cgroup: TestCgroup | None, ns: str, host: str, pod: str, what: str = "",
+                deadline: float = 15.0) -> None:
+    """Wait until ``pod`` answers a connection from ``ns`` to ``host``:80 (the daemon applied a change);
+    ``cgroup`` None: from a process outside it."""
     until_sync(lambda: one(cgroup, ns, "http", host, 80).get("pod") == pod,
                what or f"{pod} answering {host}:80", deadline, interval=0.1)
 
@@ -454,6 +457,31 @@ def test_cleanup_after_kill_9_removes_the_pins_and_detaches(balancing, topology,
                "connects to the Service address no longer translated", 10)
     assert "nothing to remove" in kubeport(topology.node("a"), "--cleanup", "--hostname-override=node-a",
                                            f"--bpf-root={bpffs}")
+
+
+def test_a_next_instance_that_cannot_attach_unpins_what_the_killed_one_left(balancing, topology, pod_of,
+                                                                           pods_cgroup, bpffs, tmp_path):
+    """Else the dead instance's programs would go on translating with its last endpoints, while
+    the status and the problem line say the relay serves the pods."""
+    client, pod = pod_of("a1"), pod_of
+    balancing.write("moved", MOVED, [pod("b1")])
+    answered_by(pods_cgroup, client.ns, MOVED[0], "b1")
+    balancing.daemon.proc.kill()
+    balancing.daemon.proc.wait(timeout=10)
+    missing = f"{pods_cgroup.hierarchy_path}-missing"
+    daemon = KubeportDaemon(topology.node("a"), balancing.manifests, tmp_path / "state", *DAEMON_ARGS, *FAST_STOP,
+                            f"--connect-balancing-cgroup={missing}", f"--bpf-root={bpffs}")
+    daemon.wait_ready(timeout=30)
+    assert pod_traffic(topology).startswith(f"relay: cgroup {missing} does not exist")
+    assert any(f"connect-time balancing is off, the relay serves the node's pods: cgroup {missing}" in line
+               for line in problems_of(topology.node("a")))
+    assert not balancing.pins.exists()
+    balancing.write("moved", MOVED, [pod("b2")])
+    answered_by(None, client.ns, MOVED[0], "b2")  # the relay has the change
+    relayed = metric(topology, "kubeport_proxy_connections_total", "demo/moved:http/TCP")
+    assert pods_answering(pods_cgroup, client.ns, MOVED[0], count=3) == ["b2"] * 3
+    relayed_reaches(topology, "demo/moved:http/TCP", relayed + 3)
+    assert daemon.stop() == 0
 
 
 def test_no_connect_balancing_leaves_the_pods_to_the_relay(cluster, topology, pod_of, pods_cgroup, tmp_path):

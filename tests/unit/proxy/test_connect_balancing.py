@@ -9,6 +9,7 @@ import pytest
 
 from kubeport.endpoints.types import ServiceName, ServicePortName
 from kubeport.proxy.balancer import EndpointState
+from kubeport.proxy.connectlb import balancing as balancing_module
 from kubeport.proxy.connectlb import pins
 from kubeport.proxy.connectlb.balancing import ConnectBalancing, Entry, connect_entry
 from kubeport.proxy.table import Action, Frontend, FrontendKind, FrontendRule, RuleChange
@@ -118,21 +119,51 @@ def test_not_started_is_inactive_and_applies_nothing():
     assert not balancing.active and balancing.problem is None and balancing.connects() == {}
 
 
-def test_a_failed_start_is_a_problem_not_an_exception(monkeypatch):
+def test_a_failed_start_is_a_problem_not_an_exception(monkeypatch, tmp_path):
     def refused():
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(pins, "cgroup2_root", refused)
-    balancing = ConnectBalancing("node-a")
+    balancing = ConnectBalancing("node-a", bpf_root=tmp_path)
     balancing.start()
     assert balancing.problem == "[Errno 1] Operation not permitted" and not balancing.active
 
 
 def test_a_missing_cgroup_is_named(monkeypatch, tmp_path):
     monkeypatch.setattr(pins, "cgroup2_root", lambda: tmp_path)
-    balancing = ConnectBalancing("node-a", "kubepods.slice")
+    balancing = ConnectBalancing("node-a", "kubepods.slice", bpf_root=tmp_path)
     balancing.start()
     assert balancing.problem == f"cgroup /kubepods.slice does not exist (looked in {tmp_path}/kubepods.slice)"
+
+
+def _left_by_a_predecessor(root):
+    left = pins.Pins(root, "node-a")
+    left.directory.mkdir(parents=True)
+    for name in ("link_connect4", "map_services4"):
+        (left.directory / name).touch()
+    return left
+
+
+def test_a_failed_start_unpins_what_a_predecessor_left(monkeypatch, tmp_path):
+    """Its links keep their programs attached, translating with maps no one updates: the
+    pods would go on reaching the endpoints of the day it died, not the relay the problem names."""
+    bpffs = tmp_path / "bpf"
+    left = _left_by_a_predecessor(bpffs)
+    monkeypatch.setattr(pins, "cgroup2_root", lambda: tmp_path)
+    monkeypatch.setattr(balancing_module, "_bpffs_mounts", lambda: [bpffs])
+    balancing = ConnectBalancing("node-a", "kubepods.slice", bpf_root=bpffs)
+    balancing.start()
+    assert balancing.problem.startswith("cgroup /kubepods.slice does not exist") and not balancing.active
+    assert not left.directory.exists()
+
+
+def test_a_failed_start_leaves_a_directory_that_is_no_bpffs_alone(monkeypatch, tmp_path):
+    left = _left_by_a_predecessor(tmp_path / "bpf")
+    monkeypatch.setattr(pins, "cgroup2_root", lambda: tmp_path)
+    monkeypatch.setattr(balancing_module, "_bpffs_mounts", lambda: [])
+    balancing = ConnectBalancing("node-a", "kubepods.slice", bpf_root=tmp_path / "bpf")
+    balancing.start()
+    assert balancing.problem and left.present()
 
 
 HYBRID = """\
