@@ -17,8 +17,9 @@ endpoint (kube-proxy's DROP) is not written: the connect goes to the Service add
 node drops it as before. A frontend with no endpoint at all is written with none: its connects
 fail at once with ECONNREFUSED, kube-proxy's REJECT without the round trip.
 
-The shell (``ConnectBalancing``) adopts what a predecessor pinned (pins.py) and reconciles it
-with the first table it is given; after that, each rule change writes only its own entries.
+The shell (``ConnectBalancing``) writes the whole table into maps of its own at the first apply
+and only then switches the pinned links (pins.py) to its programs, so a predecessor's programs
+serve the pods until then; after that, each rule change writes only its own entries.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ class ConnectBalancing:
         self._written: dict[Frontend, Entry] = {}
         self._ports: dict[Frontend, ServicePortName] = {}
         self._reconciled = False
+        self._program_fds: dict[str, int] = {}  # loaded, not attached yet (until the first apply)
+        self._attach_types: dict[str, int] = {}
+        self._cgroup_dir: Path | None = None
         #: frontends a map refused in this apply (full): logged once per apply, not per frontend
         self._refused: list[tuple[Frontend, Exception]] = []
 
@@ -113,43 +117,56 @@ class ConnectBalancing:
             self._unpin_left_over()
         else:
             self.problem = None
-            log.info("connect-time balancing: cgroup %s, pinned in %s%s", self.cgroup, self._pins.directory,
-                     " (taken over from the previous instance)" if self.adopted else "")
+            log.info("connect-time balancing: cgroup %s, pinned in %s; the programs are attached once the first "
+                     "snapshot is written%s", self.cgroup, self._pins.directory,
+                     " (the previous instance's serve until then)" if self.adopted else "")
 
     def _start(self) -> None:
+        """Maps made (a predecessor's taken over as ConnectMaps.succeed says) and the programs
+        loaded; nothing attached yet: the first apply writes the whole table, then switches the
+        links (``_switch``), so a predecessor's programs serve until this process can."""
         from kubeport.proxy.connectlb import programs
         from kubeport.proxy.connectlb.maps import ConnectMaps
 
         cgroup_root = pins.cgroup2_root()
-        cgroup = pins.cgroup_path(cgroup_root, self.cgroup)
+        self._cgroup_dir = cgroup = pins.cgroup_path(cgroup_root, self.cgroup)
         if not cgroup.is_dir():
             raise OSError(f"cgroup {self.cgroup} does not exist (looked in {cgroup})")
         self._pins = where = pins.Pins(pins.bpffs_at(self.bpf_root), self.node)
-        self._maps = self._adopt_maps(where, ConnectMaps)
-        fresh = not self.adopted
-        program_fds = programs.load_programs(self._maps)
-        try:
-            if fresh:
-                for name, fd in self._maps.fds().items():
-                    where.pin_map(name, fd)
-            self._attach(where, program_fds, cgroup, dict(programs.HOOKS))
-        finally:
-            for fd in program_fds.values():
-                os.close(fd)
-
-    def _adopt_maps(self, where: pins.Pins, maps_type):
         if where.names("map"):
             try:
-                fds = where.open_maps()
-                maps = maps_type.adopt(fds)
-            except (OSError, ValueError) as exc:
-                # a layout this version cannot read: start over (the links go with the pins)
-                log.warning("connect-time balancing: not taking over %s (%s): starting afresh", where.directory, exc)
-                where.remove()
-            else:
+                self._maps = ConnectMaps.succeed(where.open_maps(), self.capacity)
                 self.adopted = True
-                return maps
-        return maps_type.create(self.capacity)
+            except (OSError, ValueError) as exc:
+                log.warning("connect-time balancing: not taking over %s (%s): starting afresh", where.directory, exc)
+        if self._maps is None:
+            self._maps = ConnectMaps.create(self.capacity)
+        self._program_fds = programs.load_programs(self._maps)
+        self._attach_types = dict(programs.HOOKS)
+
+    def _switch(self) -> None:
+        """The links run this process's programs over its maps (a predecessor's links updated in
+        place, or new ones made), and the maps are pinned; a refusal is the problem line."""
+        try:
+            self._attach(self._pins, self._program_fds, self._cgroup_dir, self._attach_types)
+            for name, fd in self._maps.fds().items():
+                self._pins.pin_map(name, fd)
+        except OSError as exc:
+            self.problem = f"attaching to cgroup {self.cgroup}: {exc}"
+            log.warning("connect-time balancing unavailable, the relay serves the pods: %s", self.problem)
+            self._close_maps()
+            self._unpin_left_over()
+        else:
+            log.info("connect-time balancing: the node's pods in cgroup %s reach %d frontends at connect()%s",
+                     self.cgroup, len(self._written),
+                     " (taken over from the previous instance)" if self.adopted else "")
+        finally:
+            self._close_programs()
+
+    def _close_programs(self) -> None:
+        for fd in self._program_fds.values():
+            os.close(fd)
+        self._program_fds = {}
 
     def _attach(self, where: pins.Pins, program_fds: Mapping[str, int], cgroup: Path,
                 attach_types: Mapping[str, int]) -> None:
@@ -203,6 +220,7 @@ class ConnectBalancing:
         self._close_maps()
 
     def _close_maps(self) -> None:
+        self._close_programs()
         if self._maps is not None:
             self._maps.close()
             self._maps = None
@@ -244,6 +262,8 @@ class ConnectBalancing:
         if not self._reconciled:
             await self._write_all(rules)
             self._reconciled = True
+            if self._program_fds:
+                self._switch()
         else:
             for count, change in enumerate(changes, 1):
                 self._write(change.frontend, change.new)
@@ -256,14 +276,12 @@ class ConnectBalancing:
             self._refused.clear()
 
     async def _write_all(self, rules: Mapping[Frontend, FrontendRule]) -> None:
-        wanted: set[tuple[str, int, int]] = set()
+        """Every frontend's entry, into maps of this process's own (nothing of a predecessor's to
+        remove: its maps are not written here, ConnectMaps.succeed)."""
         for count, (frontend, rule) in enumerate(list(rules.items()), 1):
-            if self._write(frontend, rule):
-                wanted.add(_key(frontend))
+            self._write(frontend, rule)
             if not count % _ENTRIES_PER_TURN:
                 await asyncio.sleep(0)
-        for key in self._maps.service_ports() - wanted:
-            self._maps.remove_service(*key)
 
     def _write(self, frontend: Frontend, rule: FrontendRule | None) -> bool:
         """One frontend's entry written (True) or removed; unchanged entries cost nothing."""

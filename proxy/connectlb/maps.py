@@ -388,7 +388,8 @@ class ConnectMaps:
         self.maps: dict[str, HashMap] = dict(_maps)
         self._families = {4: _Family(), 6: _Family()}
         self._next_id = 1
-        self._ids: set[int] = set()  # ids held by a service port of either family
+        self._ids: set[int] = set()  # ids held by a service port of either family (or kept for one)
+        self._seeds: dict[bytes, int] = {}  # service key -> the id a predecessor gave it (succeed)
 
     @classmethod
     def create(cls, capacity: int = 65536, backend_capacity: int | None = None) -> ConnectMaps:
@@ -417,6 +418,44 @@ class ConnectMaps:
             for map_ in owned.values():
                 map_.close()
             raise
+        return self
+
+    #: the maps the programs write and Python only reads: a successor takes them over as they are
+    PROGRAM_WRITTEN = ("affinity", "revnat4", "revnat6")
+
+    @classmethod
+    def succeed(cls, fds: Mapping[str, int], capacity: int = 65536, backend_capacity: int | None = None
+                ) -> ConnectMaps:
+        """Maps for the successor of the instance whose maps ``fds`` are (the fds become this
+        object's; those not taken over are closed here).
+
+        The maps the programs write (affinity, reverse translation) are taken over, so replies to
+        sockets connected before and ClientIP affinity carry on; the predecessor's service-port
+        ids are kept for the same ports (affinity entries name them). Everything Python writes is
+        new: the predecessor may still write its own maps until it has handed over, and two
+        writers of one slot range would corrupt it. Its programs keep reading its maps until
+        the links are switched to programs over these (balancing.py)."""
+        taken: dict[str, HashMap] = {}
+        seeds: dict[bytes, int] = {}
+        try:
+            for name, fd in fds.items():
+                layout = LAYOUTS.get(name)
+                if name in cls.PROGRAM_WRITTEN and layout is not None and map_info(fd) == layout:
+                    taken[name] = HashMap(layout.key_size, layout.value_size, 0, fd=fd)
+                    continue
+                if name in ("services4", "services6") and layout is not None and map_info(fd) == layout:
+                    reading = HashMap(layout.key_size, layout.value_size, 0, fd=fd)
+                    seeds.update((key, decode_service_value(value).id) for key, value in reading.items().items())
+                os.close(fd)
+            made = _create(capacity, backend_capacity or max(2 * capacity, 1 << 20), skip=taken.keys())
+        except BaseException:
+            for map_ in taken.values():
+                map_.close()
+            raise
+        self = cls(_maps={**made, **taken})
+        self._seeds = seeds
+        self._ids.update(seeds.values())
+        self._next_id = (max(seeds.values(), default=0) + 1) % IDS or 1
         return self
 
     def _rebuild(self) -> None:
@@ -473,7 +512,7 @@ class ConnectMaps:
         endpoints = tuple(packed)
         state = self._families[family]
         old = state.held.get(key)
-        id_ = old.id if old is not None else self._take_id()
+        id_ = old.id if old is not None else self._seeds.pop(key, None) or self._take_id()
         backends_map, members = self.maps[f"backends{family}"], self.maps[f"members{family}"]
         base = allocate_slots(state.used, len(endpoints), state.next)
         backends_map.update_many([(struct.pack("=I", (base + i) % SLOTS), raw + port_bytes + b"\0\0")
@@ -558,7 +597,7 @@ class ConnectMaps:
             map_.close()
 
 
-def _create(capacity: int, backend_capacity: int) -> dict[str, HashMap]:
+def _create(capacity: int, backend_capacity: int, skip: Iterable[str] = ()) -> dict[str, HashMap]:
     # LRU maps keep per-CPU free lists (kernel/bpf/bpf_lru_list.c): a small one evicts early.
     lru = max(capacity, 4096)
     sizes = {"affinity": lru}
@@ -568,6 +607,8 @@ def _create(capacity: int, backend_capacity: int) -> dict[str, HashMap]:
     made: dict[str, HashMap] = {}
     try:
         for name, layout in LAYOUTS.items():
+            if name in skip:
+                continue
             # Hash maps allocate an entry when written, not all at creation: the capacity is a
             # ceiling, paid for only by the Services and endpoints a cluster has (an LRU map is
             # always preallocated).

@@ -302,6 +302,27 @@ def test_adopt__sees_what_a_predecessor_wrote_and_reuses_none_of_its_slots():
             assert all(new.backends.lookup(backend_key(slot)) is None for slot in in_use)
 
 
+def test_succeed__takes_over_what_the_programs_write_and_the_ids_and_writes_nothing_of_the_predecessors():
+    require_connectlb()
+    with contextlib.closing(ConnectMaps.create(8)) as old:
+        old.set_service(VIP, 80, TCP, [("10.0.0.1", 80)], affinity_timeout=60)
+        old.set_service(VIP6, 80, TCP, [("fd00::1", 80)])
+        old_ids = {key: old.service_id(*key) for key in old.service_ports()}
+        with contextlib.closing(ConnectMaps.succeed({name: os.dup(fd) for name, fd in old.fds().items()})) as new:
+            for name in ConnectMaps.PROGRAM_WRITTEN:  # one map: what the old one holds, the new one reads
+                key, value = bytes(range(old.maps[name].key_size)), bytes(old.maps[name].value_size)
+                old.maps[name].update(key, value)
+                assert new.maps[name].lookup(key) == value, name
+            assert new.maps["services4"].lookup(service_key(VIP, 80, TCP)) is None
+            assert new.service_ports() == set()  # its own maps, empty until written
+            new.set_service(VIP, 80, TCP, [("10.0.0.2", 80)])
+            new.set_service(VIP, 81, TCP, [("10.0.0.3", 80)])
+            assert new.service_id(VIP, 80, TCP) == old_ids[(VIP, 80, TCP)]  # affinity entries name it
+            assert new.service_id(VIP, 81, TCP) not in old_ids.values()
+            assert old.backends_of(VIP, 80, TCP) == [("10.0.0.1", 80)]  # the predecessor's, untouched
+            assert new.backends_of(VIP, 80, TCP) == [("10.0.0.2", 80)]
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ("missing", "map revnat6 missing"),
     ("resized", r"map revnat6: type, key and value size \(9, 16, 8\), expected \(9, 28, 20\)"),
