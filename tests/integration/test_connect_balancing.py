@@ -59,7 +59,7 @@ def pods_cgroup():
     why = connect_balancing_possible()
     if why is not None:
         pytest.fail(f"connect-time balancing cannot be tested here: {why}")
-    cgroup = TestCgroup("connect-balancing-pods")
+    cgroup = TestCgroup(f"connect-balancing-pods-{os.getpid()}")  # two runs at once must not share one
     yield cgroup
     cgroup.remove()
 
@@ -395,6 +395,63 @@ def test_a_pod_outside_the_cgroup_goes_through_the_relay(balancing, topology, po
     assert [reply["pod"] for reply in inside] == ["b1"] * 2
     assert metric(topology, "kubeport_proxy_connections_total", "demo/far:http/TCP") == relayed + 3
     assert metric(topology, "kubeport_proxy_connects_balanced_total", "demo/far:http/TCP") == balanced + 2
+
+
+EXT_CLUSTER, EXT_IP, EXT_LB = "10.96.0.82", "192.168.60.82", "192.168.70.82"
+RANGED_CLUSTER, RANGED_LB, RANGED_NODE_PORT = "10.96.0.83", "192.168.70.83", 30283
+LOCAL_ONLY = "10.96.0.84"
+LOCAL_CANARY = ("10.96.0.85", "fd00:10:96::85")
+
+
+def test_external_ips_and_lb_ips_are_balanced_node_ports_and_source_ranges_relayed(balancing, topology, pod_of,
+                                                                                  pods_cgroup):
+    client, b1 = pod_of("a1"), pod_of("b1")
+    # externalTrafficPolicy Local without an endpoint on node-a: the node's pods still use any
+    # endpoint (kube-proxy's short-circuit), at connect() too.
+    write(balancing.manifests, "outside",
+          service("ext", [EXT_CLUSTER], [{**PORTS[0], "nodePort": 30282}, {**PORTS[1], "nodePort": 30284}],
+                  type="LoadBalancer", externalIPs=[EXT_IP], externalTrafficPolicy="Local",
+                  status={"loadBalancer": {"ingress": [{"ip": EXT_LB}]}}),
+          endpoint_slice("ext-1", "ext", SLICE_PORTS, [b1]),
+          service("ranged", [RANGED_CLUSTER], [{**PORTS[0], "nodePort": RANGED_NODE_PORT}], type="LoadBalancer",
+                  loadBalancerSourceRanges=["10.244.0.0/16", "192.168.50.0/24"],
+                  status={"loadBalancer": {"ingress": [{"ip": RANGED_LB}]}}),
+          endpoint_slice("ranged-1", "ranged", [HTTP_SLICE_PORT], [b1]))
+    answered_by(pods_cgroup, client.ns, EXT_LB, "b1")
+    answered_by(pods_cgroup, client.ns, RANGED_LB, "b1")
+
+    tcp_ip, tcp_lb, udp_lb = as_pod(pods_cgroup, client.ns, ("http", EXT_IP, 80, 2), ("http", EXT_LB, 80, 2),
+                                    ("sendto", EXT_LB, 90, 1))
+    assert tcp_ip == [{"pod": "b1", "client": client.ip(4), "peer": [EXT_IP, 80]}] * 2
+    assert tcp_lb == [{"pod": "b1", "client": client.ip(4), "peer": [EXT_LB, 80]}] * 2
+    assert udp_lb == [{"pod": "b1", "client": client.ip(4), "source": [EXT_LB, 90]}]
+    assert metric(topology, "kubeport_proxy_connections_total", "demo/ext:http/TCP") == 0
+    assert metric(topology, "kubeport_proxy_udp_flows_total", "demo/ext:udp/UDP") == 0
+    assert metric(topology, "kubeport_proxy_connects_balanced_total", "demo/ext:http/TCP") >= 4
+
+    # A NodePort (reached from outside the node) and an LB IP filtered by the client's address
+    # (which connect() does not know yet) stay with the relay.
+    relayed = metric(topology, "kubeport_proxy_connections_total", "demo/ranged:http/TCP")
+    node_port = (topology.node_ip("a"), RANGED_NODE_PORT)
+    lb, by_node_port = as_pod(pods_cgroup, client.ns, ("http", RANGED_LB, 80, 1), ("http", *node_port, 1))
+    assert [lb[0]["pod"], by_node_port[0]["pod"]] == ["b1", "b1"]
+    relayed_reaches(topology, "demo/ranged:http/TCP", relayed + 2)
+    assert metric(topology, "kubeport_proxy_connects_balanced_total", "demo/ranged:http/TCP") == 0
+
+
+def test_internal_traffic_policy_local_without_a_local_endpoint_is_left_to_the_node(balancing, topology, pod_of,
+                                                                                   pods_cgroup):
+    """kube-proxy drops it; connect() does not refuse it (a refusal is for a Service with no
+    endpoint at all): the connect goes to the Service address, where nothing answers."""
+    client = pod_of("a1")
+    write(balancing.manifests, "local-only",
+          service("local-only", [LOCAL_ONLY], PORTS[:1], internalTrafficPolicy="Local"),
+          endpoint_slice("local-only-1", "local-only", [HTTP_SLICE_PORT], [pod_of("b1")]),
+          *_dual_stack("local-canary", LOCAL_CANARY, [pod_of("a2")]))
+    answered_by(pods_cgroup, client.ns, LOCAL_CANARY[0], "a2")  # the same file: applied with it
+    assert one(pods_cgroup, client.ns, "nonblocking", LOCAL_ONLY, 80) == {"error": "EINPROGRESS"}
+    assert "pod" not in one(pods_cgroup, client.ns, "http", LOCAL_ONLY, 80)
+    assert metric(topology, "kubeport_proxy_connects_balanced_total", "demo/local-only:http/TCP") == 0
 
 
 # --- a daemon killed, restarted, stopped --------------------------------------------------------------
