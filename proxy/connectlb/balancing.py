@@ -305,5 +305,5 @@ class ConnectBalancing:
                     self._maps.remove_service(*_key(frontend))
                 return False
             self._written[frontend] = entry
-            self._ports[frontend] = rule.port_name
+        self._ports[frontend] = rule.port_name  # a port renamed, its endpoints the same: counted as renamed
         return True

@@ -113,6 +113,16 @@ async def test_connects_are_summed_per_service_port():
     assert balancing.connects() == {PORT: 7}
 
 
+async def test_a_renamed_service_port_is_counted_under_its_new_name():
+    maps = FakeMaps()
+    balancing = started(maps)
+    await balancing.apply([], {TCP: rule()})
+    renamed = dataclasses.replace(rule(), port_name=ServicePortName(ServiceName("demo", "web"), "web", "TCP"))
+    await balancing.apply([RuleChange(TCP, rule(), renamed)], {TCP: renamed})
+    maps.counts = {("10.96.0.10", 80, 6): 3}
+    assert balancing.connects() == {renamed.port_name: 3}
+
+
 def test_not_started_is_inactive_and_applies_nothing():
     balancing = ConnectBalancing("node-a")
     assert not balancing.active and balancing.problem is None and balancing.connects() == {}
