@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run kubeport's benchmarks against the peers, in one invocation.
 
-    sudo .venv/bin/python bench/run.py [--quick] [--only proxy|client-address|dns|control|control-api]
+    sudo .venv/bin/python bench/run.py [--quick]
+                                       [--only proxy|client-address|pod-path|dns|control|control-api]
                                        [--rounds 3] [--workers 1,2]
 
 Installs missing peers from Debian's packages, builds one network-namespace topology per
@@ -42,7 +43,7 @@ from kubeport_bench.topology import raise_nofile  # noqa: E402
 #: binary -> Debian package that provides it.
 PEERS = {"haproxy": "haproxy", "iperf3": "iperf3", "wrk": "wrk", "dnsperf": "dnsperf", "knotd": "knot",
          "nsd": "nsd", "unbound": "unbound", "dnsmasq": "dnsmasq-base", "nginx": "nginx-light",
-         "nft": "nftables", "ss": "iproute2", "ip": "iproute2"}
+         "nft": "nftables", "ss": "iproute2", "ip": "iproute2", "conntrack": "conntrack"}
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
 
 
@@ -92,8 +93,8 @@ def kubeport_runs() -> tuple[bool, str]:
 
 
 #: in the order they run; client-address is kubeport's proxy with and without --keep-client-address,
-#: control-api the control plane through the API watch.
-BENCHMARKS = ["proxy", "client-address", "dns", "control", "control-api"]
+#: pod-path a pod of the node balanced at connect(), control-api the control plane through the API watch.
+BENCHMARKS = ["proxy", "client-address", "pod-path", "dns", "control", "control-api"]
 
 
 #: the benchmarks whose subjects take a worker count; the others run once, whatever --workers says
@@ -173,6 +174,12 @@ def run_one(name: str, args: argparse.Namespace, workdir: Path, with_kubeport: b
                 return None
             from kubeport_bench import proxy
             return proxy.run_client_address(workdir, args.rounds, args.seconds, workers, progress)
+        if name == "pod-path":
+            if not with_kubeport:
+                progress.say("pod-path: skipped with --no-kubeport (it measures kubeport's connect() balancing)")
+                return None
+            from kubeport_bench import pod_path
+            return pod_path.run(workdir, args.rounds, args.seconds, progress)
         if name == "dns":
             from kubeport_bench import dns
             return dns.run(workdir, args.rounds, args.seconds, workers, with_kubeport, progress, profiler)
