@@ -47,6 +47,8 @@ GONE = ("10.96.0.78", "fd00:10:96::78")       # removed while the daemon is dead
 REPICK = ("10.96.0.79", "fd00:10:96::79")     # ClientIP affinity, its endpoints change in a test
 CANARY = ("10.96.0.80", "fd00:10:96::80")     # changed with REPICK: shows the change applied
 MOVED = ("10.96.0.81", "fd00:10:96::81")      # moved while a daemon that cannot attach serves
+KEPT = ("10.96.0.86", "fd00:10:96::86")       # ClientIP affinity across a restart
+KEPT_CANARY = ("10.96.0.87", "fd00:10:96::87")
 SERVICES = {"far": (FAR, ("b1",), {}), "near": (NEAR, ("a2",), {}),
             "sticky": (STICKY, ("a2", "b1"), {"sessionAffinity": "ClientIP"}),
             "spread": (SPREAD, ("a2", "b1"), {}), "empty": (EMPTY, (), {})}
@@ -492,6 +494,31 @@ def test_a_killed_daemon_leaves_the_pods_balanced_and_the_next_one_adopts(balanc
     if bpftool_or_none():
         until_sync(lambda: not attached_hooks(pods_cgroup), "no program left on the cgroup", 10)
     assert one(pods_cgroup, client.ns, "http", FAR[0], 80).get("pod") is None
+
+
+def test_client_ip_affinity_outlives_a_restart(balancing, topology, pod_of, pods_cgroup):
+    """The next instance takes the affinity map over: every pod stays on its endpoint. (The
+    programs translate for any socket of the cgroup, whichever pod's namespace it is in: each of
+    the four pods is a client with an affinity of its own, among four endpoints.)"""
+    everyone = ["a1", "a2", "b1", "b2"]
+    write(balancing.manifests, "kept", *_dual_stack("kept", KEPT, [pod_of(p) for p in everyone],
+                                                    sessionAffinity="ClientIP"))
+    until_sync(lambda: one(pods_cgroup, pod_of("a1").ns, "http", KEPT[0], 80).get("pod"), "kept answering", 15,
+               interval=0.1)
+
+    def sticking() -> dict[str, str]:
+        seen = {name: set(pods_answering(pods_cgroup, pod_of(name).ns, KEPT[0], count=5)) for name in everyone}
+        assert all(len(pods) == 1 for pods in seen.values()), seen
+        return {name: pods.pop() for name, pods in seen.items()}
+
+    before = sticking()
+    balancing.daemon.proc.kill()
+    balancing.daemon.proc.wait(timeout=10)
+    balancing.ensure_running()
+    write(balancing.manifests, "kept-canary", *_dual_stack("kept-canary", KEPT_CANARY, [pod_of("b2")]))
+    answered_by(pods_cgroup, pod_of("a1").ns, KEPT_CANARY[0], "b2")  # this instance's programs now
+    assert "taken over from the previous instance" in log_since_last_start(balancing.daemon)
+    assert sticking() == before
 
 
 def test_cleanup_after_kill_9_removes_the_pins_and_detaches(balancing, topology, pod_of, pods_cgroup, bpffs):
