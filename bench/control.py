@@ -19,7 +19,9 @@ reached on ($server_addr), so a reply names the endpoint that served it.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -33,8 +35,8 @@ from typing import Callable
 from . import backends, generate, probes
 from .change_watch import ChangeWatch
 from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, measured, run_rounds
-from .kubeport_daemon import HEALTHZ, KubeportDaemon
-from .procinfo import CpuMeter, cpu_seconds
+from .kubeport_daemon import HEALTHZ, KubeportDaemon, missing_run_flag
+from .procinfo import CpuMeter, cpu_seconds, process_tree
 from .profiles import Profiler, furthest_from_target
 from .topology import Topology, TopologyError, stop_process, wait_for
 
@@ -73,6 +75,12 @@ class Setup:
     #: the API source: the daemon's kubeconfig, and where the probes' slices are applied
     kubeconfig: Path | None = None
     apply_url: str = ""
+    #: the benchmark's name and what its figure keys end with (one benchmark, several cluster sizes:
+    #: bench/scale.py); "" for the control benchmarks
+    bench: str = ""
+    suffix: str = ""
+    #: also measure the descriptors the daemon's process tree holds at rest ("fds" figure)
+    count_fds: bool = False
 
     def move_probes(self, endpoint: str) -> float:
         """Point both probe services at ``endpoint`` (from the client namespace); when it began."""
@@ -148,12 +156,21 @@ def last_service_ready(topo: Topology, services: int) -> bool:
     return topo.call_in("client", probes.tcp_open, generate.cluster_ip(last), generate.SERVICE_PORT, 0.5)
 
 
+@functools.cache
+def relay_only() -> list[str]:
+    """The daemon's flags that keep connect() balancing off. On, it attaches BPF programs to the root
+    cgroup (its default --connect-balancing-cgroup): every process of the host, the probes included,
+    would reach a ClusterIP straight at an endpoint, past the listeners this benchmark measures, and
+    the host's own connects to those addresses would be rewritten too."""
+    return [] if missing_run_flag("--no-connect-balancing") else ["--no-connect-balancing"]
+
+
 def measure_round(setup: Setup, round_no: int, progress: Progress, profile=None) -> list[Sample]:
     """One cold start, the endpoint changes, RSS. ``profile(pid)`` wraps the daemon's whole life."""
     topo = setup.topo
     topo.call_in("client", setup.move_probes, PROBE_ENDPOINTS[0])
     daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", setup.manifests, DNS,
-                            upstream=f"{topo.addr('be')}:53", kubeconfig=setup.kubeconfig)
+                            upstream=f"{topo.addr('be')}:53", extra_args=relay_only(), kubeconfig=setup.kubeconfig)
     samples: list[Sample] = []
     daemon.start()
     try:
@@ -183,8 +200,8 @@ def measure_running(setup: Setup, daemon: KubeportDaemon, round_no: int, progres
         total = time.perf_counter() - daemon.started_at
         return total, cpu_seconds(daemon.pid), {"readyz_s": ready_s}
 
-    name = bench_name(setup.source)
-    samples = [measured(name, "cold_start", KUBEPORT, round_no, progress, cold_start, "s")]
+    name, suffix = setup.bench or bench_name(setup.source), setup.suffix
+    samples = [measured(name, "cold_start" + suffix, KUBEPORT, round_no, progress, cold_start, "s")]
     if samples[-1].value is None:
         return samples
     conn, dns = [], []
@@ -198,7 +215,7 @@ def measure_running(setup: Setup, daemon: KubeportDaemon, round_no: int, progres
     for key, values in (("change_conn_p99", conn), ("change_dns_p99", dns)):
         extra = {"median_ms": sorted(values)[len(values) // 2], "max_ms": max(values), "changes": len(values),
                  "all_ms": [round(v, 2) for v in values]}
-        samples.append(measured(name, key, KUBEPORT, round_no, progress,
+        samples.append(measured(name, key + suffix, KUBEPORT, round_no, progress,
                                 lambda v=values, e=extra: (p99(v), cpu, e), "ms"))
     def rss_at_rest():
         # As a node's daemon spends its life: the changes over, the heap they freed given back.
@@ -207,8 +224,34 @@ def measure_running(setup: Setup, daemon: KubeportDaemon, round_no: int, progres
         return daemon.rss() / 2**20, None, {"right_after_changes_mib": round(busy_mib, 1),
                                             "waited_s": round(waited, 2)}
 
-    samples.append(measured(name, "rss_mib", KUBEPORT, round_no, progress, rss_at_rest, "MiB"))
+    samples.append(measured(name, "rss_mib" + suffix, KUBEPORT, round_no, progress, rss_at_rest, "MiB"))
+    if setup.count_fds:
+        def descriptors():
+            return fds_in_use(daemon.pid), None, {"nofile_limit": nofile_limit(daemon.pid)}
+        samples.append(measured(name, "fds" + suffix, KUBEPORT, round_no, progress, descriptors, "fds"))
     return samples
+
+
+def fds_in_use(pid: int | None) -> int:
+    """Open descriptors of ``pid``'s whole process tree (entries of /proc/<pid>/fd)."""
+    if pid is None:
+        raise TopologyError("the daemon is not running")
+    total = 0
+    for member in process_tree(pid):
+        try:
+            total += len(os.listdir(f"/proc/{member}/fd"))
+        except OSError:  # a member that exited in between holds nothing
+            pass
+    return total
+
+
+def nofile_limit(pid: int | None) -> dict:
+    """The open-file limit ``pid`` runs under (after the daemon raised its soft limit to the hard one)."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return {"soft": int(soft) if soft.isdigit() else soft, "hard": int(hard) if hard.isdigit() else hard}
+    return {}
 
 
 def bench_name(source: str) -> str:
@@ -258,10 +301,7 @@ def run(workdir: Path, rounds: int, quick: bool, with_kubeport: bool, progress: 
         progress.say(f"generating {services:,} services x {endpoints} endpoints")
         generate.write_cluster(manifests, services, endpoints)
     with Topology(name, ["client", "be"], workdir) as topo:
-        for address in PROBE_ENDPOINTS:
-            topo.ip("be", "addr", "add", f"{address}/32", "dev", "eth0")
-        topo.ip("node", "route", "add", "10.201.0.0/24", "via", topo.addr("be"))
-        start_identity_nginx(topo, workdir)
+        prepare(topo, workdir)
         setup = Setup(topo, workdir, manifests, services, endpoints, changes, source)
         api = start_api_server(setup, progress) if source == API else None
         try:
@@ -314,6 +354,14 @@ def start_api_server(setup: Setup, progress: Progress) -> subprocess.Popen:
         "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
     }))
     return proc
+
+
+def prepare(topo: Topology, workdir: Path) -> None:
+    """The probe endpoints on ``be``, routed from the node, served by nginx naming them."""
+    for address in PROBE_ENDPOINTS:
+        topo.ip("be", "addr", "add", f"{address}/32", "dev", "eth0")
+    topo.ip("node", "route", "add", "10.201.0.0/24", "via", topo.addr("be"))
+    start_identity_nginx(topo, workdir)
 
 
 def start_identity_nginx(topo: Topology, workdir: Path) -> None:

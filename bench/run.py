@@ -2,7 +2,7 @@
 """Run kubeport's benchmarks against the peers, in one invocation.
 
     sudo .venv/bin/python bench/run.py [--quick]
-                                       [--only proxy|client-address|pod-path|dns|control|control-api]
+                                       [--only proxy|client-address|pod-path|dns|control|control-api|scale]
                                        [--rounds 3] [--workers 1,2]
 
 Installs missing peers from Debian's packages, builds one network-namespace topology per
@@ -94,7 +94,8 @@ def kubeport_runs() -> tuple[bool, str]:
 
 #: in the order they run; client-address is kubeport's proxy with and without --keep-client-address,
 #: pod-path a pod of the node balanced at connect(), control-api the control plane through the API watch.
-BENCHMARKS = ["proxy", "client-address", "pod-path", "dns", "control", "control-api"]
+#: scale: the control plane at two published kube-proxy scales (bench/scale.py).
+BENCHMARKS = ["proxy", "client-address", "pod-path", "dns", "control", "control-api", "scale"]
 
 
 #: the benchmarks whose subjects take a worker count; the others run once, whatever --workers says
@@ -183,6 +184,9 @@ def run_one(name: str, args: argparse.Namespace, workdir: Path, with_kubeport: b
         if name == "dns":
             from kubeport_bench import dns
             return dns.run(workdir, args.rounds, args.seconds, workers, with_kubeport, progress, profiler)
+        if name == "scale":
+            from kubeport_bench import scale
+            return scale.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler)
         from kubeport_bench import control
         source = control.API if name == "control-api" else control.MANIFESTS
         return control.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler, source)
