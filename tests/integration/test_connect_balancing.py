@@ -456,6 +456,22 @@ def test_internal_traffic_policy_local_without_a_local_endpoint_is_left_to_the_n
     assert metric(topology, "kubeport_proxy_connects_balanced_total", "demo/local-only:http/TCP") == 0
 
 
+def test_an_ipv4_mapped_address_is_left_to_the_relay(balancing, topology, pod_of, pods_cgroup):
+    """An AF_INET6 socket dialling ::ffff:<ClusterIP> is not translated, one way or the other
+    (programs.py: its sendto would pass the IPv4 hook, its reply the IPv6 one): the relay serves it."""
+    client, mapped = pod_of("a1"), f"::ffff:{FAR[0]}"
+    answered_by(pods_cgroup, client.ns, FAR[0], "b1")
+    relayed = metric(topology, "kubeport_proxy_connections_total", "demo/far:http/TCP")
+    flows = metric(topology, "kubeport_proxy_udp_flows_total", "demo/far:udp/UDP")
+    balanced = metric(topology, "kubeport_proxy_connects_balanced_total", "demo/far:http/TCP")
+    tcp, sendto = as_pod(pods_cgroup, client.ns, ("http", mapped, 80, 2), ("sendto", mapped, 90, 1))
+    assert [(reply["pod"], reply["peer"]) for reply in tcp] == [("b1", [mapped, 80])] * 2
+    assert [(reply["pod"], reply["source"]) for reply in sendto] == [("b1", [mapped, 90])]
+    relayed_reaches(topology, "demo/far:http/TCP", relayed + 2)
+    assert metric(topology, "kubeport_proxy_udp_flows_total", "demo/far:udp/UDP") == flows + 1
+    assert metric(topology, "kubeport_proxy_connects_balanced_total", "demo/far:http/TCP") == balanced
+
+
 # --- a daemon killed, restarted, stopped --------------------------------------------------------------
 
 
