@@ -35,7 +35,8 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 PORTS = [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080},
          {"name": "udp", "protocol": "UDP", "port": 90, "targetPort": 9090}]
 SLICE_PORTS = (HTTP_SLICE_PORT, UDP_SLICE_PORT)
-#: dual-stack Services written once for the module: name -> (IPv4, IPv6), endpoints, spec
+# Dual-stack Service addresses (IPv4, IPv6); the first five are written once for the module
+# (SERVICES: name -> addresses, endpoints, spec), the others by the tests that use them.
 FAR = ("10.96.0.71", "fd00:10:96::71")        # b1 only: on the other node
 NEAR = ("10.96.0.72", "fd00:10:96::72")       # a2 only: on the client's own node
 STICKY = ("10.96.0.73", "fd00:10:96::73")     # a2 and b1, ClientIP affinity
