@@ -81,6 +81,9 @@ class Setup:
     suffix: str = ""
     #: also measure the descriptors the daemon's process tree holds at rest ("fds" figure)
     count_fds: bool = False
+    #: the API source's ports (several API servers may run at once, one per cluster size)
+    api_port: int = API_PORT
+    api_control_port: int = API_CONTROL_PORT
 
     def move_probes(self, endpoint: str) -> float:
         """Point both probe services at ``endpoint`` (from the client namespace); when it began."""
@@ -334,22 +337,23 @@ def start_api_server(setup: Setup, progress: Progress) -> subprocess.Popen:
     token = secrets.token_hex(16)
     progress.say(f"fake kube-apiserver: loading {setup.services:,} services x {setup.endpoints} endpoints")
     proc = topo.spawn("node", [sys.executable, str(Path(__file__).with_name("apiserver.py")), "--listen", host,
-                               "--port", str(API_PORT), "--control-port", str(API_CONTROL_PORT),
+                               "--port", str(setup.api_port), "--control-port", str(setup.api_control_port),
                                "--services", str(setup.services), "--endpoints", str(setup.endpoints),
-                               "--token", token, "--node", "node"], "apiserver")
+                               "--token", token, "--node", "node"], "apiserver" + setup.suffix)
 
     def serving() -> bool:
         if proc.poll() is not None:
-            raise TopologyError(f"the fake API server exited {proc.returncode}: {topo.log_tail('apiserver', 8)}")
-        return topo.call_in("client", probes.tcp_open, host, API_CONTROL_PORT)
+            raise TopologyError(f"the fake API server exited {proc.returncode}: "
+                                f"{topo.log_tail('apiserver' + setup.suffix, 8)}")
+        return topo.call_in("client", probes.tcp_open, host, setup.api_control_port)
 
     wait_for(serving, 300, "the fake API server", interval=0.2)
-    setup.apply_url = f"http://{host}:{API_CONTROL_PORT}/bench/apply"
+    setup.apply_url = f"http://{host}:{setup.api_control_port}/bench/apply"
     topo.call_in("client", apply_probes, setup.apply_url, PROBE_ENDPOINTS[0], True)
-    setup.kubeconfig = setup.workdir / "kubeconfig"
+    setup.kubeconfig = setup.workdir / f"kubeconfig{setup.suffix}"
     setup.kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-        "clusters": [{"name": "bench", "cluster": {"server": f"http://{host}:{API_PORT}"}}],
+        "clusters": [{"name": "bench", "cluster": {"server": f"http://{host}:{setup.api_port}"}}],
         "users": [{"name": "bench", "user": {"token": token}}],
         "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}],
     }))

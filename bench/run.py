@@ -2,7 +2,7 @@
 """Run kubeport's benchmarks against the peers, in one invocation.
 
     sudo .venv/bin/python bench/run.py [--quick]
-                                       [--only proxy|client-address|pod-path|dns|control|control-api|scale]
+                                       [--only proxy|client-address|pod-path|dns|control|control-api|scale|scale-api]
                                        [--rounds 3] [--workers 1,2]
 
 Installs missing peers from Debian's packages, builds one network-namespace topology per
@@ -94,8 +94,10 @@ def kubeport_runs() -> tuple[bool, str]:
 
 #: in the order they run; client-address is kubeport's proxy with and without --keep-client-address,
 #: pod-path a pod of the node balanced at connect(), control-api the control plane through the API watch.
-#: scale: the control plane at two published kube-proxy scales (bench/scale.py).
-BENCHMARKS = ["proxy", "client-address", "pod-path", "dns", "control", "control-api", "scale"]
+#: scale: the control plane at two published kube-proxy scales (bench/scale.py), scale-api through the API watch.
+BENCHMARKS = ["proxy", "client-address", "pod-path", "dns", "control", "control-api", "scale", "scale-api"]
+#: run only when --only names them: the published scales take ~7 min each and CAP_SYS_RESOURCE for their limit
+ON_REQUEST = ("scale", "scale-api")
 
 
 #: the benchmarks whose subjects take a worker count; the others run once, whatever --workers says
@@ -123,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="kubeport benchmarks against peers")
     parser.add_argument("--quick", action="store_true", help="2 s tool runs, smaller scales (a smoke run)")
     parser.add_argument("--only", action="append", choices=BENCHMARKS,
-                        help="run only this benchmark (repeatable)")
+                        help="run only this benchmark (repeatable); scale and scale-api run only when named")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per benchmark (>= 3 for a real run)")
     parser.add_argument("--seconds", type=float, help="duration of each tool run (default 5, quick 2)")
     parser.add_argument("--workers", type=worker_counts, default=DEFAULT_WORKERS, metavar="N[,N...]",
@@ -184,9 +186,10 @@ def run_one(name: str, args: argparse.Namespace, workdir: Path, with_kubeport: b
         if name == "dns":
             from kubeport_bench import dns
             return dns.run(workdir, args.rounds, args.seconds, workers, with_kubeport, progress, profiler)
-        if name == "scale":
-            from kubeport_bench import scale
-            return scale.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler)
+        if name in ("scale", "scale-api"):
+            from kubeport_bench import control, scale
+            source = control.API if name == "scale-api" else control.MANIFESTS
+            return scale.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler, source)
         from kubeport_bench import control
         source = control.API if name == "control-api" else control.MANIFESTS
         return control.run(workdir, args.rounds, args.quick, with_kubeport, progress, profiler, source)
@@ -269,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                                "workers": list(args.workers)}
     profiler = None if args.no_profile else Profiler(args.results, stamp)
     benches = []
-    only = args.only or BENCHMARKS
+    only = args.only or [name for name in BENCHMARKS if name not in ON_REQUEST]
     try:
         for name in BENCHMARKS:
             if name not in only:

@@ -26,7 +26,7 @@ from pathlib import Path
 from . import control, generate
 from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, run_rounds
 from .profiles import Profiler
-from .topology import Topology
+from .topology import Topology, stop_process
 
 #: deploy/kubeport.service's LimitNOFILE
 NOFILE = 1 << 20
@@ -115,32 +115,46 @@ def too_few(case: Case, limit: int) -> str:
 
 def run(workdir: Path, rounds: int, quick: bool, with_kubeport: bool, progress: Progress,
         profiler: Profiler | None = None, source: str = control.MANIFESTS) -> Bench:
-    if source != control.MANIFESTS:
-        raise ValueError("the scale benchmark reads its clusters from manifests only")
     cases = QUICK_CASES if quick else CASES
+    api = source == control.API
     # 200 changes, as in control: the p99 is then the second worst (a change takes ~10 ms here).
     changes = 20 if quick else 200
-    name = "scale"
+    name = "scale-api" if api else "scale"
+    how = "API watch: the test suite's fake kube-apiserver" if api else "manifests source"
     bench = Bench(name, "Control plane at published kube-proxy scales: "
-                  + " and ".join(case.text for case in cases) + " (manifests source)",
+                  + " and ".join(case.text for case in cases) + f" ({how})",
                   [KUBEPORT], figures(cases), targets(cases))
     for case in cases:
         q, r = generate.spread(case.endpoints, case.services)
-        how = f"{q} each" if r == 0 else f"{r:,} services with {q + 1}, {case.services - r:,} with {q}"
+        endpoints = f"{case.endpoints:,} endpoints ({q} each)" if r == 0 else (
+            f"{case.endpoints:,} endpoints ({r:,} services with {q + 1}, {case.services - r:,} with {q})")
+        if api and r:
+            # the fake API server is loaded with one endpoint count for every service
+            endpoints = (f"{case.services * (q + 1):,} endpoints ({q + 1} each: the fake API server takes one "
+                         f"count for every service; {case.services * (q + 1) - case.endpoints:,} more than the "
+                         f"published {case.endpoints:,})")
         bench.notes.append(
             f"{case.text}: {case.services:,} ClusterIP services (one TCP port, one listener each), "
-            f"{case.endpoints:,} endpoints ({how}), plus the two probe services of bench/control.py. "
+            f"{endpoints}, plus the two probe services of bench/control.py. "
             f"kube-proxy at this scale ({case.issue}): {case.kube_proxy}; quoted as context, not a peer: "
             "a full nftables sync is not the same work as kubeport's cold start.")
+    change = ("one POST to the fake API server applying the probe slices" if api
+              else "an atomic rename of the probe slices' files")
     bench.notes += [
         f"Each round starts the daemon cold once per case (the cases alternate in order); {changes} endpoint "
-        "changes per case and round, each an atomic rename of the probe slices' files, timed until a new "
-        "connection / a DNS answer shows the new endpoint, as in the control benchmark.",
+        f"changes per case and round, each {change}, timed until a new connection / a DNS answer shows the "
+        "new endpoint, as in the control benchmark.",
         "cold start: spawn -> /readyz 200 -> last service's VIP accepts and its name resolves -> probe serves. "
         "RSS: at rest after the changes (as in control). Descriptors: entries of /proc/<pid>/fd of the daemon's "
         "process tree, read right after the RSS.",
         "No profile run: a whole extra round at these scales would take the run past ~12 minutes.",
     ]
+    if api:
+        bench.notes.append(
+            "API source: as control-api, one fake kube-apiserver (bench/apiserver.py) per case, each in a process "
+            "of its own in the node namespace (not in the daemon's RSS, CPU or descriptors), started once and "
+            "kept over the rounds; the daemon's initial streaming list, encoded by the Python fake, is part of "
+            "the cold start.")
     if not with_kubeport:
         bench.notes.append("kubeport not run (--no-kubeport): nothing measured.")
         return bench
@@ -153,35 +167,53 @@ def run(workdir: Path, rounds: int, quick: bool, with_kubeport: bool, progress: 
         + f" A case whose services need more than the limit less {NOFILE_HEADROOM:,} is not run.")
     with Topology(name, ["client", "be"], workdir) as topo:
         control.prepare(topo, workdir)
-        setups = []
-        for case in cases:
-            manifests = workdir / f"manifests{case.key}"
-            if not too_few(case, limit):
-                progress.say(f"generating {case.text}")
-                generate.write_cluster(manifests, case.services, 0, total_endpoints=case.endpoints)
-            setups.append(control.Setup(topo, workdir, manifests, case.services,
-                                        generate.spread(case.endpoints, case.services)[0], changes,
-                                        bench=name, suffix=case.key, count_fds=True))
-
-        def measure(_subject: str, round_no: int) -> list[Sample]:
-            samples: list[Sample] = []
-            for case, setup in zip(cases, setups) if round_no % 2 else reversed(list(zip(cases, setups))):
-                progress.context = f"{name} r{round_no}/{rounds} {setup.suffix[1:]}"
-                if skip := too_few(case, limit):
-                    progress.say(skip)
-                    samples.append(Sample(name, "(setup)", KUBEPORT, round_no, None, note=f"{case.text}: {skip}"))
+        setups, servers = [], []
+        try:
+            for k, case in enumerate(cases):
+                manifests = workdir / f"manifests{case.key}"
+                q, r = generate.spread(case.endpoints, case.services)
+                setup = control.Setup(topo, workdir, manifests, case.services, q + 1 if api and r else q, changes,
+                                      source, bench=name, suffix=case.key, count_fds=True,
+                                      api_port=control.API_PORT + 10 * k,
+                                      api_control_port=control.API_CONTROL_PORT + 10 * k)
+                setups.append(setup)
+                if too_few(case, limit):
                     continue
-                try:
-                    samples += control.measure_round(setup, round_no, progress)
-                except Exception as exc:  # one case failing is its result; the other still runs
-                    progress.say(f"FAILED: {exc}")
-                    samples.append(Sample(name, "(setup)", KUBEPORT, round_no, None,
-                                          note=f"{case.text}: {exc}"[:500]))
-            return samples
-
-        run_rounds(bench, rounds, measure, progress)
+                if api:
+                    servers.append(control.start_api_server(setup, progress))
+                else:
+                    progress.say(f"generating {case.text}")
+                    generate.write_cluster(manifests, case.services, 0, total_endpoints=case.endpoints)
+            run_cases(bench, cases, setups, rounds, limit, progress)
+        finally:
+            for server in servers:
+                stop_process(server)
     seen = {json.dumps(s.extra["nofile_limit"], sort_keys=True) for s in bench.samples if "nofile_limit" in s.extra}
     if seen:
         bench.notes.append("The daemon's open-file limit (soft/hard, /proc/<pid>/limits, read at rest): "
                            + ", ".join("{soft}/{hard}".format(**json.loads(text)) for text in sorted(seen)) + ".")
     return bench
+
+
+def run_cases(bench: Bench, cases: list[Case], setups: list[control.Setup], rounds: int, limit: int,
+              progress: Progress) -> None:
+    """Every round, each case in turn (reversed in even rounds), the daemon started cold."""
+    name = bench.name
+
+    def measure(_subject: str, round_no: int) -> list[Sample]:
+        samples: list[Sample] = []
+        for case, setup in zip(cases, setups) if round_no % 2 else reversed(list(zip(cases, setups))):
+            progress.context = f"{name} r{round_no}/{rounds} {setup.suffix[1:]}"
+            if skip := too_few(case, limit):
+                progress.say(skip)
+                samples.append(Sample(name, "(setup)", KUBEPORT, round_no, None, note=f"{case.text}: {skip}"))
+                continue
+            try:
+                samples += control.measure_round(setup, round_no, progress)
+            except Exception as exc:  # one case failing is its result; the other still runs
+                progress.say(f"FAILED: {exc}")
+                samples.append(Sample(name, "(setup)", KUBEPORT, round_no, None,
+                                      note=f"{case.text}: {exc}"[:500]))
+        return samples
+
+    run_rounds(bench, rounds, measure, progress)
