@@ -21,7 +21,7 @@ from kubeport.lib.heldsockets import NOT_HELD, HeldSockets
 from kubeport.proxy.balancer import Balancer, Route, ServicePortPool, default_affinity_factory
 from kubeport.proxy.clientaddress import frontend_keep
 from kubeport.proxy.config import ProxyConfig
-from kubeport.proxy.connectlb.balancing import ConnectBalancing
+from kubeport.proxy.connectlb.balancing import ConnectBalancing, remove_left_over
 from kubeport.proxy.host.addresses import AddressManager, NetlinkAddresses, canonical
 from kubeport.proxy.host.kernel import requests_migrate, sctp_supported
 from kubeport.proxy.host.nftables import Firewall, NftFirewall
@@ -81,6 +81,8 @@ class Proxier:
                 replies = ClientReplies()
             if balancing is None and config.connect_balancing:
                 balancing = ConnectBalancing(node_name, config.connect_balancing_cgroup, config.bpf_root)
+        #: this process programs the node (not a relay worker, nor a test's fake firewall)
+        self._programs_host = firewall is not None and isinstance(firewall, NftFirewall)
         self._host = HostState(self._addresses, firewall)
         #: the process that programs the host also takes replies to clients' addresses back to
         #: the relays (relay workers only bind them: their parent programs the tables)
@@ -146,6 +148,8 @@ class Proxier:
         await self._start_client_address()
         if self._balancing is not None:
             self._balancing.start()
+        elif self._programs_host and not config.connect_balancing:
+            remove_left_over(config.bpf_root, self.node_name)
 
     async def _start_client_address(self) -> None:
         """Decide once whether upstream sockets bind the client's address, before any route."""

@@ -75,6 +75,24 @@ def _bpffs_mounts() -> list[Path]:
     return pins.mounts_of(Path("/proc/self/mountinfo").read_text(), "bpf")
 
 
+def remove_left_over(bpf_root: Path | str, node: str) -> bool:
+    """Unpin what a previous instance of ``node`` pinned under ``bpf_root`` (when it is a mounted
+    bpffs: nothing is mounted here). For an instance that does not balance at connect()
+    (``--no-connect-balancing``, a failed start): a predecessor's links would otherwise go on
+    sending the pods to the endpoints of the day it stopped, with no one updating them."""
+    try:
+        if Path(bpf_root) not in _bpffs_mounts():
+            return False
+        where = pins.Pins(Path(bpf_root), node)
+        if where.remove():
+            log.warning("connect-time balancing: removed what a previous instance pinned in %s (its programs "
+                        "would go on with endpoints no one updates)", where.directory)
+            return True
+    except (OSError, ValueError) as exc:
+        log.warning("connect-time balancing: left pinned: %s", exc)
+    return False
+
+
 def _key(frontend: Frontend) -> tuple[str, int, int]:
     return frontend.ip, frontend.port, PROTOCOLS[frontend.protocol]
 
@@ -198,15 +216,14 @@ class ConnectBalancing:
         """After a failed start: links a predecessor pinned (or this start, before it failed) keep
         their programs attached, translating the pods' connects with maps no one updates any
         more. Unpinned, the pods reach the Service addresses, the relay, as ``problem`` says."""
+        if self._pins is None:
+            remove_left_over(self.bpf_root, self.node)
+            return
         try:
-            if self._pins is None:
-                if self.bpf_root not in _bpffs_mounts():
-                    return  # not a bpffs (this start could not mount one): nothing of ours is pinned there
-                self._pins = pins.Pins(self.bpf_root, self.node)
             if self._pins.remove():
                 log.warning("connect-time balancing: removed what was pinned in %s (its programs would go on "
                             "with endpoints no one updates)", self._pins.directory)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             log.warning("connect-time balancing: left pinned: %s", exc)
 
     def stop(self, release: bool) -> None:

@@ -585,6 +585,28 @@ def test_a_next_instance_that_cannot_attach_unpins_what_the_killed_one_left(bala
     assert daemon.stop() == 0
 
 
+def test_a_next_instance_without_connect_balancing_unpins_what_the_killed_one_left(balancing, topology, pod_of,
+                                                                                   pods_cgroup, bpffs, tmp_path):
+    """--no-connect-balancing after a crash: the dead instance's programs must not go on sending
+    the pods to its last endpoints while the status says the relay serves them."""
+    client, pod = pod_of("a1"), pod_of
+    balancing.write("moved", MOVED, [pod("b1")])
+    answered_by(pods_cgroup, client.ns, MOVED[0], "b1")
+    balancing.daemon.proc.kill()
+    balancing.daemon.proc.wait(timeout=10)
+    daemon = KubeportDaemon(topology.node("a"), balancing.manifests, tmp_path / "state", *DAEMON_ARGS, *FAST_STOP,
+                            "--no-connect-balancing", f"--bpf-root={bpffs}")
+    daemon.wait_ready(timeout=30)
+    assert pod_traffic(topology) == "relay: --no-connect-balancing"
+    assert not balancing.pins.exists()
+    if bpftool_or_none():
+        until_sync(lambda: not attached_hooks(pods_cgroup), "no program left on the cgroup", 10)
+    balancing.write("moved", MOVED, [pod("b2")])
+    answered_by(None, client.ns, MOVED[0], "b2")  # the relay has the change
+    assert pods_answering(pods_cgroup, client.ns, MOVED[0], count=3) == ["b2"] * 3
+    assert daemon.stop() == 0
+
+
 def test_no_connect_balancing_leaves_the_pods_to_the_relay(cluster, topology, pod_of, pods_cgroup, tmp_path):
     cluster.daemon.stop()  # one daemon per node: this one instead of the module's
     daemon = KubeportDaemon(topology.node("a"), cluster.manifests, tmp_path / "state", *DAEMON_ARGS, *FAST_STOP,

@@ -220,3 +220,16 @@ def test_pin_paths(tmp_path):
 def test_entries_compare_by_their_endpoints_states():
     assert Entry((A, B)) == Entry((A, B)) and Entry((A, B)) != Entry((A, EndpointState("10.244.2.11", 8080)))
     assert dataclasses.replace(Entry((A,)), affinity_timeout=5) != Entry((A,))
+
+
+def test_remove_left_over__only_in_a_mounted_bpffs(monkeypatch, tmp_path):
+    from kubeport.proxy.connectlb import balancing as module
+
+    left = tmp_path / "kubeport" / "node-a"
+    left.mkdir(parents=True)
+    (left / "link_connect4").touch()
+    monkeypatch.setattr(module, "_bpffs_mounts", lambda: [])
+    assert not module.remove_left_over(tmp_path, "node-a") and left.exists()  # not a bpffs: not ours
+    monkeypatch.setattr(module, "_bpffs_mounts", lambda: [tmp_path])
+    assert module.remove_left_over(tmp_path, "node-a") and not left.exists()
+    assert not module.remove_left_over(tmp_path, "node-a")
