@@ -109,8 +109,9 @@ def too_few(case: Case, limit: int) -> str:
     if limit >= needed:
         return ""
     return (f"not run: {case.services:,} listeners need about {needed:,} descriptors and the daemon's hard "
-            f"open-file limit is {limit:,}; start the run under a higher one (as root with CAP_SYS_RESOURCE, "
-            f"e.g. prlimit --nofile={NOFILE}:{NOFILE} -- .venv/bin/python bench/run.py ...)")
+            f"open-file limit is {limit:,}, which this run could not raise; start it where `ulimit -Hn` is higher "
+            f"(a container run with --ulimit nofile={NOFILE}:{NOFILE}, systemd-run -p LimitNOFILE={NOFILE}) or as "
+            "root with CAP_SYS_RESOURCE")
 
 
 def run(workdir: Path, rounds: int, quick: bool, with_kubeport: bool, progress: Progress,
