@@ -19,7 +19,6 @@ reached on ($server_addr), so a reply names the endpoint that served it.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
@@ -35,7 +34,7 @@ from typing import Callable
 from . import backends, generate, probes
 from .change_watch import ChangeWatch
 from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, measured, run_rounds
-from .kubeport_daemon import HEALTHZ, KubeportDaemon, missing_run_flag
+from .kubeport_daemon import HEALTHZ, KubeportDaemon
 from .procinfo import CpuMeter, cpu_seconds, process_tree
 from .profiles import Profiler, furthest_from_target
 from .topology import Topology, TopologyError, stop_process, wait_for
@@ -159,21 +158,12 @@ def last_service_ready(topo: Topology, services: int) -> bool:
     return topo.call_in("client", probes.tcp_open, generate.cluster_ip(last), generate.SERVICE_PORT, 0.5)
 
 
-@functools.cache
-def relay_only() -> list[str]:
-    """The daemon's flags that keep connect() balancing off. On, it attaches BPF programs to the root
-    cgroup (its default --connect-balancing-cgroup): every process of the host, the probes included,
-    would reach a ClusterIP straight at an endpoint, past the listeners this benchmark measures, and
-    the host's own connects to those addresses would be rewritten too."""
-    return [] if missing_run_flag("--no-connect-balancing") else ["--no-connect-balancing"]
-
-
 def measure_round(setup: Setup, round_no: int, progress: Progress, profile=None) -> list[Sample]:
     """One cold start, the endpoint changes, RSS. ``profile(pid)`` wraps the daemon's whole life."""
     topo = setup.topo
     topo.call_in("client", setup.move_probes, PROBE_ENDPOINTS[0])
     daemon = KubeportDaemon(topo, "node", setup.workdir / "kubeport", setup.manifests, DNS,
-                            upstream=f"{topo.addr('be')}:53", extra_args=relay_only(), kubeconfig=setup.kubeconfig)
+                            upstream=f"{topo.addr('be')}:53", kubeconfig=setup.kubeconfig)
     samples: list[Sample] = []
     daemon.start()
     try:

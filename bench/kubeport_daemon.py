@@ -6,6 +6,7 @@ given explicitly and lives in a namespace of the benchmark, so no query leaves i
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -34,6 +35,18 @@ def missing_run_flag(flag: str) -> str:
     if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", proc.stdout):
         return f"`kubeport run` has no {flag} (its --help does not name it)"
     return ""
+
+
+_BALANCING_FLAGS = ("--connect-balancing", "--no-connect-balancing")
+
+
+@functools.cache
+def relay_only() -> tuple[str, ...]:
+    """The flags that keep connect() balancing off, where this kubeport has it. On, it attaches BPF
+    programs to the root cgroup (its default --connect-balancing-cgroup): every process of the host,
+    the load generators and probes included, would reach a ClusterIP straight at an endpoint, past
+    the relay the benchmarks measure. The pod-path benchmark turns it on, for a cgroup of its own."""
+    return () if missing_run_flag("--no-connect-balancing") else ("--no-connect-balancing",)
 
 
 class KubeportDaemon:
@@ -65,6 +78,7 @@ class KubeportDaemon:
                 "--metrics-bind-address", METRICS,
                 "--dns-address", self.dns_address,
                 "--upstream", self.upstream,
+                *(() if any(arg.startswith(_BALANCING_FLAGS) for arg in self.extra_args) else relay_only()),
                 *self.extra_args]
 
     def start(self, fresh_state: bool = True) -> None:
