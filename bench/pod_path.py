@@ -30,7 +30,7 @@ from . import backends, generate, tools
 from .harness import KUBEPORT, Bench, Figure, Progress, Sample, Target, run_plan, run_rounds
 from .kubeport_daemon import METRICS, missing_run_flag
 from .proxy import HTTP, IDLE, IPERF, UDP, Direct, Kubeport, NftDnat, Setup, build
-from .topology import Topology, TopologyError
+from .topology import Topology, TopologyError, pid_alive
 
 POD_PATH = "pod-path"
 #: the subjects; "kubeport" (the numerator of every ratio) is the connect() path
@@ -65,16 +65,6 @@ def cgroup2_mount() -> tuple[Path, str]:
     raise TopologyError("no cgroup2 mount in /proc/self/mountinfo: connect() balancing needs cgroup v2")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class PodsCgroup:
     """``kubeport-bench-<pid>/pods`` in the cgroup v2 hierarchy; removed (rmdir) once its processes exit."""
 
@@ -95,7 +85,7 @@ class PodsCgroup:
         """Cgroups of earlier runs whose process is gone (a killed run could not rmdir them)."""
         for parent in mount.glob(f"{CGROUP_PREFIX}*"):
             match = re.fullmatch(rf"{CGROUP_PREFIX}(\d+)", parent.name)
-            if match and not _pid_alive(int(match.group(1))):
+            if match and not pid_alive(int(match.group(1))):
                 for directory in (parent / "pods", parent):
                     try:
                         directory.rmdir()

@@ -57,7 +57,7 @@ def raise_nofile(limit: int = 1 << 20) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -87,7 +87,7 @@ def _delete_namespaces(names: Sequence[str]) -> None:
                 pass
         deadline = time.monotonic() + wait
         while pids and time.monotonic() < deadline:
-            pids = [p for p in pids if _pid_alive(p)]
+            pids = [p for p in pids if pid_alive(p)]
             time.sleep(0.02)
     for name in names:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
@@ -99,7 +99,7 @@ def remove_stale(bench: str) -> None:
     stale = []
     for entry in NETNS_DIR.glob(f"{PREFIX_ROOT}-{bench}-*") if NETNS_DIR.is_dir() else []:
         match = pattern.match(entry.name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             stale.append(entry.name)
     _delete_namespaces(stale)
 

@@ -49,12 +49,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import re
 import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kubeport.proxy.connectlb import pins
 from kubeport.proxy.relay.sockmap import (
     ADD64_IMM,
     BPF_PROG_ATTACH,
@@ -400,8 +400,10 @@ class ProgramRejected(OSError):
 
 
 def load_program(program: list[Insn], attach_type: int = BPF_CGROUP_INET4_CONNECT,
-                 name: str = "kubeport_conn4", log_level: int = BPF_LOG_LEVEL1) -> tuple[int, str]:
-    """BPF_PROG_LOAD as BPF_PROG_TYPE_CGROUP_SOCK_ADDR for ``attach_type``: (fd, the verifier's log).
+                 name: str = "kubeport_conn4", log_level: int = BPF_LOG_LEVEL1,
+                 prog_type: int = BPF_PROG_TYPE_CGROUP_SOCK_ADDR) -> tuple[int, str]:
+    """BPF_PROG_LOAD as ``prog_type`` (a cgroup sock_addr program unless told) for its expected
+    ``attach_type``: (fd, the verifier's log).
 
     Raises ProgramRejected (an OSError with the kernel's errno) with the log when refused."""
     code = encode(program)
@@ -411,7 +413,7 @@ def load_program(program: list[Insn], attach_type: int = BPF_CGROUP_INET4_CONNEC
     # prog_type, insn_cnt, insns, license, log_level, log_size, log_buf, kern_version, prog_flags,
     # prog_name[16], prog_ifindex, expected_attach_type (offset 68)
     attr = struct.pack(
-        "<IIQQIIQII16sII", BPF_PROG_TYPE_CGROUP_SOCK_ADDR, len(program), ctypes.addressof(insns),
+        "<IIQQIIQII16sII", prog_type, len(program), ctypes.addressof(insns),
         ctypes.addressof(license_), log_level, len(log_buf), ctypes.addressof(log_buf), 0, 0,
         name.encode()[:15], 0, attach_type,
     )
@@ -440,17 +442,8 @@ def detach(cgroup_fd: int, prog_fd: int, attach_type: int = BPF_CGROUP_INET4_CON
 
 
 def cgroup2_mounts(mountinfo: str) -> list[Path]:
-    """The mount points of the cgroup v2 hierarchy in /proc/self/mountinfo's text. Pure.
-
-    A line: ``id parent major:minor root mount-point options [optional...] - fstype source super``;
-    the mount point escapes space, tab, newline and backslash as octal."""
-    found = []
-    for line in mountinfo.splitlines():
-        fields, _, tail = line.partition(" - ")
-        if tail.split(" ", 1)[0] == "cgroup2":
-            point = fields.split(" ")[4]
-            found.append(Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)))
-    return found
+    """The mount points of the cgroup v2 hierarchy in /proc/self/mountinfo's text. Pure."""
+    return pins.mounts_of(mountinfo, "cgroup2")
 
 
 def cgroup2_mount() -> Path | None:
@@ -458,7 +451,3 @@ def cgroup2_mount() -> Path | None:
     controllers /sys/fs/cgroup/unified), None without one."""
     mounts = cgroup2_mounts(Path("/proc/self/mountinfo").read_text())
     return mounts[0] if mounts else None
-
-
-def open_cgroup(path: Path) -> int:
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -79,7 +79,8 @@ import socket
 import struct
 from pathlib import Path
 
-from kubeport.proxy.connectlb.programs import ProgramRejected, resolve
+from kubeport.proxy.connectlb import programs
+from kubeport.proxy.connectlb.programs import ProgramRejected, resolve  # noqa: F401 - load_program raises it
 from kubeport.proxy.relay.sockmap import (
     ADD64_IMM,
     BPF_F_NO_PREALLOC,
@@ -89,7 +90,6 @@ from kubeport.proxy.relay.sockmap import (
     BPF_MAP_LOOKUP_ELEM,
     BPF_MAP_TYPE_HASH,
     BPF_MAP_UPDATE_ELEM,
-    BPF_PROG_LOAD,
     BPF_PSEUDO_MAP_FD,
     CALL,
     EXIT,
@@ -109,7 +109,6 @@ from kubeport.proxy.relay.sockmap import (
     BPF_FUNC_map_lookup_elem,
     Insn,
     bpf,
-    encode,
 )
 
 # bpf(2) commands, types and helpers (include/uapi/linux/bpf.h).
@@ -215,25 +214,8 @@ def decode_route_key(key: bytes) -> tuple[str, int, int]:
 def load_program(program: list[Insn], name: str = "kubeport_sklk") -> int:
     """BPF_PROG_LOAD as BPF_PROG_TYPE_SK_LOOKUP (expected attach type BPF_SK_LOOKUP, which
     ``bpf_prog_load_check_attach`` requires); ProgramRejected with the verifier's log."""
-    code = encode(program)
-    insns = ctypes.create_string_buffer(code, len(code))
-    license_ = ctypes.create_string_buffer(b"GPL")
-    log_buf = ctypes.create_string_buffer(1 << 16)
-    attr = struct.pack(
-        "<IIQQIIQII16sII", BPF_PROG_TYPE_SK_LOOKUP, len(program), ctypes.addressof(insns),
-        ctypes.addressof(license_), 1, len(log_buf), ctypes.addressof(log_buf), 0, 0,
-        name.encode()[:15], 0, BPF_SK_LOOKUP,
-    )
-    # The verifier gives up with EAGAIN when a signal is pending; libbpf retries it 5 times.
-    for attempt in range(5):
-        try:
-            return bpf(BPF_PROG_LOAD, attr)
-        except OSError as exc:
-            if exc.errno == errno.EAGAIN and attempt < 4:
-                continue
-            verifier = log_buf.value.decode(errors="replace").strip()
-            raise ProgramRejected(exc.errno, f"{exc.strerror}{': ' + verifier if verifier else ''}") from None
-    raise AssertionError("unreachable")
+    fd, _log = programs.load_program(program, BPF_SK_LOOKUP, name, prog_type=BPF_PROG_TYPE_SK_LOOKUP)
+    return fd
 
 
 def _map_create(map_type: int, key_size: int, value_size: int, entries: int, flags: int = 0) -> int:

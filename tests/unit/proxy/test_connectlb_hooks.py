@@ -22,7 +22,7 @@ import time
 import pytest
 from conftest import IN_CI
 
-from kubeport.proxy.connectlb import programs
+from kubeport.proxy.connectlb import pins, programs
 from kubeport.proxy.connectlb.maps import (
     LAYOUTS,
     ConnectMaps,
@@ -67,7 +67,7 @@ def attached(prog_fds: dict[int, int]):
     path = programs.cgroup2_mount() / f"kubeport-test-connectlb-{os.getpid()}-{time.monotonic_ns()}"
     path.mkdir()
     try:
-        cgroup_fd = programs.open_cgroup(path)
+        cgroup_fd = pins.open_cgroup(path)
         try:
             with contextlib.ExitStack() as stack:
                 for attach_type, prog_fd in prog_fds.items():
